@@ -1,0 +1,164 @@
+// Backend: every operation ResNet training needs, behind one interface, so the
+// model, DDP, data and checkpoint code are shared by the CPU (oneDNN + OpenMP)
+// and CUDA (cuDNN + cuBLAS + kernels/) implementations.
+//
+// Conventions
+// - Activations are 4-D tensors with logical shape (N, C, H, W) in the layout
+//   the backend chose (`activation_layout()`); callers allocate them with
+//   `activation(...)` and never index them directly.
+// - Parameters and their gradients are RowMajor slices of the flat arenas, in
+//   PyTorch's own layouts: conv weight (O, I, kh, kw), linear weight (out, in).
+// - Matrices (linear inputs/outputs, logits) are RowMajor (N, K).
+// - `accumulate` on a gradient output means "add to what is there" (gradient
+//   accumulation, shared weights); otherwise the output is overwritten.
+// - All pointers given as `float*` for per-channel vectors live on the
+//   backend's device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "resnet_ddp/tensor.h"
+
+namespace rd {
+
+struct ConvGeometry {
+  int kernel = 3;
+  int stride = 1;
+  int pad = 1;
+};
+
+// Output spatial size of a convolution / pooling window (floor mode, as PyTorch).
+inline int64_t conv_out_size(int64_t in, int kernel, int stride, int pad) {
+  return (in + 2 * pad - kernel) / stride + 1;
+}
+
+// SyncBatchNorm seam: a backend calls this in the middle of a batch-norm op to
+// sum per-channel statistics over all ranks (in place, device memory).
+struct ChannelReducer {
+  virtual ~ChannelReducer() = default;
+  virtual void allreduce_sum(float* data, size_t count) = 0;
+};
+
+// Saved state of one batch-norm forward in training mode, needed by backward.
+struct BatchNormSaved {
+  float* mean = nullptr;    // [C] batch mean (global when synchronised)
+  float* invstd = nullptr;  // [C] 1 / sqrt(var + eps)
+};
+
+enum class Precision : uint8_t { FP32, TF32, FP16, BF16 };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind device() const = 0;
+  virtual std::string name() const = 0;  // "cpu (oneDNN 2.6.3, 2 threads)"
+  virtual Layout activation_layout() const = 0;
+
+  // ---- memory -------------------------------------------------------------
+  // Zero-initialised device allocation; freed when the last reference drops.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  Tensor tensor(const Shape& shape, Layout layout, DType dtype = DType::F32);
+  Tensor activation(int64_t n, int64_t c, int64_t h, int64_t w) {
+    return tensor(Shape{n, c, h, w}, activation_layout());
+  }
+  Tensor matrix(int64_t rows, int64_t cols) { return tensor(Shape{rows, cols}, Layout::RowMajor); }
+
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill(float* dst, float value, size_t count) = 0;
+  // Host NCHW float data <-> an activation in this backend's layout.
+  virtual void copy_from_host_nchw(const float* src, Tensor& dst) = 0;
+  virtual void copy_to_host_nchw(const Tensor& src, float* dst) = 0;
+  // Host uint8 images, N x H x W x 3 (HWC per image, 0..255) -> activation
+  // (N, 3, H, W) scaled to [0, 1], i.e. torchvision's ToTensor.
+  virtual void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- convolution (no bias: ResNet convs are followed by batch norm) --------
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
+                              const ConvGeometry& g) = 0;
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                    const ConvGeometry& g) = 0;
+  virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+                                       const ConvGeometry& g, bool accumulate) = 0;
+
+  // ---- batch norm (optionally fused with ReLU on the output) -----------------
+  // Training mode: normalises with batch statistics (summed over ranks through
+  // `sync` when given), updates running stats with PyTorch's momentum rule and
+  // unbiased variance, fills `saved` for backward.
+  virtual void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
+                                       float* running_mean, float* running_var,
+                                       float momentum, float eps, bool relu, Tensor& y,
+                                       BatchNormSaved& saved, ChannelReducer* sync) = 0;
+  virtual void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
+                                      const float* running_mean, const float* running_var,
+                                      float eps, bool relu, Tensor& y) = 0;
+  // `y` is the forward output (its sign gives the ReLU mask when relu is fused).
+  virtual void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                  const float* gamma, const BatchNormSaved& saved, bool relu,
+                                  Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
+                                  ChannelReducer* sync) = 0;
+
+  // ---- elementwise ----------------------------------------------------------
+  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+  // y = relu(a + b) (relu optional); backward gives the gradient both inputs share.
+  virtual void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) = 0;
+  virtual void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) = 0;
+  // dst += src (same shape and layout): gradient of a branch point.
+  virtual void accumulate(const Tensor& src, Tensor& dst) = 0;
+
+  // ---- pooling --------------------------------------------------------------
+  // Max pool (kernel, stride, pad); `indices` is backend-private workspace that
+  // forward fills and backward reads: allocate with maxpool_workspace_bytes.
+  virtual size_t maxpool_workspace_bytes(const Tensor& y) = 0;
+  virtual void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                               void* workspace) = 0;
+  virtual void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                                const void* workspace) = 0;
+  // Global average pool: activation (N, C, H, W) -> matrix (N, C).
+  virtual void global_avgpool_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void global_avgpool_backward(const Tensor& dy, Tensor& dx) = 0;
+
+  // ---- linear: y = x W^T + b, x (N, in), W (out, in) --------------------------
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) = 0;
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                               Tensor& dw, float* db, bool accumulate) = 0;
+
+  // ---- loss: mean label-smoothed softmax cross-entropy over the batch ---------
+  // logits (N, K) RowMajor, labels on the host. Writes d(mean loss)/d(logits)
+  // * grad_scale into dlogits (if non-null), the per-row argmax into
+  // predictions (host, may be null); returns the *sum* of row losses.
+  virtual double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                              float grad_scale, Tensor* dlogits, int32_t* predictions) = 0;
+
+  // ---- optimizers over a flat arena slice (params, grads, state on device) ----
+  virtual void adam_step(float* params, const float* grads, float* m, float* v, size_t count,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int64_t step) = 0;
+  virtual void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count,
+                        float lr, float momentum, float dampening, float weight_decay,
+                        bool nesterov, bool first_step) = 0;
+  virtual void scale(float* data, float factor, size_t count) = 0;
+  // Returns true when every element is finite.
+  virtual bool all_finite(const float* data, size_t count) = 0;
+};
+
+struct BackendOptions {
+  int threads = 0;  // 0 = all cores available to this process
+  Precision precision = Precision::FP32;
+  Layout layout = Layout::NHWC;  // CPU: NHWC or NCHW16C or NCHW
+  int device_index = 0;          // CUDA device
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts = {});
+// Throws rd::Error when the CUDA backend was not built or no device is visible.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts = {});
+bool cuda_backend_available();  // built in and at least one device visible
+int cuda_device_count();        // 0 when not built or no driver
+
+}  // namespace rd

@@ -1,0 +1,45 @@
+// Batch-norm per-element math shared by the CPU backend and the CUDA kernels
+// (including SyncBatchNorm, whose statistics are summed across ranks first).
+#pragma once
+#include <math.h>
+
+#include "resnet_ddp/math/hd.h"
+
+namespace rd::math {
+
+// From per-channel sums over `count` elements to mean and biased variance.
+RD_HD void bn_stats_from_sums(double sum, double sumsq, double count, float& mean, float& var) {
+  const double m = sum / count;
+  double v = sumsq / count - m * m;
+  mean = static_cast<float>(m);
+  var = static_cast<float>(v > 0.0 ? v : 0.0);
+}
+
+// PyTorch running-stat update: momentum-weighted, running_var uses the unbiased
+// variance (count / (count - 1)).
+RD_HD void bn_update_running(float& running_mean, float& running_var, float mean, float var,
+                             double count, float momentum) {
+  const double unbiased = count > 1.0 ? var * count / (count - 1.0) : var;
+  running_mean = (1.f - momentum) * running_mean + momentum * mean;
+  running_var = static_cast<float>((1.0 - momentum) * running_var + momentum * unbiased);
+}
+
+RD_HD float bn_invstd(float var, float eps) { return 1.f / sqrtf(var + eps); }
+
+// y = gamma * (x - mean) * invstd + beta, written as y = x * scale + shift.
+RD_HD void bn_scale_shift(float gamma, float beta, float mean, float invstd, float& scale,
+                          float& shift) {
+  scale = gamma * invstd;
+  shift = beta - mean * scale;
+}
+
+// dx for training-mode BN given the (global) channel sums
+//   sum_dy = sum(dy), sum_dy_xhat = sum(dy * xhat) over `count` elements:
+//   dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count)
+RD_HD float bn_backward_dx(float dy, float x, float mean, float invstd, float gamma,
+                           float mean_dy, float mean_dy_xhat) {
+  const float xhat = (x - mean) * invstd;
+  return gamma * invstd * (dy - mean_dy - xhat * mean_dy_xhat);
+}
+
+}  // namespace rd::math

@@ -1,0 +1,38 @@
+// Softmax cross-entropy with label smoothing, PyTorch semantics:
+//   q_k = (1 - s) [k == y] + s / K,   loss_i = -sum_k q_k log softmax(z_i)_k
+// and the batch loss is the mean over rows. The gradient of the mean loss w.r.t.
+// the logits is (softmax(z_i) - q) / N. One row at a time so a GPU thread block
+// (or a CPU loop iteration) owns a row.
+#pragma once
+#include <math.h>
+
+#include "resnet_ddp/math/hd.h"
+
+namespace rd::math {
+
+// Returns the row's loss; writes d(loss_row)/d(z) * grad_scale into dz (may be null)
+// and the row's argmax into *argmax (may be null). Accumulates in double for
+// stability: K is small (classes), so this costs nothing.
+RD_HD float softmax_xent_row(const float* z, int K, int label, float smoothing,
+                             float grad_scale, float* dz, int* argmax) {
+  float zmax = z[0];
+  int amax = 0;
+  for (int k = 1; k < K; ++k)
+    if (z[k] > zmax) { zmax = z[k]; amax = k; }
+  double sum = 0.0;
+  for (int k = 0; k < K; ++k) sum += exp(static_cast<double>(z[k] - zmax));
+  const double log_sum = log(sum);
+  const double off = static_cast<double>(smoothing) / K;
+  const double on = 1.0 - static_cast<double>(smoothing) + off;
+  double loss = 0.0;
+  for (int k = 0; k < K; ++k) {
+    const double logp = static_cast<double>(z[k] - zmax) - log_sum;
+    const double q = (k == label) ? on : off;
+    loss -= q * logp;
+    if (dz) dz[k] = static_cast<float>((exp(logp) - q) * grad_scale);
+  }
+  if (argmax) *argmax = amax;
+  return static_cast<float>(loss);
+}
+
+}  // namespace rd::math
