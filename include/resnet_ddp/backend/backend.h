@@ -75,7 +75,9 @@ class Backend {
   virtual void copy_to_host_nchw(const Tensor& src, float* dst) = 0;
   // Host uint8 images, N x H x W x 3 (HWC per image, 0..255) -> activation
   // (N, 3, H, W) scaled to [0, 1], i.e. torchvision's ToTensor.
-  virtual void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst) = 0;
+  // mean/std (3 floats each, host) apply torchvision's Normalize afterwards when given.
+  virtual void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst,
+                                       const float* mean = nullptr, const float* std = nullptr) = 0;
   virtual void synchronize() = 0;
 
   // ---- convolution (no bias: ResNet convs are followed by batch norm) --------
