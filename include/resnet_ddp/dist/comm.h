@@ -33,6 +33,13 @@
 //     about peer_timeout_s instead of hanging it until the wall-time limit.
 #pragma once
 
+// The C API only: Open MPI's deprecated C++ bindings trip -Wextra.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <cstddef>
