@@ -1,0 +1,106 @@
+// Datasets: an ImageFolder directory tree (decoded with stb_image) or a packed
+// HDF5 file written by `resnet_ddp pack`, behind one interface that hands out
+// sample i as decoded uint8 RGB (H x W x 3, row-major, HWC).
+//
+// Layout of a directory dataset (torchvision's ImageFolder, one level per split):
+//   DIR/Train/<class>/*.jpg   DIR/Validation/<class>/*.png   [DIR/Test/<class>/*]
+// Class names are the sorted sub-folder names of Train (labels 0..K-1); the other
+// splits must have exactly the same class folders.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rd::data {
+
+enum class Split : uint8_t { Train, Validation, Test };
+const char* split_name(Split s);  // "Train", "Validation", "Test" (folder / HDF5 group name)
+
+// One decoded image, always 3 channels (RGB), 8 bits, row-major HWC.
+// `pixels` keeps its capacity when reused, so steady-state decoding does not allocate.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> pixels;
+
+  void resize(int w, int h) {
+    width = w;
+    height = h;
+    pixels.resize(static_cast<size_t>(w) * static_cast<size_t>(h) * 3);
+  }
+  uint8_t* data() { return pixels.data(); }
+  const uint8_t* data() const { return pixels.data(); }
+  size_t bytes() const { return pixels.size(); }
+};
+
+// Receives one line (no trailing newline): skip warnings and the final counts.
+using LogFn = std::function<void(const std::string&)>;
+
+struct ScanOptions {
+  // --strict-data: any unusable file is an error (rd::UsageError naming it) instead of
+  // a skipped file with a one-line warning.
+  bool strict = false;
+  // Decompression-bomb guard: images with width*height above this are unusable.
+  int64_t max_pixels = 64LL * 1000 * 1000;
+  // Full: decode every file while scanning (catches truncated/corrupt data before
+  // training starts; parallel over `threads`). Header: read only the headers (fast
+  // for huge trees; a file that fails to decode later is reported by the loader and
+  // replaced by a black image). Strict mode always verifies fully.
+  enum class Verify : uint8_t { Header, Full } verify = Verify::Full;
+  int threads = 0;  // 0 = hardware concurrency
+  LogFn log;        // null = silent
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  virtual size_t size() const = 0;
+  virtual int32_t label(size_t i) const = 0;
+  virtual const std::vector<std::string>& class_names() const = 0;
+  // Where sample i came from: the image path for a directory, the original path
+  // recorded at pack time for an .h5 file.
+  virtual std::string source(size_t i) const = 0;
+  // "ImageFolder /data/set/Train" or "HDF5 /data/set.h5 (Train, 244x244)".
+  virtual std::string description() const = 0;
+  // Side of the stored square images for packed datasets, 0 when sizes vary.
+  virtual int stored_size() const { return 0; }
+  // Number of files skipped while scanning (unusable or with unknown extensions).
+  virtual size_t skipped_files() const { return 0; }
+
+  // Decodes sample i into `out` (RGB HWC). Thread-safe: workers call it concurrently.
+  // Throws rd::Error naming the file when it cannot be read.
+  virtual void load(size_t i, Image& out) const = 0;
+
+  // Samples per class, indexed by label.
+  std::vector<size_t> class_counts() const;
+};
+
+// Opens `path` (a directory in ImageFolder layout, or a .h5 file written by pack)
+// and returns the given split. Errors (rd::UsageError, message names the path):
+// missing path or split, Validation classes differing from Train (the message lists
+// the difference), no usable image in the split, a foreign or truncated .h5 file.
+std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split,
+                                      const ScanOptions& opts = {});
+
+// Whether `path` has this split (a folder, or a group in the .h5 file).
+bool has_split(const std::string& path, Split split);
+bool is_hdf5_file(const std::string& path);  // by signature, not by extension
+
+// "Train set size: N" followed by one line per class "  <name>: count".
+std::string describe_counts(const Dataset& ds, Split split);
+
+// Decodes one image file to RGB (3 channels, 8 bits) with stb_image, enforcing
+// `max_pixels`. Throws rd::Error naming the file on any failure.
+void decode_image_file(const std::string& path, Image& out, int64_t max_pixels = 64LL * 1000 * 1000);
+// Decodes an in-memory encoded image (JPEG/PNG/...); `what` names it in errors.
+void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
+                         int64_t max_pixels = 64LL * 1000 * 1000);
+// Extensions an image file may have (lower case, with the dot).
+bool has_image_extension(const std::string& filename);
+
+}  // namespace rd::data
