@@ -46,6 +46,7 @@ struct ChannelReducer {
 struct BatchNormSaved {
   float* mean = nullptr;    // [C] batch mean (global when synchronised)
   float* invstd = nullptr;  // [C] 1 / sqrt(var + eps)
+  double count = 0;         // elements per channel behind the statistics (all ranks)
 };
 
 enum class Precision : uint8_t { FP32, TF32, FP16, BF16 };
@@ -62,8 +63,11 @@ class Backend {
   // Zero-initialised device allocation; freed when the last reference drops.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   Tensor tensor(const Shape& shape, Layout layout, DType dtype = DType::F32);
+  // Element type of activations: F32, or F16/BF16 when a GPU backend runs mixed
+  // precision (parameters, gradients, matrices and BN vectors stay F32).
+  virtual DType activation_dtype() const { return DType::F32; }
   Tensor activation(int64_t n, int64_t c, int64_t h, int64_t w) {
-    return tensor(Shape{n, c, h, w}, activation_layout());
+    return tensor(Shape{n, c, h, w}, activation_layout(), activation_dtype());
   }
   Tensor matrix(int64_t rows, int64_t cols) { return tensor(Shape{rows, cols}, Layout::RowMajor); }
 

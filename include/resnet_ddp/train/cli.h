@@ -1,0 +1,112 @@
+// Command line of the resnet_ddp program: subcommands, flags with the reference
+// recipe's defaults, help texts, and the checks that run before any MPI work.
+//
+// Every parse error is an rd::UsageError whose message names the flag; the
+// program prints it on rank 0 only and exits with status 2 on every rank (all
+// ranks parse the same argv, so they agree without communicating).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rd::train {
+
+enum class Command { Train, Predict, Info, Synth, Pack, Help, Version };
+const char* command_name(Command c);
+
+struct TrainOptions {
+  std::string data;                  // ImageFolder root (Train/, Validation/) or packed .h5
+  std::string arch = "resnet34";     // resnet18 | resnet34 | resnet50 | resnet_tiny
+  std::string head = "mlp";          // mlp (Linear-ReLU-Linear) | fc
+  int image_size = 244;
+  int batch_size = 16;               // per rank
+  int val_batch_size = 0;            // 0 = batch_size
+  int epochs = 5;
+  double lr = 1e-4;
+  std::string optimizer = "adam";    // adam | sgd
+  double momentum = 0.9;             // sgd only
+  bool nesterov = false;             // sgd only
+  double weight_decay = 0.0;
+  double label_smoothing = 0.1;
+  std::string scheduler = "plateau"; // plateau | cosine | none
+  bool sync_bn = false;
+  int workers = 2;                   // loader threads per rank
+  int threads = 0;                   // compute threads per rank, 0 = cores / ranks on node
+  int64_t seed = 0;
+  std::string output_dir = "output_model";
+  std::string resume = "auto";       // auto | none | PATH
+  std::string init;                  // weights-only .h5
+  double bucket_mb = 25.0;
+  int accum_steps = 1;
+  std::string device = "auto";       // auto | cpu | cuda
+  std::string precision = "fp32";    // fp32 | tf32 | fp16 | bf16
+  int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
+  bool eval_only = false;
+  std::string metrics;               // "" = OUTPUT_DIR/metrics.csv
+  bool deterministic = false;
+  int64_t log_every = 50;            // steps between progress lines when not on a TTY
+  std::string progress = "auto";     // auto | bar | lines | none
+  std::string augment = "autoaugment";  // autoaugment | flip | none
+  std::string normalize = "none";    // none | imagenet
+  bool strict_data = false;
+  std::string verify_data = "full";  // full | header
+
+  // The full command line (shell-quoted), recorded in checkpoints.
+  std::string command_line;
+  // Defaults that depend on other flags.
+  std::string metrics_path() const;
+  int effective_val_batch() const { return val_batch_size > 0 ? val_batch_size : batch_size; }
+};
+
+struct PredictOptions {
+  std::string checkpoint;
+  std::vector<std::string> inputs;   // image files, ImageFolder dirs, or a packed .h5
+  std::string split = "Validation";  // for a dataset root / packed .h5
+  bool json = false;
+  int batch_size = 32;
+  std::string device = "auto";
+  int threads = 0;
+  int workers = 2;
+};
+
+struct InfoOptions {
+  std::string checkpoint;
+  bool tensors = false;  // also list every tensor with shape
+  bool json = false;
+};
+
+struct ParsedCommand {
+  Command command = Command::Help;
+  TrainOptions train;
+  PredictOptions predict;
+  InfoOptions info;
+  std::vector<std::string> passthrough;  // argv for synth / pack (subcommand first)
+  std::string help_text;                 // for Command::Help
+};
+
+// Parses argv (argv[0] is the program). Throws rd::UsageError naming the flag.
+// `--help` anywhere (before passthrough subcommands' own arguments) yields
+// Command::Help with the matching text.
+ParsedCommand parse_command_line(int argc, char** argv);
+
+// Checks that need the filesystem but no MPI: data path exists, --init and an
+// explicit --resume file exist, the output directory can be created and written.
+// `probe_output` is false on ranks other than 0 (only rank 0 writes).
+void check_train_paths(const TrainOptions& opts, bool probe_output);
+void check_predict_paths(const PredictOptions& opts);
+
+std::string top_level_help();
+std::string train_help();
+std::string predict_help();
+std::string info_help();
+
+// Rank and world size from the launcher's environment (Open MPI, PMI, PMIx,
+// Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
+int launcher_rank();
+
+// Quotes one argument so a POSIX shell reads it back unchanged.
+std::string shell_quote(const std::string& arg);
+std::string join_command_line(int argc, char** argv);
+
+}  // namespace rd::train

@@ -1,0 +1,251 @@
+// Batch norm on the CPU, written by hand rather than with oneDNN because
+// SyncBatchNorm needs to sum the per-channel statistics across ranks between the
+// reduction and the normalisation (forward) and between the gradient reduction and
+// dx (backward); oneDNN's primitive fuses those steps. All reductions accumulate in
+// double (the ops are memory-bound, so this costs nothing measurable).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/layout.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/math/activation.h"
+#include "resnet_ddp/math/batchnorm.h"
+
+namespace rd::cpu {
+
+std::vector<double>& CpuBackend::bn_scratch(size_t n) {
+  if (bn_scratch_.size() < n) bn_scratch_.resize(n);
+  return bn_scratch_;
+}
+
+namespace {
+
+// out[c] = sum over all (n, h, w) of f(index, c), two sums at once (a, b).
+// NHWC: rows of C contiguous values, split across threads with private sums.
+// NCHW: each channel's planes are contiguous, so split channels across threads.
+template <class F>
+void channel_sums(const Dims& d, bool nhwc, double* partial, int threads, double* out_a,
+                  double* out_b, F f) {
+  const int64_t C = d.c, HW = d.h * d.w, rows = d.n * HW;
+  if (nhwc) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      double* a = partial + static_cast<size_t>(t) * 2 * C;
+      double* b = a + C;
+      std::fill(a, a + 2 * C, 0.0);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t base = r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          double va, vb;
+          f(base + c, c, va, vb);
+          a[c] += va;
+          b[c] += vb;
+        }
+      }
+    }
+    const int nt = threads;
+    for (int64_t c = 0; c < C; ++c) {
+      double sa = 0, sb = 0;
+      for (int t = 0; t < nt; ++t) {
+        sa += partial[static_cast<size_t>(t) * 2 * C + c];
+        sb += partial[static_cast<size_t>(t) * 2 * C + C + c];
+      }
+      out_a[c] = sa;
+      out_b[c] = sb;
+    }
+  } else {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t c = 0; c < C; ++c) {
+      double sa = 0, sb = 0;
+      for (int64_t n = 0; n < d.n; ++n) {
+        const int64_t base = (n * C + c) * HW;
+#pragma omp simd reduction(+ : sa, sb)
+        for (int64_t p = 0; p < HW; ++p) {
+          double va, vb;
+          f(base + p, c, va, vb);
+          sa += va;
+          sb += vb;
+        }
+      }
+      out_a[c] = sa;
+      out_b[c] = sb;
+    }
+  }
+}
+
+// Applies g(index, c) to every element, parallel over the outer dimension.
+template <class G>
+void for_each_element(const Dims& d, bool nhwc, int threads, G g) {
+  const int64_t C = d.c, HW = d.h * d.w;
+  if (nhwc) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < d.n * HW; ++r) {
+      const int64_t base = r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) g(base + c, c);
+    }
+  } else {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t base = (n * C + c) * HW;
+#pragma omp simd
+        for (int64_t p = 0; p < HW; ++p) g(base + p, c);
+      }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
+                                         float* running_mean, float* running_var,
+                                         float momentum, float eps, bool relu, Tensor& y,
+                                         BatchNormSaved& saved, ChannelReducer* sync) {
+  RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_train: x "
+                                                           << x.describe() << " y " << y.describe());
+  const Dims d = dims_of(x);
+  const bool nhwc = x.layout == Layout::NHWC;
+  const int64_t C = d.c;
+  std::vector<double>& s = bn_scratch(static_cast<size_t>(threads_ + 2) * 2 * C + 2);
+  double* sum = s.data();
+  double* sumsq = sum + C;
+  double* partial = sumsq + C;
+  const float* xs = x.f32();
+  channel_sums(d, nhwc, partial, threads_, sum, sumsq,
+               [xs](int64_t i, int64_t, double& a, double& b) {
+                 const double v = xs[i];
+                 a = v;
+                 b = v * v;
+               });
+  double count = static_cast<double>(d.n * d.h * d.w);
+  if (sync) {
+    // One all-reduce of [sum | sumsq | count]: exact even when ranks hold unequal batches.
+    std::vector<float>& f = bn_scratch_f_;
+    f.resize(static_cast<size_t>(2 * C + 1));
+    for (int64_t c = 0; c < 2 * C; ++c) f[static_cast<size_t>(c)] = static_cast<float>(sum[c]);
+    f[static_cast<size_t>(2 * C)] = static_cast<float>(count);
+    sync->allreduce_sum(f.data(), f.size());
+    for (int64_t c = 0; c < 2 * C; ++c) sum[c] = f[static_cast<size_t>(c)];
+    count = f[static_cast<size_t>(2 * C)];
+  }
+  RD_CHECK(count > 0, "batchnorm: empty batch");
+  saved.count = count;
+  // Per-channel scale and shift in float, packed after the double sums.
+  std::vector<float>& ss = bn_scratch_f_;
+  ss.resize(static_cast<size_t>(2 * C + 1));
+  float* scale = ss.data();
+  float* shift = scale + C;
+  for (int64_t c = 0; c < C; ++c) {
+    float mean, var;
+    math::bn_stats_from_sums(sum[c], sumsq[c], count, mean, var);
+    const float invstd = math::bn_invstd(var, eps);
+    saved.mean[c] = mean;
+    saved.invstd[c] = invstd;
+    if (running_mean && running_var)
+      math::bn_update_running(running_mean[c], running_var[c], mean, var, count, momentum);
+    math::bn_scale_shift(gamma[c], beta[c], mean, invstd, scale[c], shift[c]);
+  }
+  float* ys = y.f32();
+  if (relu)
+    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
+      ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
+    });
+  else
+    for_each_element(d, nhwc, threads_,
+                     [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+}
+
+void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
+                                        const float* running_mean, const float* running_var,
+                                        float eps, bool relu, Tensor& y) {
+  RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_eval: x "
+                                                           << x.describe() << " y " << y.describe());
+  const Dims d = dims_of(x);
+  const bool nhwc = x.layout == Layout::NHWC;
+  std::vector<float>& ss = bn_scratch_f_;
+  ss.resize(static_cast<size_t>(2 * d.c + 1));
+  float* scale = ss.data();
+  float* shift = scale + d.c;
+  for (int64_t c = 0; c < d.c; ++c)
+    math::bn_scale_shift(gamma[c], beta[c], running_mean[c], math::bn_invstd(running_var[c], eps),
+                         scale[c], shift[c]);
+  const float* xs = x.f32();
+  float* ys = y.f32();
+  if (relu)
+    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
+      ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
+    });
+  else
+    for_each_element(d, nhwc, threads_,
+                     [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+}
+
+void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                    const float* gamma, const BatchNormSaved& saved, bool relu,
+                                    Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
+                                    ChannelReducer* sync) {
+  RD_CHECK(x.shape == dy.shape && x.shape == dx.shape && x.layout == dy.layout &&
+               x.layout == dx.layout,
+           "batchnorm_backward: x " << x.describe() << " dy " << dy.describe() << " dx "
+                                    << dx.describe());
+  const Dims d = dims_of(x);
+  const bool nhwc = x.layout == Layout::NHWC;
+  const int64_t C = d.c;
+  std::vector<double>& s = bn_scratch(static_cast<size_t>(threads_ + 2) * 2 * C + 2);
+  double* sum_dy = s.data();
+  double* sum_dy_xmu = sum_dy + C;
+  double* partial = sum_dy_xmu + C;
+  const float* xs = x.f32();
+  const float* ys = y.f32();
+  const float* g = dy.f32();
+  const float* mean = saved.mean;
+  if (relu)
+    channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
+                 [=](int64_t i, int64_t c, double& a, double& b) {
+                   const double gi = math::relu_backward(ys[i], g[i]);
+                   a = gi;
+                   b = gi * (xs[i] - mean[c]);
+                 });
+  else
+    channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
+                 [=](int64_t i, int64_t c, double& a, double& b) {
+                   a = g[i];
+                   b = static_cast<double>(g[i]) * (xs[i] - mean[c]);
+                 });
+  std::vector<float>& f = bn_scratch_f_;
+  f.resize(static_cast<size_t>(4 * C));
+  float* red = f.data();  // [sum_dy | sum_dy_xhat], then [mean_dy | mean_dy_xhat]
+  for (int64_t c = 0; c < C; ++c) {
+    red[c] = static_cast<float>(sum_dy[c]);
+    red[C + c] = static_cast<float>(sum_dy_xmu[c] * saved.invstd[c]);
+  }
+  if (sync) sync->allreduce_sum(red, static_cast<size_t>(2 * C));
+  float* mean_dy = red + 2 * C;
+  float* mean_dy_xhat = mean_dy + C;
+  for (int64_t c = 0; c < C; ++c) {
+    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + red[c] : red[c];
+    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + red[C + c] : red[C + c];
+    mean_dy[c] = static_cast<float>(red[c] / saved.count);
+    mean_dy_xhat[c] = static_cast<float>(red[C + c] / saved.count);
+  }
+  const float* invstd = saved.invstd;
+  float* out = dx.f32();
+  if (relu)
+    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
+      out[i] = math::bn_backward_dx(math::relu_backward(ys[i], g[i]), xs[i], mean[c], invstd[c],
+                                    gamma[c], mean_dy[c], mean_dy_xhat[c]);
+    });
+  else
+    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
+      out[i] = math::bn_backward_dx(g[i], xs[i], mean[c], invstd[c], gamma[c], mean_dy[c],
+                                    mean_dy_xhat[c]);
+    });
+}
+
+}  // namespace rd::cpu

@@ -1,0 +1,157 @@
+// Convolution on oneDNN. Activations stay in the backend's plain layout (src/dst
+// descriptors are fixed); only the weights are reordered between PyTorch's OIHW
+// (the flat arena) and whatever blocked format each primitive prefers. A plan
+// (primitive descriptors, primitives, reorders, weight buffers) is built once per
+// shape and cached, and all primitives share one user-managed scratchpad, so a
+// training step allocates nothing.
+#include <sstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/layout.h"
+#include "resnet_ddp/errors.h"
+
+namespace rd::cpu {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+dnnl::memory::desc CpuBackend::activation_md(const Shape& s) const {
+  return dnnl::memory::desc({s[0], s[1], s[2], s[3]}, dt::f32,
+                            layout_ == Layout::NHWC ? tag::nhwc : tag::nchw);
+}
+
+void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
+  const size_t bytes = md.get_size();
+  if (bytes > scratch_bytes_) {
+    scratch_ = allocate(bytes);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
+ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
+                                const ConvGeometry& g) {
+  std::ostringstream key;
+  key << x.str() << w.str() << g.kernel << "/" << g.stride << "/" << g.pad;
+  auto it = conv_plans_.find(key.str());
+  if (it != conv_plans_.end()) return *it->second;
+
+  RD_CHECK(x.rank == 4 && w.rank == 4 && y.rank == 4 && w[1] == x[1] && w[0] == y[1] &&
+               w[2] == g.kernel && w[3] == g.kernel &&
+               y[2] == conv_out_size(x[2], g.kernel, g.stride, g.pad) &&
+               y[3] == conv_out_size(x[3], g.kernel, g.stride, g.pad) && y[0] == x[0],
+           "conv2d: inconsistent shapes x " << x.str() << " w " << w.str() << " y " << y.str()
+                                            << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
+  auto plan = std::make_unique<ConvPlan>();
+  const dnnl::memory::desc src_md = activation_md(x), dst_md = activation_md(y);
+  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+  plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
+  const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
+
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+
+  dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training,
+                                           dnnl::algorithm::convolution_direct, src_md, any_w,
+                                           dst_md, strides, pad, pad);
+  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(fwd_desc, attr, engine_);
+  dnnl::convolution_backward_data::desc bwd_data_desc(dnnl::algorithm::convolution_direct, src_md,
+                                                      any_w, dst_md, strides, pad, pad);
+  plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(bwd_data_desc, attr, engine_,
+                                                                      plan->fwd_pd);
+  dnnl::convolution_backward_weights::desc bwd_w_desc(dnnl::algorithm::convolution_direct, src_md,
+                                                      any_w, dst_md, strides, pad, pad);
+  plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(bwd_w_desc, attr,
+                                                                            engine_, plan->fwd_pd);
+  plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
+  plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
+  plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
+
+  auto own = [&](const dnnl::memory::desc& md) {
+    // Buffers are owned by the backend allocator so they are 64-byte aligned.
+    auto storage = allocate(md.get_size());
+    dnnl::memory m(md, engine_, storage.get());
+    plans_storage_.push_back(storage);
+    return m;
+  };
+  plan->fwd_weights_plain = plan->fwd_pd.weights_desc() == plan->user_weights_md;
+  plan->bwd_data_weights_plain = plan->bwd_data_pd.weights_desc() == plan->user_weights_md;
+  dnnl::memory user_w(plan->user_weights_md, engine_, DNNL_MEMORY_NONE);
+  if (!plan->fwd_weights_plain) {
+    plan->fwd_weights = own(plan->fwd_pd.weights_desc());
+    plan->to_fwd_weights = dnnl::reorder(user_w, plan->fwd_weights);
+  }
+  if (!plan->bwd_data_weights_plain) {
+    plan->bwd_data_weights = own(plan->bwd_data_pd.weights_desc());
+    plan->to_bwd_data_weights = dnnl::reorder(user_w, plan->bwd_data_weights);
+  }
+  plan->diff_weights = own(plan->bwd_weights_pd.diff_weights_desc());
+  plan->diff_to_user = dnnl::reorder(plan->diff_weights, user_w);
+  dnnl::primitive_attr sum_attr;
+  dnnl::post_ops sum;
+  sum.append_sum(1.f);
+  sum_attr.set_post_ops(sum);
+  plan->diff_add_to_user = dnnl::reorder(
+      dnnl::reorder::primitive_desc(plan->diff_weights, user_w, sum_attr));
+
+  ConvPlan& ref = *plan;
+  conv_plans_.emplace(key.str(), std::move(plan));
+  return ref;
+}
+
+void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
+                                const ConvGeometry& g) {
+  ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
+  dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(x.data));
+  dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, y.data);
+  dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
+  dnnl::memory weights = user_w;
+  if (!p.fwd_weights_plain) {
+    p.to_fwd_weights.execute(stream_, user_w, p.fwd_weights);
+    weights = p.fwd_weights;
+  }
+  dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), engine_, scratchpad(p.fwd_pd.scratchpad_desc()));
+  p.fwd.execute(stream_, {{DNNL_ARG_SRC, src},
+                          {DNNL_ARG_WEIGHTS, weights},
+                          {DNNL_ARG_DST, dst},
+                          {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream_.wait();
+}
+
+void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                      const ConvGeometry& g) {
+  ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
+  dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(dy.data));
+  dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, dx.data);
+  dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
+  dnnl::memory weights = user_w;
+  if (!p.bwd_data_weights_plain) {
+    p.to_bwd_data_weights.execute(stream_, user_w, p.bwd_data_weights);
+    weights = p.bwd_data_weights;
+  }
+  const auto sp_md = p.bwd_data_pd.scratchpad_desc();
+  dnnl::memory scratch(sp_md, engine_, scratchpad(sp_md));
+  p.bwd_data.execute(stream_, {{DNNL_ARG_DIFF_DST, diff_dst},
+                               {DNNL_ARG_WEIGHTS, weights},
+                               {DNNL_ARG_DIFF_SRC, diff_src},
+                               {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream_.wait();
+}
+
+void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+                                         const ConvGeometry& g, bool accumulate) {
+  ConvPlan& p = conv_plan(x.shape, dw.shape, dy.shape, g);
+  dnnl::memory src(p.bwd_weights_pd.src_desc(), engine_, const_cast<void*>(x.data));
+  dnnl::memory diff_dst(p.bwd_weights_pd.diff_dst_desc(), engine_, const_cast<void*>(dy.data));
+  dnnl::memory user_dw(p.user_weights_md, engine_, dw.data);
+  const auto sp_md = p.bwd_weights_pd.scratchpad_desc();
+  dnnl::memory scratch(sp_md, engine_, scratchpad(sp_md));
+  p.bwd_weights.execute(stream_, {{DNNL_ARG_SRC, src},
+                                  {DNNL_ARG_DIFF_DST, diff_dst},
+                                  {DNNL_ARG_DIFF_WEIGHTS, p.diff_weights},
+                                  {DNNL_ARG_SCRATCHPAD, scratch}});
+  (accumulate ? p.diff_add_to_user : p.diff_to_user).execute(stream_, p.diff_weights, user_dw);
+  stream_.wait();
+}
+
+}  // namespace rd::cpu

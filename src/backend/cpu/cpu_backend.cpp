@@ -1,0 +1,405 @@
+// CPU backend: memory, layout conversion, and the small memory-bound ops.
+// Convolution lives in conv.cpp, batch norm in batchnorm.cpp.
+#include "backend/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/layout.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/math/activation.h"
+#include "resnet_ddp/math/loss.h"
+#include "resnet_ddp/math/optim.h"
+
+extern "C" {
+#include <dnnl.h>
+}
+
+namespace rd::cpu {
+
+CpuBackend::CpuBackend(const BackendOptions& opts)
+    : layout_(opts.layout), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+  if (layout_ != Layout::NHWC && layout_ != Layout::NCHW)
+    throw UsageError(std::string("CPU backend: activation layout ") + layout_name(layout_) +
+                     " is not supported (use NHWC or NCHW)");
+  if (opts.precision != Precision::FP32)
+    throw UsageError("CPU backend: only fp32 precision is implemented");
+  threads_ = opts.threads > 0 ? opts.threads : omp_get_max_threads();
+  omp_set_num_threads(threads_);
+}
+
+std::string CpuBackend::name() const {
+  const dnnl_version_t* v = dnnl_version();
+  return "cpu (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + ", " + std::to_string(threads_) + " threads, " +
+         layout_name(layout_) + ")";
+}
+
+// ---- memory -----------------------------------------------------------------
+
+std::shared_ptr<void> CpuBackend::allocate(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) RD_FAIL("CPU backend: out of memory allocating " << bytes << " bytes");
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::fill(float* dst, float value, size_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < count; ++i) dst[i] = value;
+}
+
+void CpuBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
+  if (dst.layout == Layout::RowMajor || dst.layout == Layout::NCHW) {
+    copy_from_host(dst.data, src, static_cast<size_t>(dst.numel()) * sizeof(float));
+    return;
+  }
+  const Dims d = dims_of(dst);
+  float* out = dst.f32();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t h = 0; h < d.h; ++h)
+      for (int64_t w = 0; w < d.w; ++w)
+        for (int64_t c = 0; c < d.c; ++c)
+          out[((n * d.h + h) * d.w + w) * d.c + c] = src[((n * d.c + c) * d.h + h) * d.w + w];
+}
+
+void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
+  if (src.layout == Layout::RowMajor || src.layout == Layout::NCHW) {
+    copy_to_host(dst, src.data, static_cast<size_t>(src.numel()) * sizeof(float));
+    return;
+  }
+  const Dims d = dims_of(src);
+  const float* in = src.f32();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t c = 0; c < d.c; ++c)
+      for (int64_t h = 0; h < d.h; ++h)
+        for (int64_t w = 0; w < d.w; ++w)
+          dst[((n * d.c + c) * d.h + h) * d.w + w] = in[((n * d.h + h) * d.w + w) * d.c + c];
+}
+
+void CpuBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,
+                                         const float* std) {
+  const Dims d = dims_of(dst);
+  RD_CHECK(d.c == 3, "images_u8_to_activation: expected 3 channels, got " << dst.describe());
+  float scale[3], shift[3];
+  for (int c = 0; c < 3; ++c) {
+    // (x / 255 - mean) / std  ==  x * scale + shift
+    const float s = std ? std[c] : 1.f, m = mean ? mean[c] : 0.f;
+    scale[c] = 1.f / (255.f * s);
+    shift[c] = -m / s;
+  }
+  float* out = dst.f32();
+  const int64_t hw = d.h * d.w;
+  if (dst.layout == Layout::NHWC) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < d.n * hw; ++p)
+      for (int c = 0; c < 3; ++c) out[p * 3 + c] = src[p * 3 + c] * scale[c] + shift[c];
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int c = 0; c < 3; ++c)
+        for (int64_t p = 0; p < hw; ++p)
+          out[(n * 3 + c) * hw + p] = src[(n * hw + p) * 3 + c] * scale[c] + shift[c];
+  }
+}
+
+// ---- elementwise ----------------------------------------------------------------
+
+static void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  RD_CHECK(a.shape == b.shape && a.layout == b.layout,
+           op << ": tensors differ: " << a.describe() << " vs " << b.describe());
+}
+
+void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
+  check_same(x, y, "relu_forward");
+  const float* in = x.f32();
+  float* out = y.f32();
+  const int64_t n = x.storage_elems();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = math::relu_forward(in[i]);
+}
+
+void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  check_same(y, dy, "relu_backward");
+  check_same(y, dx, "relu_backward");
+  const float* yo = y.f32();
+  const float* g = dy.f32();
+  float* out = dx.f32();
+  const int64_t n = y.storage_elems();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = math::relu_backward(yo[i], g[i]);
+}
+
+void CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
+  check_same(a, b, "add_forward");
+  check_same(a, y, "add_forward");
+  const float* pa = a.f32();
+  const float* pb = b.f32();
+  float* out = y.f32();
+  const int64_t n = a.storage_elems();
+  if (relu) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = math::add_relu_forward(pa[i], pb[i]);
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
+  }
+}
+
+void CpuBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
+  check_same(y, dy, "add_backward");
+  check_same(y, dsum, "add_backward");
+  if (!relu) {
+    if (dsum.data != dy.data) copy_from_host(dsum.data, dy.data, dy.nbytes());
+    return;
+  }
+  relu_backward(y, dy, dsum);
+}
+
+void CpuBackend::accumulate(const Tensor& src, Tensor& dst) {
+  check_same(src, dst, "accumulate");
+  const float* in = src.f32();
+  float* out = dst.f32();
+  const int64_t n = src.storage_elems();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] += in[i];
+}
+
+// ---- pooling ----------------------------------------------------------------------
+// Max pool keeps the flat input index of each window's maximum (first one wins on
+// ties, as PyTorch), so backward is a scatter and works for any layout.
+
+size_t CpuBackend::maxpool_workspace_bytes(const Tensor& y) {
+  return static_cast<size_t>(y.numel()) * sizeof(int32_t);
+}
+
+void CpuBackend::maxpool_forward(const Tensor& x, Tensor& y, int k, int stride, int pad,
+                                 void* workspace) {
+  RD_CHECK(x.layout == y.layout, "maxpool_forward: layouts differ");
+  const Dims in = dims_of(x), out = dims_of(y);
+  RD_CHECK(out.h == conv_out_size(in.h, k, stride, pad) && out.w == conv_out_size(in.w, k, stride, pad),
+           "maxpool_forward: output " << y.describe() << " does not fit input " << x.describe());
+  RD_CHECK(static_cast<int64_t>(in.n) * in.c * in.h * in.w < (int64_t(1) << 31),
+           "maxpool_forward: tensor too large for 32-bit indices");
+  const float* src = x.f32();
+  float* dst = y.f32();
+  int32_t* arg = static_cast<int32_t*>(workspace);
+  const Indexer xi(x), yi(y);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < out.n; ++n)
+    for (int64_t oh = 0; oh < out.h; ++oh)
+      for (int64_t ow = 0; ow < out.w; ++ow)
+        for (int64_t c = 0; c < out.c; ++c) {
+          float best = -INFINITY;
+          int64_t best_i = -1;
+          for (int kh = 0; kh < k; ++kh) {
+            const int64_t ih = oh * stride - pad + kh;
+            if (ih < 0 || ih >= in.h) continue;
+            for (int kw = 0; kw < k; ++kw) {
+              const int64_t iw = ow * stride - pad + kw;
+              if (iw < 0 || iw >= in.w) continue;
+              const int64_t i = xi(n, c, ih, iw);
+              const float v = src[i];
+              if (best_i < 0) best_i = i;  // PyTorch starts from the window's first element
+              if (v > best || std::isnan(v)) {
+                best = v;
+                best_i = i;
+              }
+            }
+          }
+          const int64_t o = yi(n, c, oh, ow);
+          dst[o] = best;
+          arg[o] = static_cast<int32_t>(best_i);
+        }
+}
+
+void CpuBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int, int, int,
+                                  const void* workspace) {
+  const Dims out = dims_of(dy), in = dims_of(dx);
+  const float* g = dy.f32();
+  float* dst = dx.f32();
+  const int32_t* arg = static_cast<const int32_t*>(workspace);
+  const int64_t in_per_image = static_cast<int64_t>(dx.storage_elems()) / in.n;
+  const int64_t out_per_image = static_cast<int64_t>(dy.storage_elems()) / out.n;
+  // Windows overlap, so scatter per image (images never share input elements).
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < in.n; ++n) {
+    float* di = dst + n * in_per_image;
+    for (int64_t i = 0; i < in_per_image; ++i) di[i] = 0.f;
+    for (int64_t o = n * out_per_image; o < (n + 1) * out_per_image; ++o) dst[arg[o]] += g[o];
+  }
+}
+
+void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+  const Dims d = dims_of(x);
+  RD_CHECK(y.shape == (Shape{d.n, d.c}), "global_avgpool_forward: output " << y.describe());
+  const float* src = x.f32();
+  float* dst = y.f32();
+  const int64_t hw = d.h * d.w;
+  const float inv = 1.f / static_cast<float>(hw);
+  if (x.layout == Layout::NHWC) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < d.n; ++n) {
+      float* o = dst + n * d.c;
+      for (int64_t c = 0; c < d.c; ++c) o[c] = 0.f;
+      for (int64_t p = 0; p < hw; ++p) {
+        const float* row = src + (n * hw + p) * d.c;
+#pragma omp simd
+        for (int64_t c = 0; c < d.c; ++c) o[c] += row[c];
+      }
+      for (int64_t c = 0; c < d.c; ++c) o[c] *= inv;
+    }
+  } else {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t c = 0; c < d.c; ++c) {
+        const float* plane = src + (n * d.c + c) * hw;
+        float s = 0.f;
+        for (int64_t p = 0; p < hw; ++p) s += plane[p];
+        dst[n * d.c + c] = s * inv;
+      }
+  }
+}
+
+void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+  const Dims d = dims_of(dx);
+  const float* g = dy.f32();
+  float* dst = dx.f32();
+  const int64_t hw = d.h * d.w;
+  const float inv = 1.f / static_cast<float>(hw);
+  if (dx.layout == Layout::NHWC) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t p = 0; p < hw; ++p) {
+        float* row = dst + (n * hw + p) * d.c;
+        const float* gi = g + n * d.c;
+#pragma omp simd
+        for (int64_t c = 0; c < d.c; ++c) row[c] = gi[c] * inv;
+      }
+  } else {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t c = 0; c < d.c; ++c) {
+        float* plane = dst + (n * d.c + c) * hw;
+        const float v = g[n * d.c + c] * inv;
+        for (int64_t p = 0; p < hw; ++p) plane[p] = v;
+      }
+  }
+}
+
+// ---- linear (row-major GEMMs through oneDNN's sgemm) ----------------------------------
+
+static void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  RD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status " << static_cast<int>(st));
+}
+
+void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
+  const int64_t n = x.shape[0], in = x.shape[1], out = w.shape[0];
+  RD_CHECK(w.shape[1] == in && y.shape == (Shape{n, out}),
+           "linear_forward: x " << x.describe() << " w " << w.describe() << " y " << y.describe());
+  float* yo = y.f32();
+  if (b) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < out; ++j) yo[r * out + j] = b[j];
+  }
+  sgemm('N', 'T', n, out, in, 1.f, x.f32(), in, w.f32(), in, b ? 1.f : 0.f, yo, out);
+}
+
+void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                                 Tensor& dw, float* db, bool accumulate) {
+  const int64_t n = x.shape[0], in = x.shape[1], out = w.shape[0];
+  const float beta = accumulate ? 1.f : 0.f;
+  sgemm('T', 'N', out, in, n, 1.f, dy.f32(), out, x.f32(), in, beta, dw.f32(), in);
+  if (db) {
+    const float* g = dy.f32();
+    for (int64_t j = 0; j < out; ++j) {
+      double s = 0.0;
+      for (int64_t r = 0; r < n; ++r) s += g[r * out + j];
+      db[j] = static_cast<float>(accumulate ? db[j] + s : s);
+    }
+  }
+  if (dx) sgemm('N', 'N', n, in, out, 1.f, dy.f32(), out, w.f32(), in, 0.f, dx->f32(), in);
+}
+
+// ---- loss ---------------------------------------------------------------------------
+
+double CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                                float grad_scale, Tensor* dlogits, int32_t* predictions) {
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  const float* z = logits.f32();
+  float* dz = dlogits ? dlogits->f32() : nullptr;
+  const float row_scale = n > 0 ? grad_scale / static_cast<float>(n) : 0.f;
+  double total = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    RD_CHECK(labels[r] >= 0 && labels[r] < k, "softmax_xent: label " << labels[r]
+                                                   << " out of range for " << k << " classes");
+    int amax = 0;
+    total += math::softmax_xent_row(z + r * k, static_cast<int>(k), labels[r], smoothing,
+                                    row_scale, dz ? dz + r * k : nullptr, &amax);
+    if (predictions) predictions[r] = amax;
+  }
+  return total;
+}
+
+// ---- optimizers -------------------------------------------------------------------------
+
+void CpuBackend::adam_step(float* p, const float* g, float* m, float* v, size_t count, float lr,
+                           float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step) {
+  math::AdamHyper h{};
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
+  h.bias_correction2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), step)));
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < count; ++i) math::adam_update(p[i], g[i], m[i], v[i], h);
+}
+
+void CpuBackend::sgd_step(float* p, const float* g, float* buf, size_t count, float lr,
+                          float momentum, float dampening, float weight_decay, bool nesterov,
+                          bool first_step) {
+  math::SgdHyper h{lr, momentum, dampening, weight_decay, nesterov, first_step};
+  float dummy = 0.f;
+#pragma omp parallel for schedule(static) firstprivate(dummy)
+  for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);
+}
+
+void CpuBackend::scale(float* data, float factor, size_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < count; ++i) data[i] *= factor;
+}
+
+bool CpuBackend::all_finite(const float* data, size_t count) {
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (size_t i = 0; i < count; ++i) bad |= !std::isfinite(data[i]);
+  return bad == 0;
+}
+
+}  // namespace rd::cpu
+
+namespace rd {
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
+  return std::make_unique<cpu::CpuBackend>(opts);
+}
+}  // namespace rd

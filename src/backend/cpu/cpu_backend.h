@@ -1,0 +1,118 @@
+// CPU backend: oneDNN primitives for convolution (cached per shape, weights
+// reordered into oneDNN's preferred blocked format each step), OpenMP loops for
+// the memory-bound ops (batch norm, elementwise, pooling, loss, optimizers).
+//
+// Activations use plain NHWC by default: oneDNN's AVX-512 convolutions read and
+// write it directly, so no activation is ever reordered between layers, and
+// every per-channel op vectorises along the contiguous channel axis.
+#pragma once
+
+#include <dnnl.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/backend/backend.h"
+
+namespace rd::cpu {
+
+// Everything oneDNN needs to run one convolution shape forward and backward.
+struct ConvPlan {
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_weights;
+  dnnl::memory::desc user_weights_md;  // PyTorch OIHW
+  // Weights in each primitive's preferred format (owned, reused every step).
+  dnnl::memory fwd_weights, bwd_data_weights, diff_weights;
+  dnnl::reorder to_fwd_weights, to_bwd_data_weights, diff_to_user, diff_add_to_user;
+  bool fwd_weights_plain = false, bwd_data_weights_plain = false;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opts);
+
+  DeviceKind device() const override { return DeviceKind::CPU; }
+  std::string name() const override;
+  Layout activation_layout() const override { return layout_; }
+
+  std::shared_ptr<void> allocate(size_t bytes) override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void fill(float* dst, float value, size_t count) override;
+  void copy_from_host_nchw(const float* src, Tensor& dst) override;
+  void copy_to_host_nchw(const Tensor& src, float* dst) override;
+  void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
+                               const float* std) override;
+  void synchronize() override {}
+
+  void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                            const ConvGeometry& g) override;
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+                               const ConvGeometry& g, bool accumulate) override;
+
+  void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
+                               float* running_mean, float* running_var, float momentum,
+                               float eps, bool relu, Tensor& y, BatchNormSaved& saved,
+                               ChannelReducer* sync) override;
+  void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
+                              const float* running_mean, const float* running_var, float eps,
+                              bool relu, Tensor& y) override;
+  void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const float* gamma,
+                          const BatchNormSaved& saved, bool relu, Tensor& dx, float* dgamma,
+                          float* dbeta, bool accumulate, ChannelReducer* sync) override;
+
+  void relu_forward(const Tensor& x, Tensor& y) override;
+  void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
+  void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
+  void accumulate(const Tensor& src, Tensor& dst) override;
+
+  size_t maxpool_workspace_bytes(const Tensor& y) override;
+  void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                       void* workspace) override;
+  void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                        const void* workspace) override;
+  void global_avgpool_forward(const Tensor& x, Tensor& y) override;
+  void global_avgpool_backward(const Tensor& dy, Tensor& dx) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                       Tensor& dw, float* db, bool accumulate) override;
+
+  double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                      float grad_scale, Tensor* dlogits, int32_t* predictions) override;
+
+  void adam_step(float* params, const float* grads, float* m, float* v, size_t count, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
+  void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
+                float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step) override;
+  void scale(float* data, float factor, size_t count) override;
+  bool all_finite(const float* data, size_t count) override;
+
+ private:
+  ConvPlan& conv_plan(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);
+  dnnl::memory::desc activation_md(const Shape& s) const;
+  void* scratchpad(const dnnl::memory::desc& md);
+  // The per-channel scratch the batch-norm ops need (sums, scale/shift).
+  std::vector<double>& bn_scratch(size_t n);
+
+  Layout layout_;
+  int threads_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
+  std::vector<std::shared_ptr<void>> plans_storage_;  // reordered-weight buffers of the plans
+  std::shared_ptr<void> scratch_;
+  size_t scratch_bytes_ = 0;
+  std::vector<double> bn_scratch_;
+  std::vector<float> bn_scratch_f_;
+};
+
+}  // namespace rd::cpu
