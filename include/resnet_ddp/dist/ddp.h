@@ -92,6 +92,7 @@ class GradientBucketer : public BackwardHooks {
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_slice_;
   std::vector<size_t> pending_;  // per bucket: gradients not yet final
+  std::vector<char> ready_;      // per slice: reported final in this pass
   std::vector<std::unique_ptr<Request>> requests_;
   size_t next_to_fire_ = 0;
   bool armed_ = false;
@@ -118,7 +119,7 @@ class SyncBatchNormReducer : public ChannelReducer {
   uint64_t bytes_ = 0;
 };
 
-// 64-bit FNV-1a of a float buffer's bytes (host memory).
+// 64-bit FNV-1a-style hash of a host buffer, taken 8 bytes at a time.
 uint64_t checksum_bytes(const void* data, size_t bytes);
 
 struct ChecksumReport {
