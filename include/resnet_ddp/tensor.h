@@ -57,6 +57,7 @@ struct Tensor {
   Layout layout = Layout::RowMajor;
   void* data = nullptr;
   std::shared_ptr<void> owner;  // keeps the allocation alive; empty for views
+  size_t capacity = 0;          // bytes of the owning allocation (0 for views)
 
   int64_t numel() const { return shape.numel(); }
   int64_t storage_elems() const { return rd::storage_elems(shape, layout); }

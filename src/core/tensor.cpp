@@ -104,7 +104,8 @@ Tensor Backend::tensor(const Shape& shape, Layout layout, DType dtype) {
   t.dtype = dtype;
   t.device = device();
   t.layout = layout;
-  t.owner = allocate(t.nbytes());
+  t.capacity = t.nbytes();
+  t.owner = allocate(t.capacity);
   t.data = t.owner.get();
   return t;
 }

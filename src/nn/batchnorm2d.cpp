@@ -1,0 +1,60 @@
+// BatchNorm2d (optionally fused with the ReLU that follows it), training and eval
+// modes, synchronised across ranks when the context carries a reducer.
+#include "nn/layers.h"
+#include "resnet_ddp/errors.h"
+
+namespace rd::nn {
+
+BatchNorm2d::BatchNorm2d(Arena& params, Arena& buffers, const std::string& name, int ch,
+                         bool fuse_relu)
+    : channels(ch), relu(fuse_relu) {
+  refs.params.push_back(params.add(name + ".weight", Shape{ch}));
+  refs.params.push_back(params.add(name + ".bias", Shape{ch}));
+  running_mean = buffers.add(name + ".running_mean", Shape{ch});
+  running_var = buffers.add(name + ".running_var", Shape{ch});
+}
+
+void BatchNorm2d::init(Backend& be, Arena& params, Arena& buffers) {
+  be.fill(params.ptr(refs.params[0]), 1.f, static_cast<size_t>(channels));
+  be.fill(params.ptr(refs.params[1]), 0.f, static_cast<size_t>(channels));
+  be.fill(buffers.ptr(running_mean), 0.f, static_cast<size_t>(channels));
+  be.fill(buffers.ptr(running_var), 1.f, static_cast<size_t>(channels));
+}
+
+const Tensor& BatchNorm2d::forward(LayerContext& ctx, const Tensor& x) {
+  RD_CHECK(x.shape[1] == channels, "BatchNorm2d: expected " << channels << " channels, got "
+                                                            << x.describe());
+  Backend& be = *ctx.backend;
+  ensure_tensor(be, y_, x.shape, x.layout);
+  const float* gamma = ctx.params->ptr(refs.params[0]);
+  const float* beta = ctx.params->ptr(refs.params[1]);
+  float* rm = ctx.buffers->ptr(running_mean);
+  float* rv = ctx.buffers->ptr(running_var);
+  if (ctx.training) {
+    if (!saved_mean_.owner) {
+      saved_mean_ = be.tensor(Shape{channels}, Layout::RowMajor);
+      saved_invstd_ = be.tensor(Shape{channels}, Layout::RowMajor);
+    }
+    saved_.mean = saved_mean_.f32();
+    saved_.invstd = saved_invstd_.f32();
+    be.batchnorm_forward_train(x, gamma, beta, rm, rv, momentum, eps, relu, y_, saved_,
+                               ctx.bn_reducer);
+  } else {
+    be.batchnorm_forward_eval(x, gamma, beta, rm, rv, eps, relu, y_);
+  }
+  x_ = &x;
+  return y_;
+}
+
+const Tensor& BatchNorm2d::backward(LayerContext& ctx, const Tensor& dy) {
+  RD_CHECK(ctx.training, "BatchNorm2d: backward needs a training-mode forward");
+  Backend& be = *ctx.backend;
+  ensure_tensor(be, dx_, x_->shape, x_->layout);
+  be.batchnorm_backward(*x_, y_, dy, ctx.params->ptr(refs.params[0]), saved_, relu, dx_,
+                        ctx.grads->ptr(refs.params[0]), ctx.grads->ptr(refs.params[1]),
+                        ctx.accumulate, ctx.bn_reducer);
+  ctx.grads_ready(refs);
+  return dx_;
+}
+
+}  // namespace rd::nn

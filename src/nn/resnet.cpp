@@ -1,0 +1,281 @@
+// ResNet-18/34/50 (torchvision layout) on the flat arenas.
+//
+// Backward visits each block's downsample branch before its main path, so
+// gradients become final in reverse state_dict order — exactly the order DDP
+// buckets are laid out in, so a bucket fires as soon as backward passes it.
+#include "resnet_ddp/nn/resnet.h"
+
+#include <memory>
+
+#include "nn/layers.h"
+#include "resnet_ddp/errors.h"
+
+namespace rd {
+
+namespace {
+
+struct ArchSpec {
+  bool bottleneck;
+  std::vector<int> blocks;
+  int stem_width;
+  std::vector<int> widths;
+};
+
+ArchSpec arch_spec(const std::string& arch) {
+  if (arch == "resnet18") return {false, {2, 2, 2, 2}, 64, {64, 128, 256, 512}};
+  if (arch == "resnet34") return {false, {3, 4, 6, 3}, 64, {64, 128, 256, 512}};
+  if (arch == "resnet50") return {true, {3, 4, 6, 3}, 64, {64, 128, 256, 512}};
+  // A miniature BasicBlock ResNet with the same topology, for fast tests.
+  if (arch == "resnet_tiny") return {false, {1, 1, 1, 1}, 8, {8, 16, 32, 64}};
+  throw UsageError("unknown architecture '" + arch +
+                   "' (expected resnet18, resnet34, resnet50 or resnet_tiny)");
+}
+
+}  // namespace
+
+void validate_arch(const std::string& arch) { (void)arch_spec(arch); }
+
+HeadKind parse_head(const std::string& head) {
+  if (head == "fc") return HeadKind::Fc;
+  if (head == "mlp") return HeadKind::Mlp;
+  throw UsageError("unknown head '" + head + "' (expected mlp or fc)");
+}
+
+const char* head_name(HeadKind h) { return h == HeadKind::Fc ? "fc" : "mlp"; }
+
+int64_t torchvision_param_count(const std::string& arch) {
+  if (arch == "resnet18") return 11689512;
+  if (arch == "resnet34") return 21797672;
+  if (arch == "resnet50") return 25557032;
+  return -1;
+}
+
+namespace nn {
+
+// A residual block: main path + optional downsample (1x1 conv + BN) + add + ReLU.
+class Block {
+ public:
+  Block(Arena& p, Arena& b, const std::string& name, bool bottleneck, int in_ch, int width,
+        int stride)
+      : bottleneck_(bottleneck) {
+    const int out_ch = bottleneck ? width * 4 : width;
+    if (bottleneck) {
+      // torchvision's Bottleneck (v1.5): the stride sits on the 3x3 conv.
+      convs_.emplace_back(p, name + ".conv1", in_ch, width, 1, 1, 0);
+      bns_.emplace_back(p, b, name + ".bn1", width, true);
+      convs_.emplace_back(p, name + ".conv2", width, width, 3, stride, 1);
+      bns_.emplace_back(p, b, name + ".bn2", width, true);
+      convs_.emplace_back(p, name + ".conv3", width, out_ch, 1, 1, 0);
+      bns_.emplace_back(p, b, name + ".bn3", out_ch, false);
+    } else {
+      convs_.emplace_back(p, name + ".conv1", in_ch, width, 3, stride, 1);
+      bns_.emplace_back(p, b, name + ".bn1", width, true);
+      convs_.emplace_back(p, name + ".conv2", width, width, 3, 1, 1);
+      bns_.emplace_back(p, b, name + ".bn2", width, false);
+    }
+    if (stride != 1 || in_ch != out_ch) {
+      down_conv_ = std::make_unique<Conv2d>(p, name + ".downsample.0", in_ch, out_ch, 1, stride, 0);
+      down_bn_ = std::make_unique<BatchNorm2d>(p, b, name + ".downsample.1", out_ch, false);
+    }
+    out_channels = out_ch;
+  }
+
+  void init(Backend& be, Arena& p, Arena& b, uint64_t& seed) {
+    for (auto& c : convs_) c.init(be, p, seed++);
+    for (auto& n : bns_) n.init(be, p, b);
+    if (down_conv_) {
+      down_conv_->init(be, p, seed++);
+      down_bn_->init(be, p, b);
+    }
+  }
+
+  const Tensor& forward(LayerContext& ctx, const Tensor& x) {
+    const Tensor* h = &x;
+    for (size_t i = 0; i < convs_.size(); ++i) {
+      h = &convs_[i].forward(ctx, *h);
+      h = &bns_[i].forward(ctx, *h);
+    }
+    const Tensor* identity = &x;
+    if (down_conv_) identity = &down_bn_->forward(ctx, down_conv_->forward(ctx, x));
+    nn::ensure_tensor(*ctx.backend, out_, h->shape, h->layout);
+    ctx.backend->add_forward(*h, *identity, true, out_);
+    return out_;
+  }
+
+  // Returns dx; `need_dx` false for nothing (blocks always need it in ResNet).
+  const Tensor& backward(LayerContext& ctx, const Tensor& dout) {
+    nn::ensure_tensor(*ctx.backend, dsum_, dout.shape, dout.layout);
+    ctx.backend->add_backward(out_, dout, true, dsum_);
+    const Tensor* d_identity = &dsum_;
+    if (down_conv_) d_identity = &down_conv_->backward(ctx, down_bn_->backward(ctx, dsum_));
+    const Tensor* g = &dsum_;
+    for (size_t i = convs_.size(); i-- > 0;) {
+      g = &bns_[i].backward(ctx, *g);
+      g = &convs_[i].backward(ctx, *g);
+    }
+    // conv1's dx buffer becomes the block's input gradient: add the identity path.
+    Tensor& dx = const_cast<Tensor&>(*g);
+    ctx.backend->accumulate(*d_identity, dx);
+    return dx;
+  }
+
+  int out_channels = 0;
+
+ private:
+  bool bottleneck_;
+  std::vector<Conv2d> convs_;
+  std::vector<BatchNorm2d> bns_;
+  std::unique_ptr<Conv2d> down_conv_;
+  std::unique_ptr<BatchNorm2d> down_bn_;
+  Tensor out_, dsum_;
+};
+
+}  // namespace nn
+
+struct ResNet::Impl {
+  Backend* backend;
+  ResNetConfig cfg;
+  Arena params, grads, buffers;
+  int64_t num_batches_tracked = 0;
+  bool training = true;
+  ChannelReducer* reducer = nullptr;
+  bool keep_input_grad = false;
+
+  std::unique_ptr<nn::Conv2d> conv1;
+  std::unique_ptr<nn::BatchNorm2d> bn1;
+  nn::MaxPool2d maxpool{3, 2, 1};
+  std::vector<std::unique_ptr<nn::Block>> blocks;
+  nn::GlobalAvgPool avgpool;
+  std::unique_ptr<nn::Linear> fc0, fc2;  // fc0 is `fc` for the plain head
+  nn::ReLU head_relu;
+
+  Tensor input;
+  const Tensor* logits = nullptr;
+  Tensor input_grad;
+
+  nn::LayerContext context(BackwardHooks* hooks, bool accumulate) {
+    nn::LayerContext ctx;
+    ctx.backend = backend;
+    ctx.params = &params;
+    ctx.grads = &grads;
+    ctx.buffers = &buffers;
+    ctx.training = training;
+    ctx.bn_reducer = reducer;
+    ctx.hooks = hooks;
+    ctx.accumulate = accumulate;
+    return ctx;
+  }
+};
+
+ResNet::ResNet(Backend& backend, const ResNetConfig& cfg) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.backend = &backend;
+  m.cfg = cfg;
+  RD_CHECK(cfg.num_classes >= 1, "ResNet: num_classes must be >= 1, got " << cfg.num_classes);
+  const ArchSpec spec = arch_spec(cfg.arch);
+  Arena& p = m.params;
+  Arena& b = m.buffers;
+  m.conv1 = std::make_unique<nn::Conv2d>(p, "conv1", 3, spec.stem_width, 7, 2, 3);
+  m.bn1 = std::make_unique<nn::BatchNorm2d>(p, b, "bn1", spec.stem_width, true);
+  int in_ch = spec.stem_width;
+  for (size_t stage = 0; stage < spec.blocks.size(); ++stage) {
+    for (int i = 0; i < spec.blocks[stage]; ++i) {
+      const int stride = (stage > 0 && i == 0) ? 2 : 1;
+      const std::string name = "layer" + std::to_string(stage + 1) + "." + std::to_string(i);
+      m.blocks.push_back(std::make_unique<nn::Block>(p, b, name, spec.bottleneck, in_ch,
+                                                     spec.widths[stage], stride));
+      in_ch = m.blocks.back()->out_channels;
+    }
+  }
+  if (cfg.head == HeadKind::Fc) {
+    m.fc0 = std::make_unique<nn::Linear>(p, "fc", in_ch, cfg.num_classes);
+  } else {
+    m.fc0 = std::make_unique<nn::Linear>(p, "fc.0", in_ch, in_ch);
+    m.fc2 = std::make_unique<nn::Linear>(p, "fc.2", in_ch, cfg.num_classes);
+  }
+  // Gradients share the parameter slices' names and offsets.
+  for (const ParamSlice& s : p.slices()) m.grads.add(s.name, s.shape);
+  m.params.allocate(backend);
+  m.grads.allocate(backend);
+  m.buffers.allocate(backend);
+  init_parameters(cfg.init_seed);
+}
+
+ResNet::~ResNet() = default;
+
+const ResNetConfig& ResNet::config() const { return impl_->cfg; }
+Backend& ResNet::backend() { return *impl_->backend; }
+Arena& ResNet::params() { return impl_->params; }
+Arena& ResNet::grads() { return impl_->grads; }
+Arena& ResNet::buffers() { return impl_->buffers; }
+int64_t ResNet::num_batches_tracked() const { return impl_->num_batches_tracked; }
+void ResNet::set_num_batches_tracked(int64_t n) { impl_->num_batches_tracked = n; }
+void ResNet::train(bool on) { impl_->training = on; }
+bool ResNet::training() const { return impl_->training; }
+void ResNet::set_batchnorm_reducer(ChannelReducer* r) { impl_->reducer = r; }
+void ResNet::keep_input_grad(bool on) { impl_->keep_input_grad = on; }
+const Tensor& ResNet::input_grad() const { return impl_->input_grad; }
+
+void ResNet::init_parameters(uint64_t seed) {
+  Impl& m = *impl_;
+  Backend& be = *m.backend;
+  // Each layer draws from its own stream so adding a layer never shifts the others.
+  uint64_t s = seed * 1000003ull + 17;
+  m.conv1->init(be, m.params, s++);
+  m.bn1->init(be, m.params, m.buffers);
+  for (auto& blk : m.blocks) blk->init(be, m.params, m.buffers, s);
+  m.fc0->init(be, m.params, s++);
+  if (m.fc2) m.fc2->init(be, m.params, s++);
+  m.num_batches_tracked = 0;
+}
+
+Tensor& ResNet::input_buffer(int64_t n, int64_t h, int64_t w) {
+  nn::ensure_tensor(*impl_->backend, impl_->input, Shape{n, 3, h, w},
+                    impl_->backend->activation_layout());
+  return impl_->input;
+}
+
+const Tensor& ResNet::forward(const Tensor& x) {
+  Impl& m = *impl_;
+  RD_CHECK(x.shape.rank == 4 && x.shape[1] == 3,
+           "ResNet: input must be (N, 3, H, W), got " << x.describe());
+  RD_CHECK(x.shape[2] >= 32 && x.shape[3] >= 32,
+           "ResNet: input must be at least 32x32 pixels, got " << x.describe());
+  nn::LayerContext ctx = m.context(nullptr, false);
+  if (m.training) ++m.num_batches_tracked;
+  const Tensor* h = &m.conv1->forward(ctx, x);
+  h = &m.bn1->forward(ctx, *h);
+  h = &m.maxpool.forward(ctx, *h);
+  for (auto& blk : m.blocks) h = &blk->forward(ctx, *h);
+  h = &m.avgpool.forward(ctx, *h);
+  h = &m.fc0->forward(ctx, *h);
+  if (m.fc2) {
+    h = &m.head_relu.forward(ctx, *h);
+    h = &m.fc2->forward(ctx, *h);
+  }
+  m.logits = h;
+  return *h;
+}
+
+void ResNet::backward(const Tensor& dlogits, bool accumulate, BackwardHooks* hooks) {
+  Impl& m = *impl_;
+  RD_CHECK(m.logits && m.training, "ResNet::backward needs a training-mode forward first");
+  RD_CHECK(dlogits.shape == m.logits->shape, "ResNet::backward: gradient "
+                                                 << dlogits.describe() << " does not match logits "
+                                                 << m.logits->describe());
+  nn::LayerContext ctx = m.context(hooks, accumulate);
+  const Tensor* g = &dlogits;
+  if (m.fc2) {
+    g = &m.fc2->backward(ctx, *g);
+    g = &m.head_relu.backward(ctx, *g);
+  }
+  g = &m.fc0->backward(ctx, *g);
+  g = &m.avgpool.backward(ctx, *g);
+  for (size_t i = m.blocks.size(); i-- > 0;) g = &m.blocks[i]->backward(ctx, *g);
+  g = &m.maxpool.backward(ctx, *g);
+  g = &m.bn1->backward(ctx, *g);
+  g = &m.conv1->backward(ctx, *g, m.keep_input_grad);
+  if (m.keep_input_grad) m.input_grad = *g;
+}
+
+}  // namespace rd
