@@ -145,4 +145,12 @@ class Comm {
 // traffic never matches anyone else's on `base`.
 std::unique_ptr<Comm> make_mpi_comm(MPI_Comm base = MPI_COMM_WORLD);
 
+#ifdef RESNET_DDP_HAVE_CUDA
+// NCCL communicator over device memory among the ranks of `base`, on CUDA
+// device `device_index` (= local rank). Defined in src/backend/cuda/ (rd_cuda),
+// so it exists only in CUDA builds: callers guard with RESNET_DDP_HAVE_CUDA.
+// Throws rd::Error on failure (no device, NCCL init error or timeout).
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm base, int device_index);
+#endif
+
 }  // namespace rd::dist
