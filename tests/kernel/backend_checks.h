@@ -1,0 +1,703 @@
+// One check function per backend op, each taking any rd::Backend: it moves
+// data in and out only through the backend's own copy functions, compares
+// forward and backward with the float64 reference (tests/reference) and with
+// central finite differences (tests/common/gradcheck.h), and checks that
+// `accumulate=true` adds while `false` overwrites. tests/kernel runs them on the
+// CPU backend in every layout it supports; tests/gpu reuses them for CUDA
+// (pass a looser Tol for TF32).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/gradcheck.h"
+#include "reference/reference_ops.h"
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/errors.h"
+
+#define RD_CHECK_CLOSE(what, got, expected, tol)                           \
+  do {                                                                     \
+    const auto rd_close_ = ::rd::test::compare_close((got), (expected), (tol)); \
+    INFO(what << ": " << rd_close_.str());                                 \
+    CHECK(rd_close_.ok);                                                   \
+  } while (0)
+
+#define RD_CHECK_GRADIENT(what, result)      \
+  do {                                       \
+    const auto rd_grad_ = (result);          \
+    INFO(rd_grad_.summary(what));            \
+    CHECK(rd_grad_.passed);                  \
+  } while (0)
+
+namespace rd::test {
+
+// ---- moving data through the backend ---------------------------------------------
+
+// A flat float buffer on the backend's device (per-channel vectors, optimizer state).
+struct DeviceVector {
+  Backend* backend = nullptr;
+  std::shared_ptr<void> memory;
+  size_t count = 0;
+
+  DeviceVector(Backend& be, const std::vector<float>& host)
+      : backend(&be), memory(be.allocate(std::max<size_t>(host.size(), 1) * sizeof(float))),
+        count(host.size()) {
+    if (count) be.copy_from_host(memory.get(), host.data(), count * sizeof(float));
+  }
+  float* ptr() { return static_cast<float*>(memory.get()); }
+  std::vector<float> host() const {
+    std::vector<float> h(count);
+    if (count) backend->copy_to_host(h.data(), memory.get(), count * sizeof(float));
+    return h;
+  }
+};
+
+inline Tensor upload_activation(Backend& be, const std::vector<float>& nchw, int64_t n, int64_t c,
+                                int64_t h, int64_t w) {
+  Tensor t = be.activation(n, c, h, w);
+  be.copy_from_host_nchw(nchw.data(), t);
+  return t;
+}
+
+inline std::vector<float> download_activation(Backend& be, const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host_nchw(t, h.data());
+  return h;
+}
+
+inline Tensor upload_rowmajor(Backend& be, const std::vector<float>& host, const Shape& shape) {
+  Tensor t = be.tensor(shape, Layout::RowMajor);
+  be.copy_from_host(t.data, host.data(), host.size() * sizeof(float));
+  return t;
+}
+
+inline std::vector<float> download_rowmajor(Backend& be, const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host(h.data(), t.data, h.size() * sizeof(float));
+  return h;
+}
+
+inline ref::Act to_act(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
+  ref::Act a(n, c, h, w);
+  for (size_t i = 0; i < v.size(); ++i) a.v[i] = v[i];
+  return a;
+}
+
+inline ref::Mat to_mat(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  ref::Mat m(rows, cols);
+  for (size_t i = 0; i < v.size(); ++i) m.v[i] = v[i];
+  return m;
+}
+
+inline std::vector<float> filled(size_t n, float value) { return std::vector<float>(n, value); }
+
+// Expected result of an accumulating gradient write: prior + fresh.
+inline std::vector<double> plus(const std::vector<float>& prior, const std::vector<double>& fresh) {
+  std::vector<double> r(fresh.size());
+  for (size_t i = 0; i < r.size(); ++i) r[i] = static_cast<double>(prior[i]) + fresh[i];
+  return r;
+}
+
+// Finite-difference settings for float backends: a loss sum over a few hundred
+// outputs carries ~1e-5 relative rounding noise, so the step stays >= 1e-3.
+inline GradCheckOptions float_fd(size_t samples, uint64_t seed, double step = 1e-2) {
+  GradCheckOptions o;
+  o.step = step;
+  o.threshold = 1e-2;
+  o.max_checks = samples;
+  o.seed = seed;
+  return o;
+}
+
+// ---- convolution ---------------------------------------------------------------------
+
+struct ConvCase {
+  int64_t n, in_c, h, w, out_c;
+  int kernel, stride, pad;
+  std::string str() const {
+    std::ostringstream os;
+    os << "conv x[" << n << "," << in_c << "," << h << "," << w << "] -> " << out_c << " k" << kernel
+       << " s" << stride << " p" << pad;
+    return os.str();
+  }
+};
+
+inline void check_conv2d(Backend& be, const ConvCase& c, Tol tol = {}, bool finite_differences = true) {
+  INFO(c.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
+  const ConvGeometry g{c.kernel, c.stride, c.pad};
+  const int64_t oh = conv_out_size(c.h, c.kernel, c.stride, c.pad);
+  const int64_t ow = conv_out_size(c.w, c.kernel, c.stride, c.pad);
+  const Shape wshape{c.out_c, c.in_c, c.kernel, c.kernel};
+  const auto xh = random_floats(static_cast<size_t>(c.n * c.in_c * c.h * c.w), 11);
+  const auto wh = random_floats(static_cast<size_t>(wshape.numel()), 12);
+  const auto dyh = to_float(projection_weights(static_cast<size_t>(c.n * c.out_c * oh * ow), 13));
+  const ref::Act xr = to_act(xh, c.n, c.in_c, c.h, c.w);
+  const ref::Act dyr = to_act(dyh, c.n, c.out_c, oh, ow);
+  const ref::Vec wr = to_double(wh);
+
+  Tensor x = upload_activation(be, xh, c.n, c.in_c, c.h, c.w);
+  Tensor w = upload_rowmajor(be, wh, wshape);
+  Tensor y = be.activation(c.n, c.out_c, oh, ow);
+  be.copy_from_host_nchw(filled(static_cast<size_t>(y.numel()), 123.f).data(), y);
+  be.conv2d_forward(x, w, y, g);
+  const ref::Act yr = ref::conv2d_forward(xr, wr, c.out_c, c.kernel, c.stride, c.pad);
+  RD_CHECK_CLOSE("conv forward y", download_activation(be, y), yr.v, tol);
+
+  Tensor dy = upload_activation(be, dyh, c.n, c.out_c, oh, ow);
+  Tensor dx = be.activation(c.n, c.in_c, c.h, c.w);
+  be.copy_from_host_nchw(filled(static_cast<size_t>(dx.numel()), 123.f).data(), dx);
+  be.conv2d_backward_data(dy, w, dx, g);
+  const ref::Act dxr = ref::conv2d_backward_data(dyr, wr, c.in_c, c.h, c.w, c.kernel, c.stride, c.pad);
+  RD_CHECK_CLOSE("conv backward dx", download_activation(be, dx), dxr.v, tol);
+
+  const ref::Vec dwr = ref::conv2d_backward_weights(xr, dyr, c.kernel, c.stride, c.pad);
+  Tensor dw = upload_rowmajor(be, filled(wh.size(), 123.f), wshape);
+  be.conv2d_backward_weights(x, dy, dw, g, /*accumulate=*/false);
+  RD_CHECK_CLOSE("conv backward dw (overwrite)", download_rowmajor(be, dw), dwr, tol);
+  const auto prior = random_floats(wh.size(), 14);
+  be.copy_from_host(dw.data, prior.data(), prior.size() * sizeof(float));
+  be.conv2d_backward_weights(x, dy, dw, g, /*accumulate=*/true);
+  RD_CHECK_CLOSE("conv backward dw (accumulate)", download_rowmajor(be, dw), plus(prior, dwr), tol);
+
+  if (!finite_differences) return;
+  const auto proj = to_double(dyh);  // loss = sum(dy * y), so dloss/dy = dy
+  auto loss_of_x = [&](const std::vector<float>& xv) {
+    Tensor xt = upload_activation(be, xv, c.n, c.in_c, c.h, c.w);
+    be.conv2d_forward(xt, w, y, g);
+    return weighted_sum(download_activation(be, y), proj);
+  };
+  RD_CHECK_GRADIENT("conv dx vs finite differences",
+                    check_gradient<float>(loss_of_x, xh, to_double(download_activation(be, dx)),
+                                          float_fd(16, 1)));
+  const auto dw_fresh = download_rowmajor(be, dw);
+  std::vector<double> dw_only(dw_fresh.size());
+  for (size_t i = 0; i < dw_only.size(); ++i) dw_only[i] = dw_fresh[i] - static_cast<double>(prior[i]);
+  auto loss_of_w = [&](const std::vector<float>& wv) {
+    Tensor wt = upload_rowmajor(be, wv, wshape);
+    be.conv2d_forward(x, wt, y, g);
+    return weighted_sum(download_activation(be, y), proj);
+  };
+  RD_CHECK_GRADIENT("conv dw vs finite differences",
+                    check_gradient<float>(loss_of_w, wh, to_double(to_float(dw_only)), float_fd(16, 2)));
+}
+
+// ---- batch norm --------------------------------------------------------------------------
+
+struct BnCase {
+  int64_t n, c, h, w;
+  bool relu;
+  std::string str() const {
+    std::ostringstream os;
+    os << "batchnorm x[" << n << "," << c << "," << h << "," << w << "]" << (relu ? " +relu" : "");
+    return os.str();
+  }
+};
+
+// Per-channel inputs for finite differences through a fused ReLU: symmetric,
+// well-separated values, so with beta = 0 no output sits near the kink.
+inline std::vector<float> bn_kink_free_input(const BnCase& c, uint64_t seed) {
+  const size_t per_channel = static_cast<size_t>(c.n * c.h * c.w);
+  std::vector<float> x(static_cast<size_t>(c.n * c.c * c.h * c.w));
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    const auto vals = separated_floats(per_channel, seed + static_cast<uint64_t>(ch), 0.1f, 0.1f);
+    const float shift = 0.3f * static_cast<float>(ch % 3) - 0.3f;  // non-zero channel means too
+    size_t k = 0;
+    for (int64_t n = 0; n < c.n; ++n)
+      for (int64_t i = 0; i < c.h * c.w; ++i)
+        x[static_cast<size_t>((n * c.c + ch) * c.h * c.w + i)] = vals[k++] + shift;
+  }
+  return x;
+}
+
+inline void check_batchnorm(Backend& be, const BnCase& c, Tol tol = {}, bool finite_differences = true) {
+  INFO(c.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
+  const size_t C = static_cast<size_t>(c.c);
+  const double count = static_cast<double>(c.n * c.h * c.w);
+  const float momentum = 0.1f, eps = 1e-5f;
+  auto xh = random_floats(static_cast<size_t>(c.n * c.c * c.h * c.w), 21, -2.f, 3.f);
+  auto gh = random_floats(C, 22, 0.5f, 1.5f);
+  for (size_t i = 1; i < C; i += 3) gh[i] = -gh[i];  // negative scales flip the ReLU mask
+  const auto bh = random_floats(C, 23, -0.5f, 0.5f);
+  const auto rm0 = random_floats(C, 24, -0.5f, 0.5f);
+  const auto rv0 = random_floats(C, 25, 0.5f, 1.5f);
+  const auto dyh = to_float(projection_weights(xh.size(), 26));
+
+  Tensor x = upload_activation(be, xh, c.n, c.c, c.h, c.w);
+  DeviceVector gamma(be, gh), beta(be, bh), rmean(be, rm0), rvar(be, rv0);
+  DeviceVector saved_mean(be, filled(C, 0.f)), saved_invstd(be, filled(C, 0.f));
+  BatchNormSaved saved;
+  saved.mean = saved_mean.ptr();
+  saved.invstd = saved_invstd.ptr();
+  Tensor y = be.activation(c.n, c.c, c.h, c.w);
+  be.batchnorm_forward_train(x, gamma.ptr(), beta.ptr(), rmean.ptr(), rvar.ptr(), momentum, eps,
+                             c.relu, y, saved, nullptr);
+
+  ref::Vec rm = to_double(rm0), rv = to_double(rv0);
+  const ref::Act xr = to_act(xh, c.n, c.c, c.h, c.w);
+  const auto fr = ref::batchnorm_forward_train(xr, to_double(gh), to_double(bh), rm, rv, momentum,
+                                               eps, c.relu);
+  RD_CHECK_CLOSE("bn train forward y", download_activation(be, y), fr.y.v, tol);
+  RD_CHECK_CLOSE("bn saved mean", saved_mean.host(), fr.mean, tol);
+  RD_CHECK_CLOSE("bn saved invstd", saved_invstd.host(), fr.invstd, tol);
+  RD_CHECK_CLOSE("bn running_mean", rmean.host(), rm, tol);
+  RD_CHECK_CLOSE("bn running_var (unbiased)", rvar.host(), rv, tol);
+  CHECK(saved.count == Approx(count));
+
+  // Backward: overwrite, then accumulate into dgamma/dbeta.
+  Tensor dy = upload_activation(be, dyh, c.n, c.c, c.h, c.w);
+  Tensor dx = be.activation(c.n, c.c, c.h, c.w);
+  be.copy_from_host_nchw(filled(xh.size(), 123.f).data(), dx);
+  DeviceVector dgamma(be, filled(C, 123.f)), dbeta(be, filled(C, 123.f));
+  be.batchnorm_backward(x, y, dy, gamma.ptr(), saved, c.relu, dx, dgamma.ptr(), dbeta.ptr(),
+                        /*accumulate=*/false, nullptr);
+  const auto gr = ref::batchnorm_backward(xr, to_act(dyh, c.n, c.c, c.h, c.w), to_double(gh), eps,
+                                          c.relu, to_double(bh));
+  const auto dx_backend = download_activation(be, dx);
+  RD_CHECK_CLOSE("bn backward dx", dx_backend, gr.dx.v, tol);
+  RD_CHECK_CLOSE("bn backward dgamma", dgamma.host(), gr.dgamma, tol);
+  RD_CHECK_CLOSE("bn backward dbeta", dbeta.host(), gr.dbeta, tol);
+  const auto prior_g = random_floats(C, 27), prior_b = random_floats(C, 28);
+  be.copy_from_host(dgamma.ptr(), prior_g.data(), C * sizeof(float));
+  be.copy_from_host(dbeta.ptr(), prior_b.data(), C * sizeof(float));
+  be.batchnorm_backward(x, y, dy, gamma.ptr(), saved, c.relu, dx, dgamma.ptr(), dbeta.ptr(),
+                        /*accumulate=*/true, nullptr);
+  RD_CHECK_CLOSE("bn backward dgamma (accumulate)", dgamma.host(), plus(prior_g, gr.dgamma), tol);
+  RD_CHECK_CLOSE("bn backward dbeta (accumulate)", dbeta.host(), plus(prior_b, gr.dbeta), tol);
+
+  // Eval mode normalises with the running statistics the train step just wrote.
+  Tensor ye = be.activation(c.n, c.c, c.h, c.w);
+  be.batchnorm_forward_eval(x, gamma.ptr(), beta.ptr(), rmean.ptr(), rvar.ptr(), eps, c.relu, ye);
+  const ref::Act yer = ref::batchnorm_forward_eval(xr, to_double(gh), to_double(bh), rm, rv, eps, c.relu);
+  RD_CHECK_CLOSE("bn eval forward y (running stats)", download_activation(be, ye), yer.v, tol);
+
+  if (!finite_differences) return;
+  // Kink-free input and beta = 0 when ReLU is fused (see bn_kink_free_input).
+  const auto xf = c.relu ? bn_kink_free_input(c, 29) : xh;
+  const auto bf = c.relu ? filled(C, 0.f) : bh;
+  const auto proj = to_double(dyh);
+  DeviceVector scratch_rm(be, rm0), scratch_rv(be, rv0), beta_f(be, bf);
+  auto forward_loss = [&](const std::vector<float>& xv, const std::vector<float>& gv,
+                          const std::vector<float>& bv) {
+    Tensor xt = upload_activation(be, xv, c.n, c.c, c.h, c.w);
+    DeviceVector g(be, gv), b(be, bv);
+    BatchNormSaved s;
+    s.mean = saved_mean.ptr();
+    s.invstd = saved_invstd.ptr();
+    be.batchnorm_forward_train(xt, g.ptr(), b.ptr(), scratch_rm.ptr(), scratch_rv.ptr(), momentum,
+                               eps, c.relu, y, s, nullptr);
+    return weighted_sum(download_activation(be, y), proj);
+  };
+  // Analytic gradients at the finite-difference point.
+  Tensor xt = upload_activation(be, xf, c.n, c.c, c.h, c.w);
+  be.batchnorm_forward_train(xt, gamma.ptr(), beta_f.ptr(), scratch_rm.ptr(), scratch_rv.ptr(),
+                             momentum, eps, c.relu, y, saved, nullptr);
+  be.batchnorm_backward(xt, y, dy, gamma.ptr(), saved, c.relu, dx, dgamma.ptr(), dbeta.ptr(), false,
+                        nullptr);
+  const auto dxa = to_double(download_activation(be, dx));
+  const auto dga = to_double(dgamma.host()), dba = to_double(dbeta.host());
+  RD_CHECK_GRADIENT("bn dx vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return forward_loss(v, gh, bf); },
+                                          xf, dxa, float_fd(16, 3, 1e-3)));
+  RD_CHECK_GRADIENT("bn dgamma vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return forward_loss(xf, v, bf); },
+                                          gh, dga, float_fd(0, 4, 1e-3)));
+  RD_CHECK_GRADIENT("bn dbeta vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return forward_loss(xf, gh, v); },
+                                          bf, dba, float_fd(0, 5, 1e-3)));
+}
+
+// Several training steps in a row: the running statistics follow PyTorch's
+// momentum rule step after step (as in a model's BN layer).
+inline void check_batchnorm_running_stats(Backend& be, const BnCase& c, int steps, Tol tol = {}) {
+  INFO(c.str() << " x" << steps << " steps on " << be.name());
+  const size_t C = static_cast<size_t>(c.c);
+  const auto gh = random_floats(C, 31, 0.5f, 1.5f), bh = random_floats(C, 32);
+  DeviceVector gamma(be, gh), beta(be, bh), rmean(be, filled(C, 0.f)), rvar(be, filled(C, 1.f));
+  DeviceVector sm(be, filled(C, 0.f)), si(be, filled(C, 0.f));
+  ref::Vec rm(C, 0.0), rv(C, 1.0);
+  Tensor y = be.activation(c.n, c.c, c.h, c.w);
+  for (int s = 0; s < steps; ++s) {
+    const auto xh = random_floats(static_cast<size_t>(c.n * c.c * c.h * c.w), 40 + static_cast<uint64_t>(s),
+                                  -1.f + static_cast<float>(s), 2.f + 2.f * static_cast<float>(s));
+    Tensor x = upload_activation(be, xh, c.n, c.c, c.h, c.w);
+    BatchNormSaved saved;
+    saved.mean = sm.ptr();
+    saved.invstd = si.ptr();
+    be.batchnorm_forward_train(x, gamma.ptr(), beta.ptr(), rmean.ptr(), rvar.ptr(), 0.1f, 1e-5f,
+                               c.relu, y, saved, nullptr);
+    ref::batchnorm_forward_train(to_act(xh, c.n, c.c, c.h, c.w), to_double(gh), to_double(bh), rm, rv,
+                                 0.1, 1e-5, c.relu);
+  }
+  RD_CHECK_CLOSE("running_mean after steps", rmean.host(), rm, tol);
+  RD_CHECK_CLOSE("running_var after steps", rvar.host(), rv, tol);
+}
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+struct Dims {
+  int64_t n, c, h, w;
+  size_t numel() const { return static_cast<size_t>(n * c * h * w); }
+  std::string str() const {
+    std::ostringstream os;
+    os << "[" << n << "," << c << "," << h << "," << w << "]";
+    return os.str();
+  }
+};
+
+inline void check_relu(Backend& be, const Dims& d, Tol tol = {}) {
+  INFO("relu " << d.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
+  auto xh = random_floats(d.numel(), 51);
+  for (size_t i = 0; i < xh.size(); i += 7) xh[i] = 0.f;  // exact zeros: gradient 0 (PyTorch)
+  const auto dyh = to_float(projection_weights(d.numel(), 52));
+  Tensor x = upload_activation(be, xh, d.n, d.c, d.h, d.w);
+  Tensor y = be.activation(d.n, d.c, d.h, d.w);
+  be.relu_forward(x, y);
+  const ref::Act yr = ref::relu_forward(to_act(xh, d.n, d.c, d.h, d.w));
+  RD_CHECK_CLOSE("relu forward", download_activation(be, y), yr.v, tol);
+  Tensor dy = upload_activation(be, dyh, d.n, d.c, d.h, d.w);
+  Tensor dx = be.activation(d.n, d.c, d.h, d.w);
+  be.copy_from_host_nchw(filled(d.numel(), 123.f).data(), dx);
+  be.relu_backward(y, dy, dx);
+  const ref::Act dxr = ref::relu_backward(yr, to_act(dyh, d.n, d.c, d.h, d.w));
+  RD_CHECK_CLOSE("relu backward", download_activation(be, dx), dxr.v, tol);
+
+  const auto xf = separated_floats(d.numel(), 53);
+  Tensor xt = upload_activation(be, xf, d.n, d.c, d.h, d.w);
+  be.relu_forward(xt, y);
+  be.relu_backward(y, dy, dx);
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_activation(be, v, d.n, d.c, d.h, d.w);
+    be.relu_forward(t, y);
+    return weighted_sum(download_activation(be, y), to_double(dyh));
+  };
+  RD_CHECK_GRADIENT("relu vs finite differences",
+                    check_gradient<float>(loss, xf, to_double(download_activation(be, dx)), float_fd(24, 6)));
+}
+
+inline void check_add(Backend& be, const Dims& d, bool relu, Tol tol = {}) {
+  INFO("add " << (relu ? "+relu " : "") << d.str() << " on " << be.name() << " layout "
+              << layout_name(be.activation_layout()));
+  const auto ah = random_floats(d.numel(), 61), bh = random_floats(d.numel(), 62);
+  const auto dyh = to_float(projection_weights(d.numel(), 63));
+  Tensor a = upload_activation(be, ah, d.n, d.c, d.h, d.w);
+  Tensor b = upload_activation(be, bh, d.n, d.c, d.h, d.w);
+  Tensor y = be.activation(d.n, d.c, d.h, d.w);
+  be.add_forward(a, b, relu, y);
+  const ref::Act yr = ref::add_forward(to_act(ah, d.n, d.c, d.h, d.w), to_act(bh, d.n, d.c, d.h, d.w), relu);
+  RD_CHECK_CLOSE("add forward", download_activation(be, y), yr.v, tol);
+  Tensor dy = upload_activation(be, dyh, d.n, d.c, d.h, d.w);
+  Tensor ds = be.activation(d.n, d.c, d.h, d.w);
+  be.copy_from_host_nchw(filled(d.numel(), 123.f).data(), ds);
+  be.add_backward(y, dy, relu, ds);
+  const ref::Act dsr = ref::add_backward(yr, to_act(dyh, d.n, d.c, d.h, d.w), relu);
+  const auto ds_backend = download_activation(be, ds);
+  RD_CHECK_CLOSE("add backward", ds_backend, dsr.v, tol);
+
+  // d loss / d a: a + b crosses zero for some elements, so kinks are skipped.
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_activation(be, v, d.n, d.c, d.h, d.w);
+    be.add_forward(t, b, relu, y);
+    return weighted_sum(download_activation(be, y), to_double(dyh));
+  };
+  GradCheckOptions o = float_fd(24, 7, 1e-3);
+  o.skip_kinks = true;
+  RD_CHECK_GRADIENT("add vs finite differences", check_gradient<float>(loss, ah, to_double(ds_backend), o));
+}
+
+inline void check_accumulate(Backend& be, const Dims& d, Tol tol = {}) {
+  INFO("accumulate " << d.str() << " on " << be.name());
+  const auto sh = random_floats(d.numel(), 71), dh = random_floats(d.numel(), 72);
+  Tensor s = upload_activation(be, sh, d.n, d.c, d.h, d.w);
+  Tensor t = upload_activation(be, dh, d.n, d.c, d.h, d.w);
+  be.accumulate(s, t);
+  RD_CHECK_CLOSE("dst += src", download_activation(be, t), plus(dh, to_double(sh)), tol);
+}
+
+// ---- pooling ---------------------------------------------------------------------------------
+
+struct PoolCase {
+  int64_t n, c, h, w;
+  int kernel = 3, stride = 2, pad = 1;
+  std::string str() const {
+    std::ostringstream os;
+    os << "maxpool x[" << n << "," << c << "," << h << "," << w << "] k" << kernel << " s" << stride
+       << " p" << pad;
+    return os.str();
+  }
+};
+
+// `values`: "distinct" (no ties, finite differences apply), "ties" (a few
+// integer levels: the first maximum in window order must win), "negative"
+// (all below zero: padding must act as -inf, not 0).
+inline void check_maxpool(Backend& be, const PoolCase& c, const std::string& values, Tol tol = {}) {
+  INFO(c.str() << " values " << values << " on " << be.name() << " layout "
+                << layout_name(be.activation_layout()));
+  const size_t n_in = static_cast<size_t>(c.n * c.c * c.h * c.w);
+  std::vector<float> xh;
+  if (values == "ties") {
+    xh = random_floats(n_in, 81, 0.f, 3.f);
+    for (float& v : xh) v = std::floor(v);
+  } else if (values == "negative") {
+    xh = random_floats(n_in, 82, -3.f, -1.f);
+  } else {
+    xh = separated_floats(n_in, 83);
+  }
+  const int64_t oh = conv_out_size(c.h, c.kernel, c.stride, c.pad);
+  const int64_t ow = conv_out_size(c.w, c.kernel, c.stride, c.pad);
+  const auto dyh = to_float(projection_weights(static_cast<size_t>(c.n * c.c * oh * ow), 84));
+  Tensor x = upload_activation(be, xh, c.n, c.c, c.h, c.w);
+  Tensor y = be.activation(c.n, c.c, oh, ow);
+  auto ws = be.allocate(std::max<size_t>(be.maxpool_workspace_bytes(y), 1));
+  be.maxpool_forward(x, y, c.kernel, c.stride, c.pad, ws.get());
+  const ref::Act xr = to_act(xh, c.n, c.c, c.h, c.w);
+  const auto fr = ref::maxpool_forward(xr, c.kernel, c.stride, c.pad);
+  RD_CHECK_CLOSE("maxpool forward", download_activation(be, y), fr.y.v, tol);
+
+  Tensor dy = upload_activation(be, dyh, c.n, c.c, oh, ow);
+  Tensor dx = be.activation(c.n, c.c, c.h, c.w);
+  be.copy_from_host_nchw(filled(n_in, 123.f).data(), dx);
+  be.maxpool_backward(dy, dx, c.kernel, c.stride, c.pad, ws.get());
+  const ref::Act dxr = ref::maxpool_backward(xr, to_act(dyh, c.n, c.c, oh, ow), c.kernel, c.stride, c.pad);
+  const auto dx_backend = download_activation(be, dx);
+  RD_CHECK_CLOSE("maxpool backward (gradient to the first maximum)", dx_backend, dxr.v, tol);
+
+  if (values != "distinct") return;
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_activation(be, v, c.n, c.c, c.h, c.w);
+    be.maxpool_forward(t, y, c.kernel, c.stride, c.pad, ws.get());
+    return weighted_sum(download_activation(be, y), to_double(dyh));
+  };
+  RD_CHECK_GRADIENT("maxpool vs finite differences",
+                    check_gradient<float>(loss, xh, to_double(dx_backend), float_fd(24, 8)));
+}
+
+inline void check_global_avgpool(Backend& be, const Dims& d, Tol tol = {}) {
+  INFO("global avgpool " << d.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
+  const auto xh = random_floats(d.numel(), 91);
+  const auto dyh = to_float(projection_weights(static_cast<size_t>(d.n * d.c), 92));
+  Tensor x = upload_activation(be, xh, d.n, d.c, d.h, d.w);
+  Tensor y = be.matrix(d.n, d.c);
+  be.global_avgpool_forward(x, y);
+  const ref::Mat yr = ref::global_avgpool_forward(to_act(xh, d.n, d.c, d.h, d.w));
+  RD_CHECK_CLOSE("global avgpool forward", download_rowmajor(be, y), yr.v, tol);
+  Tensor dy = upload_rowmajor(be, dyh, Shape{d.n, d.c});
+  Tensor dx = be.activation(d.n, d.c, d.h, d.w);
+  be.copy_from_host_nchw(filled(d.numel(), 123.f).data(), dx);
+  be.global_avgpool_backward(dy, dx);
+  const ref::Act dxr = ref::global_avgpool_backward(to_mat(dyh, d.n, d.c), d.h, d.w);
+  const auto dx_backend = download_activation(be, dx);
+  RD_CHECK_CLOSE("global avgpool backward", dx_backend, dxr.v, tol);
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_activation(be, v, d.n, d.c, d.h, d.w);
+    be.global_avgpool_forward(t, y);
+    return weighted_sum(download_rowmajor(be, y), to_double(dyh));
+  };
+  RD_CHECK_GRADIENT("global avgpool vs finite differences",
+                    check_gradient<float>(loss, xh, to_double(dx_backend), float_fd(16, 9)));
+}
+
+// ---- linear -------------------------------------------------------------------------------------
+
+struct LinearCase {
+  int64_t n, in, out;
+  std::string str() const {
+    std::ostringstream os;
+    os << "linear x[" << n << "," << in << "] -> " << out;
+    return os.str();
+  }
+};
+
+inline void check_linear(Backend& be, const LinearCase& c, Tol tol = {}) {
+  INFO(c.str() << " on " << be.name());
+  const auto xh = random_floats(static_cast<size_t>(c.n * c.in), 101);
+  const auto wh = random_floats(static_cast<size_t>(c.out * c.in), 102);
+  const auto bh = random_floats(static_cast<size_t>(c.out), 103);
+  const auto dyh = to_float(projection_weights(static_cast<size_t>(c.n * c.out), 104));
+  Tensor x = upload_rowmajor(be, xh, Shape{c.n, c.in});
+  Tensor w = upload_rowmajor(be, wh, Shape{c.out, c.in});
+  DeviceVector b(be, bh);
+  Tensor y = upload_rowmajor(be, filled(static_cast<size_t>(c.n * c.out), 123.f), Shape{c.n, c.out});
+  be.linear_forward(x, w, b.ptr(), y);
+  const ref::Mat xr = to_mat(xh, c.n, c.in), wr = to_mat(wh, c.out, c.in);
+  RD_CHECK_CLOSE("linear forward", download_rowmajor(be, y), ref::linear_forward(xr, wr, to_double(bh)).v, tol);
+
+  Tensor dy = upload_rowmajor(be, dyh, Shape{c.n, c.out});
+  Tensor dx = upload_rowmajor(be, filled(xh.size(), 123.f), Shape{c.n, c.in});
+  Tensor dw = upload_rowmajor(be, filled(wh.size(), 123.f), Shape{c.out, c.in});
+  DeviceVector db(be, filled(bh.size(), 123.f));
+  be.linear_backward(x, w, dy, &dx, dw, db.ptr(), /*accumulate=*/false);
+  const auto gr = ref::linear_backward(xr, wr, to_mat(dyh, c.n, c.out));
+  const auto dx_backend = download_rowmajor(be, dx), dw_backend = download_rowmajor(be, dw);
+  const auto db_backend = db.host();
+  RD_CHECK_CLOSE("linear backward dx", dx_backend, gr.dx.v, tol);
+  RD_CHECK_CLOSE("linear backward dw", dw_backend, gr.dw.v, tol);
+  RD_CHECK_CLOSE("linear backward db", db_backend, gr.db, tol);
+
+  // Accumulating into dw/db, and no dx wanted (the first layer of a head).
+  const auto prior_w = random_floats(wh.size(), 105), prior_b = random_floats(bh.size(), 106);
+  be.copy_from_host(dw.data, prior_w.data(), prior_w.size() * sizeof(float));
+  be.copy_from_host(db.ptr(), prior_b.data(), prior_b.size() * sizeof(float));
+  be.linear_backward(x, w, dy, nullptr, dw, db.ptr(), /*accumulate=*/true);
+  RD_CHECK_CLOSE("linear backward dw (accumulate)", download_rowmajor(be, dw), plus(prior_w, gr.dw.v), tol);
+  RD_CHECK_CLOSE("linear backward db (accumulate)", db.host(), plus(prior_b, gr.db), tol);
+
+  const auto proj = to_double(dyh);
+  auto loss = [&](const std::vector<float>& xv, const std::vector<float>& wv, const std::vector<float>& bv) {
+    Tensor xt = upload_rowmajor(be, xv, Shape{c.n, c.in});
+    Tensor wt = upload_rowmajor(be, wv, Shape{c.out, c.in});
+    DeviceVector bt(be, bv);
+    be.linear_forward(xt, wt, bt.ptr(), y);
+    return weighted_sum(download_rowmajor(be, y), proj);
+  };
+  RD_CHECK_GRADIENT("linear dx vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return loss(v, wh, bh); }, xh,
+                                          to_double(dx_backend), float_fd(16, 10)));
+  RD_CHECK_GRADIENT("linear dw vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return loss(xh, v, bh); }, wh,
+                                          to_double(dw_backend), float_fd(16, 11)));
+  RD_CHECK_GRADIENT("linear db vs finite differences",
+                    check_gradient<float>([&](const std::vector<float>& v) { return loss(xh, wh, v); }, bh,
+                                          to_double(db_backend), float_fd(16, 12)));
+}
+
+// ---- loss -----------------------------------------------------------------------------------------
+
+inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothing, float grad_scale,
+                               Tol tol = {}) {
+  INFO("softmax_xent N=" << n << " K=" << k << " smoothing " << smoothing << " grad_scale " << grad_scale
+                         << " on " << be.name());
+  auto zh = random_floats(static_cast<size_t>(n * k), 111, -3.f, 3.f);
+  zh[0] += 80.f;  // one large logit: the log-sum-exp must stay finite
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % k);
+  Tensor z = upload_rowmajor(be, zh, Shape{n, k});
+  Tensor dz = upload_rowmajor(be, filled(zh.size(), 123.f), Shape{n, k});
+  std::vector<int32_t> pred(static_cast<size_t>(n), -1);
+  const double sum = be.softmax_xent(z, labels.data(), smoothing, grad_scale, &dz, pred.data());
+  const auto r = ref::softmax_xent(to_mat(zh, n, k), labels, smoothing);
+  CHECK(sum == Approx(r.mean_loss * static_cast<double>(n)).epsilon(1e-5));
+  std::vector<double> expected_dz(r.dlogits.v);
+  for (double& v : expected_dz) v *= grad_scale;
+  const auto dz_backend = download_rowmajor(be, dz);
+  RD_CHECK_CLOSE("xent dlogits", dz_backend, expected_dz, tol);
+  CHECK(pred == r.predictions);
+  // Without a gradient or predictions the loss is the same.
+  CHECK(be.softmax_xent(z, labels.data(), smoothing, grad_scale, nullptr, nullptr) == Approx(sum).epsilon(1e-6));
+
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_rowmajor(be, v, Shape{n, k});
+    return be.softmax_xent(t, labels.data(), smoothing, 1.f, nullptr, nullptr) / static_cast<double>(n) *
+           grad_scale;
+  };
+  RD_CHECK_GRADIENT("xent vs finite differences",
+                    check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 13, 1e-2)));
+}
+
+// ---- optimizers -----------------------------------------------------------------------------------
+
+inline void check_adam(Backend& be, size_t count, float weight_decay, int steps, Tol tol = {1e-5, 1e-6}) {
+  INFO("adam count " << count << " weight_decay " << weight_decay << " on " << be.name());
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  const auto p0 = random_floats(count, 121);
+  DeviceVector p(be, p0), m(be, filled(count, 0.f)), v(be, filled(count, 0.f));
+  ref::Vec pr = to_double(p0);
+  ref::AdamState st;
+  for (int s = 1; s <= steps; ++s) {
+    auto gh = random_floats(count, 122 + static_cast<uint64_t>(s));
+    gh[0] = 0.f;  // zero gradient, zero state: the update must stay finite
+    DeviceVector g(be, gh);
+    be.adam_step(p.ptr(), g.ptr(), m.ptr(), v.ptr(), count, lr, b1, b2, eps, weight_decay, s);
+    ref::adam_step(pr, to_double(gh), st, lr, b1, b2, eps, weight_decay);
+  }
+  RD_CHECK_CLOSE("adam params", p.host(), pr, tol);
+  RD_CHECK_CLOSE("adam exp_avg", m.host(), st.m, tol);
+  RD_CHECK_CLOSE("adam exp_avg_sq", v.host(), st.v, tol);
+}
+
+inline void check_sgd(Backend& be, size_t count, float momentum, float dampening, float weight_decay,
+                      bool nesterov, int steps, Tol tol = {1e-5, 1e-6}) {
+  INFO("sgd count " << count << " momentum " << momentum << " dampening " << dampening << " wd "
+                    << weight_decay << (nesterov ? " nesterov" : "") << " on " << be.name());
+  const float lr = 0.05f;
+  const auto p0 = random_floats(count, 131);
+  DeviceVector p(be, p0), buf(be, filled(count, 777.f));  // first step must ignore old contents
+  ref::Vec pr = to_double(p0);
+  ref::SgdState st;
+  for (int s = 1; s <= steps; ++s) {
+    const auto gh = random_floats(count, 132 + static_cast<uint64_t>(s));
+    DeviceVector g(be, gh);
+    be.sgd_step(p.ptr(), g.ptr(), buf.ptr(), count, lr, momentum, dampening, weight_decay, nesterov, s == 1);
+    ref::sgd_step(pr, to_double(gh), st, lr, momentum, dampening, weight_decay, nesterov);
+  }
+  RD_CHECK_CLOSE("sgd params", p.host(), pr, tol);
+  if (momentum != 0.f) RD_CHECK_CLOSE("sgd momentum buffer", buf.host(), st.buf, tol);
+}
+
+// ---- memory helpers -----------------------------------------------------------------------------
+
+inline void check_copy_roundtrip(Backend& be, const Dims& d) {
+  INFO("nchw round trip " << d.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
+  const auto xh = random_floats(d.numel(), 141);
+  Tensor x = upload_activation(be, xh, d.n, d.c, d.h, d.w);
+  CHECK(x.layout == be.activation_layout());
+  CHECK(x.shape == (Shape{d.n, d.c, d.h, d.w}));
+  CHECK(download_activation(be, x) == xh);
+}
+
+inline void check_fill_scale_finite(Backend& be, size_t count) {
+  INFO("fill/scale/all_finite count " << count << " on " << be.name());
+  DeviceVector v(be, filled(count, 0.f));
+  be.fill(v.ptr(), 2.5f, count);
+  CHECK(v.host() == filled(count, 2.5f));
+  const auto xh = random_floats(count, 151);
+  DeviceVector s(be, xh);
+  be.scale(s.ptr(), -0.75f, count);
+  std::vector<double> expected(count);
+  for (size_t i = 0; i < count; ++i) expected[i] = -0.75 * static_cast<double>(xh[i]);
+  RD_CHECK_CLOSE("scale", s.host(), expected, (Tol{1e-7, 0.0}));
+  CHECK(be.all_finite(s.ptr(), count));
+  // A non-finite value anywhere, including the vector tail, is found.
+  for (size_t pos : {size_t{0}, count / 2, count - 1}) {
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      auto h = xh;
+      h[pos] = bad;
+      DeviceVector t(be, h);
+      INFO("non-finite " << bad << " at " << pos);
+      CHECK_FALSE(be.all_finite(t.ptr(), count));
+    }
+  }
+}
+
+// torchvision ToTensor (x / 255) then Normalize ((x - mean) / std).
+inline void check_images_u8(Backend& be, const Dims& d, bool normalize) {
+  INFO("images_u8_to_activation " << d.str() << (normalize ? " normalized" : "") << " on " << be.name());
+  REQUIRE(d.c == 3);
+  std::vector<uint8_t> img(d.numel());
+  for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+  img[0] = 0;
+  img[1] = 255;
+  const float mean[3] = {0.485f, 0.456f, 0.406f}, stdv[3] = {0.229f, 0.224f, 0.225f};
+  Tensor x = be.activation(d.n, 3, d.h, d.w);
+  be.images_u8_to_activation(img.data(), x, normalize ? mean : nullptr, normalize ? stdv : nullptr);
+  std::vector<double> expected(d.numel());
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t h = 0; h < d.h; ++h)
+        for (int64_t w = 0; w < d.w; ++w) {
+          double v = img[static_cast<size_t>(((n * d.h + h) * d.w + w) * 3 + c)] / 255.0;
+          if (normalize) v = (v - mean[c]) / stdv[c];
+          expected[static_cast<size_t>(((n * 3 + c) * d.h + h) * d.w + w)] = v;
+        }
+  RD_CHECK_CLOSE("u8 NHWC -> activation", download_activation(be, x), expected, (Tol{1e-6, 1e-6}));
+}
+
+}  // namespace rd::test
