@@ -1,0 +1,756 @@
+#include "resnet_ddp/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::train {
+
+namespace {
+
+// ---- HDF5 plumbing ---------------------------------------------------------------
+
+// Owns one HDF5 identifier and closes it with the matching H5?close.
+class H5Id {
+ public:
+  H5Id() = default;
+  H5Id(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    reset();
+    id_ = o.id_;
+    closer_ = o.closer_;
+    o.id_ = -1;
+    return *this;
+  }
+  ~H5Id() { reset(); }
+  void reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = -1;
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*closer_)(hid_t) = nullptr;
+};
+
+// HDF5 prints an error stack on every failed call by default; we report our own
+// messages instead (and probe for optional objects without noise).
+struct QuietHdf5 {
+  QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+void quiet_hdf5() { static QuietHdf5 once; }
+
+struct WriteError : Error {
+  using Error::Error;
+};
+
+void wcheck(herr_t status, const std::string& what) {
+  if (status < 0) throw WriteError(what);
+}
+H5Id wid(hid_t id, herr_t (*closer)(hid_t), const std::string& what) {
+  if (id < 0) throw WriteError(what);
+  return H5Id(id, closer);
+}
+
+H5Id string_type() {
+  H5Id t(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  return t;
+}
+
+void attr_string(hid_t obj, const char* name, const std::string& value) {
+  H5Id type = string_type();
+  H5Id space = wid(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+  H5Id a = wid(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+               std::string("attribute ") + name);
+  const char* p = value.c_str();
+  wcheck(H5Awrite(a, type, &p), std::string("attribute ") + name);
+}
+void attr_i64(hid_t obj, const char* name, int64_t v) {
+  H5Id space = wid(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+  H5Id a = wid(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+               std::string("attribute ") + name);
+  wcheck(H5Awrite(a, H5T_NATIVE_INT64, &v), std::string("attribute ") + name);
+}
+void attr_f64(hid_t obj, const char* name, double v) {
+  H5Id space = wid(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+  H5Id a = wid(H5Acreate2(obj, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+               std::string("attribute ") + name);
+  wcheck(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), std::string("attribute ") + name);
+}
+
+// Groups remember creation order, so h5py and h5dump list tensors in state_dict order.
+H5Id make_group(hid_t parent, const std::string& name) {
+  H5Id gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  return wid(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose, "group " + name);
+}
+
+void write_tensor(hid_t group, const HostTensor& t) {
+  if (t.is_int64_scalar) {
+    H5Id space = wid(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+    H5Id d = wid(H5Dcreate2(group, t.name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                            H5P_DEFAULT),
+                 H5Dclose, "dataset " + t.name);
+    wcheck(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &t.int_value), "dataset " + t.name);
+    return;
+  }
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  H5Id space = wid(dims.empty() ? H5Screate(H5S_SCALAR)
+                                : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                   H5Sclose, "dataspace " + t.name);
+  // Whole-tensor chunks with a Fletcher-32 checksum: a damaged file is detected on read.
+  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!dims.empty() && !t.values.empty()) {
+    H5Pset_chunk(dcpl, static_cast<int>(dims.size()), dims.data());
+    H5Pset_fletcher32(dcpl);
+  }
+  H5Id d = wid(H5Dcreate2(group, t.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+               H5Dclose, "dataset " + t.name);
+  if (!t.values.empty())
+    wcheck(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values.data()), "dataset " + t.name);
+}
+
+void write_string_list(hid_t parent, const char* name, const std::vector<std::string>& items) {
+  H5Id type = string_type();
+  hsize_t n = items.size();
+  H5Id space = wid(H5Screate_simple(1, &n, nullptr), H5Sclose, "H5Screate");
+  H5Id d = wid(H5Dcreate2(parent, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+               std::string("dataset ") + name);
+  std::vector<const char*> ptrs;
+  for (const auto& s : items) ptrs.push_back(s.c_str());
+  if (n) wcheck(H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), std::string("dataset ") + name);
+}
+
+void write_file_contents(hid_t f, const Snapshot& s) {
+  const CheckpointMeta& m = s.meta;
+  attr_string(f, "format", "resnet_ddp");
+  attr_i64(f, "format_version", m.format_version);
+  attr_string(f, "arch", m.arch);
+  attr_string(f, "head", m.head);
+  attr_i64(f, "num_classes", m.num_classes);
+  attr_i64(f, "image_size", m.image_size);
+  attr_i64(f, "epoch", m.epoch);
+  attr_i64(f, "step_in_epoch", m.step_in_epoch);
+  attr_i64(f, "global_step", m.global_step);
+  attr_f64(f, "best_val_acc", m.best_val_acc);
+  attr_f64(f, "best_val_loss", m.best_val_loss);
+  attr_f64(f, "val_acc", m.val_acc);
+  attr_f64(f, "val_loss", m.val_loss);
+  attr_i64(f, "world_size", m.world_size);
+  attr_i64(f, "batch_size", m.batch_size);
+  attr_i64(f, "seed", m.seed);
+  attr_string(f, "args", m.args);
+  attr_string(f, "created_by", m.created_by);
+  attr_string(f, "normalize", m.normalize);
+  if (m.step_in_epoch > 0) {
+    attr_f64(f, "partial_train_loss_sum", m.partial_train_loss_sum);
+    attr_i64(f, "partial_train_correct", m.partial_train_correct);
+    attr_i64(f, "partial_train_count", m.partial_train_count);
+  }
+  write_string_list(f, "class_names", m.class_names);
+
+  H5Id sd = make_group(f, "state_dict");
+  for (const auto& t : s.state_dict) write_tensor(sd, t);
+
+  if (s.optimizer.present) {
+    const OptimizerSnapshot& o = s.optimizer;
+    H5Id g = make_group(f, "optimizer");
+    attr_string(g, "type", o.type);
+    attr_i64(g, "step", o.step);
+    attr_f64(g, "lr", o.lr);
+    attr_f64(g, "initial_lr", o.initial_lr);
+    attr_f64(g, "weight_decay", o.weight_decay);
+    if (o.type == "adam") {
+      attr_f64(g, "beta1", o.beta1);
+      attr_f64(g, "beta2", o.beta2);
+      attr_f64(g, "eps", o.eps);
+    } else {
+      attr_f64(g, "momentum", o.momentum);
+      attr_f64(g, "dampening", o.dampening);
+      attr_i64(g, "nesterov", o.nesterov ? 1 : 0);
+    }
+    for (const auto& [state_name, tensors] : o.states) {
+      H5Id sg = make_group(g, state_name);
+      for (const auto& t : tensors) write_tensor(sg, t);
+    }
+  }
+  if (s.scheduler.present) {
+    const SchedulerSnapshot& c = s.scheduler;
+    H5Id g = make_group(f, "scheduler");
+    attr_string(g, "type", c.type);
+    attr_i64(g, "last_epoch", c.last_epoch);
+    if (c.type == "plateau") {
+      const PlateauState& p = c.plateau;
+      attr_string(g, "mode", "min");
+      attr_f64(g, "factor", p.factor);
+      attr_i64(g, "patience", p.patience);
+      attr_f64(g, "threshold", p.threshold);
+      attr_string(g, "threshold_mode", "rel");
+      attr_i64(g, "cooldown", p.cooldown);
+      attr_f64(g, "min_lr", p.min_lr);
+      attr_f64(g, "eps", p.eps);
+      attr_f64(g, "best", p.best);
+      attr_i64(g, "num_bad_epochs", p.num_bad_epochs);
+      attr_i64(g, "cooldown_counter", p.cooldown_counter);
+    } else if (c.type == "cosine") {
+      attr_i64(g, "T_max", c.cosine.t_max);
+      attr_f64(g, "eta_min", c.cosine.eta_min);
+      attr_f64(g, "base_lr", c.cosine.base_lr);
+    }
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error("cannot open '" + path + "' to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some filesystems do not support fsync on directories; the file itself is what matters.
+  if (rc != 0 && !(directory && (err == EINVAL || err == EBADF)))
+    throw Error("cannot sync '" + path + "': " + std::strerror(err));
+}
+
+// ---- reading -------------------------------------------------------------------
+
+struct Reader {
+  std::string path;
+  hid_t file;
+
+  [[noreturn]] void bad(const std::string& what) const {
+    throw UsageError("checkpoint '" + path + "': " + what);
+  }
+  bool has_attr(hid_t obj, const char* name) const { return H5Aexists(obj, name) > 0; }
+  bool has_link(hid_t obj, const std::string& name) const {
+    return H5Lexists(obj, name.c_str(), H5P_DEFAULT) > 0;
+  }
+  std::string attr_string(hid_t obj, const char* name) const {
+    if (!has_attr(obj, name)) bad(std::string("missing attribute '") + name + "'");
+    H5Id a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+    H5Id type(H5Aget_type(a), H5Tclose);
+    if (H5Tget_class(type) != H5T_STRING) bad(std::string("attribute '") + name + "' is not a string");
+    if (H5Tis_variable_str(type) > 0) {
+      H5Id mem = string_type();
+      char* p = nullptr;
+      if (H5Aread(a, mem, &p) < 0) bad(std::string("cannot read attribute '") + name + "'");
+      std::string s = p ? p : "";
+      H5Id space(H5Aget_space(a), H5Sclose);
+      H5Dvlen_reclaim(mem, space, H5P_DEFAULT, &p);
+      return s;
+    }
+    const size_t n = H5Tget_size(type);
+    std::string s(n, '\0');
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem, n);
+    if (H5Aread(a, mem, s.data()) < 0) bad(std::string("cannot read attribute '") + name + "'");
+    s.resize(std::strlen(s.c_str()));
+    return s;
+  }
+  template <class T>
+  T attr_num(hid_t obj, const char* name, hid_t mem_type) const {
+    if (!has_attr(obj, name)) bad(std::string("missing attribute '") + name + "'");
+    H5Id a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+    H5Id space(H5Aget_space(a), H5Sclose);
+    if (H5Sget_simple_extent_npoints(space) != 1) bad(std::string("attribute '") + name + "' is not a scalar");
+    T v{};
+    if (H5Aread(a, mem_type, &v) < 0) bad(std::string("cannot read attribute '") + name + "' as a number");
+    return v;
+  }
+  int64_t i64(hid_t obj, const char* name) const { return attr_num<int64_t>(obj, name, H5T_NATIVE_INT64); }
+  double f64(hid_t obj, const char* name) const { return attr_num<double>(obj, name, H5T_NATIVE_DOUBLE); }
+  int64_t i64_or(hid_t obj, const char* name, int64_t def) const { return has_attr(obj, name) ? i64(obj, name) : def; }
+  double f64_or(hid_t obj, const char* name, double def) const { return has_attr(obj, name) ? f64(obj, name) : def; }
+  std::string str_or(hid_t obj, const char* name, const std::string& def) const {
+    return has_attr(obj, name) ? attr_string(obj, name) : def;
+  }
+
+  std::vector<std::string> string_list(const char* name) const {
+    std::vector<std::string> out;
+    if (!has_link(file, name)) return out;
+    H5Id d(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+    if (!d.valid()) bad(std::string("cannot open '") + name + "'");
+    H5Id type(H5Dget_type(d), H5Tclose);
+    H5Id space(H5Dget_space(d), H5Sclose);
+    const hssize_t n = H5Sget_simple_extent_npoints(space);
+    if (H5Tget_class(type) != H5T_STRING) bad(std::string("'") + name + "' is not a list of strings");
+    if (n <= 0) return out;
+    if (H5Tis_variable_str(type) > 0) {
+      H5Id mem = string_type();
+      std::vector<char*> ptrs(static_cast<size_t>(n), nullptr);
+      if (H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0) bad(std::string("cannot read '") + name + "'");
+      for (char* p : ptrs) out.emplace_back(p ? p : "");
+      H5Dvlen_reclaim(mem, space, H5P_DEFAULT, ptrs.data());
+    } else {
+      const size_t w = H5Tget_size(type);
+      std::vector<char> buf(w * static_cast<size_t>(n) + 1, '\0');
+      H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(mem, w);
+      if (H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) bad(std::string("cannot read '") + name + "'");
+      for (hssize_t i = 0; i < n; ++i) {
+        const char* p = buf.data() + static_cast<size_t>(i) * w;
+        out.emplace_back(p, strnlen(p, w));
+      }
+    }
+    return out;
+  }
+
+  // Reads every dataset of a group, in creation order when tracked (else by name).
+  std::vector<HostTensor> tensors(const std::string& group_name) const {
+    std::vector<HostTensor> out;
+    H5Id g(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), H5Gclose);
+    if (!g.valid()) bad("cannot open group '" + group_name + "'");
+    H5G_info_t info{};
+    if (H5Gget_info(g, &info) < 0) bad("cannot list group '" + group_name + "'");
+    H5Id gcpl(H5Gget_create_plist(g), H5Pclose);
+    unsigned order_flags = 0;
+    H5Pget_link_creation_order(gcpl, &order_flags);
+    const H5_index_t index = (order_flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+    for (hsize_t i = 0; i < info.nlinks; ++i) {
+      const ssize_t len = H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+      if (len < 0) bad("cannot list group '" + group_name + "'");
+      std::string name(static_cast<size_t>(len), '\0');
+      H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, name.data(), static_cast<size_t>(len) + 1, H5P_DEFAULT);
+      out.push_back(tensor(g, group_name, name));
+    }
+    return out;
+  }
+
+  HostTensor tensor(hid_t group, const std::string& group_name, const std::string& name) const {
+    const std::string where = group_name + "/" + name;
+    H5Id d(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!d.valid()) bad("cannot open dataset '" + where + "'");
+    H5Id type(H5Dget_type(d), H5Tclose);
+    H5Id space(H5Dget_space(d), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space);
+    if (rank < 0 || rank > 4) bad("dataset '" + where + "' has an unsupported rank");
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    if (rank) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    HostTensor t;
+    t.name = name;
+    for (hsize_t x : dims) t.shape.push_back(static_cast<int64_t>(x));
+    const H5T_class_t cls = H5Tget_class(type);
+    const bool is_nbt = name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0;
+    if (cls == H5T_INTEGER && is_nbt) {
+      if (H5Sget_simple_extent_npoints(space) != 1) bad("dataset '" + where + "' should be a scalar");
+      t.is_int64_scalar = true;
+      t.shape.clear();
+      if (H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &t.int_value) < 0)
+        bad("cannot read dataset '" + where + "' (file damaged?)");
+      return t;
+    }
+    if (cls != H5T_FLOAT) bad("dataset '" + where + "' is not floating point");
+    const hssize_t n = H5Sget_simple_extent_npoints(space);
+    t.values.resize(static_cast<size_t>(n));
+    if (n > 0 && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values.data()) < 0)
+      bad("cannot read dataset '" + where + "' (checksum or read error: file damaged?)");
+    return t;
+  }
+};
+
+H5Id open_for_read(const std::string& path) {
+  quiet_hdf5();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "': no such file");
+  if (fs::is_directory(path, ec)) throw UsageError("checkpoint '" + path + "': is a directory");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw UsageError("checkpoint '" + path + "': not an HDF5 file (truncated or corrupt?)");
+  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!f.valid()) throw UsageError("checkpoint '" + path + "': cannot be opened as HDF5 (truncated or corrupt?)");
+  return f;
+}
+
+CheckpointMeta read_meta(const Reader& r, bool weights_only) {
+  CheckpointMeta m;
+  const hid_t f = r.file;
+  const bool has_format = r.has_attr(f, "format");
+  if (has_format) {
+    const std::string format = r.attr_string(f, "format");
+    if (format != "resnet_ddp") r.bad("format is '" + format + "', expected 'resnet_ddp'");
+    m.format_version = r.i64(f, "format_version");
+    if (m.format_version > kCheckpointFormatVersion || m.format_version < 1)
+      r.bad("format_version " + std::to_string(m.format_version) + " is not supported (this program reads up to " +
+            std::to_string(kCheckpointFormatVersion) + ")");
+  } else if (!weights_only) {
+    r.bad("not a resnet_ddp checkpoint (no 'format' attribute)");
+  }
+  if (!weights_only) {
+    m.arch = r.attr_string(f, "arch");
+    m.head = r.attr_string(f, "head");
+    m.num_classes = r.i64(f, "num_classes");
+    m.image_size = r.i64(f, "image_size");
+    m.epoch = r.i64(f, "epoch");
+    m.global_step = r.i64(f, "global_step");
+    m.best_val_acc = r.f64(f, "best_val_acc");
+    m.world_size = r.i64(f, "world_size");
+  } else {
+    m.arch = r.str_or(f, "arch", "");
+    m.head = r.str_or(f, "head", "");
+    m.num_classes = r.i64_or(f, "num_classes", 0);
+    m.image_size = r.i64_or(f, "image_size", 0);
+    m.epoch = r.i64_or(f, "epoch", 0);
+    m.global_step = r.i64_or(f, "global_step", 0);
+    m.best_val_acc = r.f64_or(f, "best_val_acc", -1.0);
+    m.world_size = r.i64_or(f, "world_size", 0);
+  }
+  m.step_in_epoch = r.i64_or(f, "step_in_epoch", 0);
+  m.best_val_loss = r.f64_or(f, "best_val_loss", 0.0);
+  m.val_acc = r.f64_or(f, "val_acc", -1.0);
+  m.val_loss = r.f64_or(f, "val_loss", 0.0);
+  m.batch_size = r.i64_or(f, "batch_size", 0);
+  m.seed = r.i64_or(f, "seed", 0);
+  m.args = r.str_or(f, "args", "");
+  m.created_by = r.str_or(f, "created_by", "");
+  m.normalize = r.str_or(f, "normalize", "none");
+  m.partial_train_loss_sum = r.f64_or(f, "partial_train_loss_sum", 0.0);
+  m.partial_train_correct = r.i64_or(f, "partial_train_correct", 0);
+  m.partial_train_count = r.i64_or(f, "partial_train_count", 0);
+  m.class_names = r.string_list("class_names");
+  if (!weights_only && static_cast<int64_t>(m.class_names.size()) != m.num_classes)
+    r.bad("has " + std::to_string(m.class_names.size()) + " class names but num_classes = " +
+          std::to_string(m.num_classes));
+  if (m.epoch < 0 || m.global_step < 0 || m.step_in_epoch < 0) r.bad("negative epoch or step counters");
+  return m;
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const Snapshot& snap) {
+  quiet_hdf5();
+  const fs::path final_path(path);
+  const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
+  std::string tmp_name = ".";  // hidden, same directory: rename stays atomic
+  tmp_name += final_path.filename().string();
+  tmp_name += ".tmp.";
+  tmp_name += std::to_string(getpid());
+  const fs::path tmp = dir / tmp_name;
+  const std::string tmp_s = tmp.string();
+  try {
+    {
+      H5Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+      H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+      H5Id f = wid(H5Fcreate(tmp_s.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT), H5Fclose, "create file");
+      write_file_contents(f, snap);
+      wcheck(H5Fflush(f, H5F_SCOPE_GLOBAL), "flush");
+      f.reset();
+    }
+    fsync_path(tmp_s, false);
+    if (::rename(tmp_s.c_str(), path.c_str()) != 0)
+      throw WriteError(std::string("rename: ") + std::strerror(errno));
+    fsync_path(dir.string(), true);
+  } catch (const Error& e) {
+    const int err = errno;
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    std::string detail = e.what();
+    if (err == ENOSPC || err == EDQUOT) detail += " (" + std::string(std::strerror(err)) + ")";
+    throw Error("cannot write checkpoint '" + path + "': " + detail +
+                "; the previous checkpoint (if any) is unchanged");
+  }
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  H5Id f = open_for_read(path);
+  Reader r{path, f};
+  return read_meta(r, false);
+}
+
+Snapshot read_checkpoint(const std::string& path, bool weights_only) {
+  H5Id f = open_for_read(path);
+  Reader r{path, f};
+  Snapshot s;
+  s.meta = read_meta(r, weights_only);
+  if (!r.has_link(f, "state_dict")) r.bad("no /state_dict group");
+  s.state_dict = r.tensors("state_dict");
+  if (s.state_dict.empty()) r.bad("/state_dict is empty");
+  if (weights_only) return s;
+
+  if (r.has_link(f, "optimizer")) {
+    H5Id g(H5Gopen2(f, "optimizer", H5P_DEFAULT), H5Gclose);
+    OptimizerSnapshot& o = s.optimizer;
+    o.present = true;
+    o.type = r.attr_string(g, "type");
+    if (o.type != "adam" && o.type != "sgd") r.bad("unknown optimizer type '" + o.type + "'");
+    o.step = r.i64(g, "step");
+    o.lr = r.f64(g, "lr");
+    o.initial_lr = r.f64_or(g, "initial_lr", o.lr);
+    o.weight_decay = r.f64_or(g, "weight_decay", 0.0);
+    if (o.type == "adam") {
+      o.beta1 = r.f64_or(g, "beta1", 0.9);
+      o.beta2 = r.f64_or(g, "beta2", 0.999);
+      o.eps = r.f64_or(g, "eps", 1e-8);
+    } else {
+      o.momentum = r.f64_or(g, "momentum", 0.0);
+      o.dampening = r.f64_or(g, "dampening", 0.0);
+      o.nesterov = r.i64_or(g, "nesterov", 0) != 0;
+    }
+    const std::vector<std::string> names = o.type == "adam" ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
+                                                            : std::vector<std::string>{"momentum_buffer"};
+    for (const auto& n : names)
+      if (r.has_link(g, n)) o.states.emplace_back(n, r.tensors("optimizer/" + n));
+  }
+  if (r.has_link(f, "scheduler")) {
+    H5Id g(H5Gopen2(f, "scheduler", H5P_DEFAULT), H5Gclose);
+    SchedulerSnapshot& c = s.scheduler;
+    c.present = true;
+    c.type = r.attr_string(g, "type");
+    c.last_epoch = r.i64_or(g, "last_epoch", 0);
+    if (c.type == "plateau") {
+      PlateauState& p = c.plateau;
+      p.factor = r.f64(g, "factor");
+      p.patience = r.i64(g, "patience");
+      p.threshold = r.f64_or(g, "threshold", 1e-4);
+      p.cooldown = r.i64_or(g, "cooldown", 0);
+      p.min_lr = r.f64(g, "min_lr");
+      p.eps = r.f64_or(g, "eps", 1e-8);
+      p.best = r.f64(g, "best");
+      p.num_bad_epochs = r.i64(g, "num_bad_epochs");
+      p.cooldown_counter = r.i64_or(g, "cooldown_counter", 0);
+    } else if (c.type == "cosine") {
+      c.cosine.t_max = r.i64(g, "T_max");
+      c.cosine.eta_min = r.f64_or(g, "eta_min", 0.0);
+      c.cosine.base_lr = r.f64(g, "base_lr");
+    } else if (c.type != "none") {
+      r.bad("unknown scheduler type '" + c.type + "'");
+    }
+  }
+  return s;
+}
+
+// ---- model <-> snapshot --------------------------------------------------------------
+
+namespace {
+
+std::vector<float> to_host(Backend& be, const float* src, size_t count) {
+  std::vector<float> v(count);
+  if (count) be.copy_to_host(v.data(), src, count * sizeof(float));
+  return v;
+}
+
+HostTensor host_slice(Backend& be, const Arena& arena, size_t i, const float* base) {
+  const ParamSlice& s = arena.slice(i);
+  HostTensor t;
+  t.name = s.name;
+  t.shape = s.shape.vec();
+  t.values = to_host(be, base + s.offset, s.count);
+  return t;
+}
+
+std::string bn_prefix_of_bias(const std::string& param_name) {
+  static const std::string suffix = ".bias";
+  if (param_name.size() > suffix.size() &&
+      param_name.compare(param_name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return param_name.substr(0, param_name.size() - suffix.size());
+  return {};
+}
+
+bool is_head_tensor(const std::string& name) { return name.rfind("fc.", 0) == 0; }
+
+}  // namespace
+
+Snapshot snapshot_model(ResNet& model, const Optimizer* opt, const Scheduler* sched, const CheckpointMeta& meta) {
+  Backend& be = model.backend();
+  be.synchronize();
+  Snapshot s;
+  s.meta = meta;
+  Arena& params = model.params();
+  Arena& buffers = model.buffers();
+  // torchvision's state_dict order: a BN's buffers follow its weight and bias.
+  std::set<std::string> emitted_buffers;
+  for (size_t i = 0; i < params.slices().size(); ++i) {
+    s.state_dict.push_back(host_slice(be, params, i, params.data()));
+    const std::string prefix = bn_prefix_of_bias(params.slice(i).name);
+    if (prefix.empty()) continue;
+    const long rm = buffers.find(prefix + ".running_mean");
+    const long rv = buffers.find(prefix + ".running_var");
+    if (rm < 0 || rv < 0) continue;
+    s.state_dict.push_back(host_slice(be, buffers, static_cast<size_t>(rm), buffers.data()));
+    s.state_dict.push_back(host_slice(be, buffers, static_cast<size_t>(rv), buffers.data()));
+    emitted_buffers.insert(prefix + ".running_mean");
+    emitted_buffers.insert(prefix + ".running_var");
+    HostTensor nbt;
+    nbt.name = prefix + ".num_batches_tracked";
+    nbt.is_int64_scalar = true;
+    nbt.int_value = model.num_batches_tracked();
+    s.state_dict.push_back(std::move(nbt));
+  }
+  for (size_t i = 0; i < buffers.slices().size(); ++i)
+    if (!emitted_buffers.count(buffers.slice(i).name))
+      s.state_dict.push_back(host_slice(be, buffers, i, buffers.data()));
+
+  if (opt) {
+    OptimizerSnapshot& o = s.optimizer;
+    const OptimizerConfig& c = opt->config();
+    o.present = true;
+    o.type = c.type;
+    o.step = opt->steps();
+    o.lr = opt->lr();
+    o.initial_lr = c.lr;
+    o.weight_decay = c.weight_decay;
+    o.beta1 = c.beta1;
+    o.beta2 = c.beta2;
+    o.eps = c.eps;
+    o.momentum = c.momentum;
+    o.dampening = c.dampening;
+    o.nesterov = c.nesterov;
+    // Before the first step PyTorch has no state at all; we write zeros, which
+    // give the same next step for Adam, and skip SGD's buffer (seeded by step 1).
+    auto* mutable_opt = const_cast<Optimizer*>(opt);
+    for (size_t k = 0; k < opt->state_count(); ++k) {
+      if (o.type == "sgd" && opt->steps() == 0) break;
+      std::vector<HostTensor> tensors;
+      const float* base = mutable_opt->state(k);
+      for (size_t i = 0; i < params.slices().size(); ++i) tensors.push_back(host_slice(be, params, i, base));
+      o.states.emplace_back(opt->state_name(k), std::move(tensors));
+    }
+  }
+  if (sched) {
+    SchedulerSnapshot& c = s.scheduler;
+    c.present = true;
+    c.type = sched->type();
+    c.last_epoch = sched->last_epoch();
+    c.plateau = sched->plateau;
+    c.cosine = sched->cosine;
+  }
+  return s;
+}
+
+void check_compatible(const Snapshot& snap, ResNet& model, const std::vector<std::string>& class_names,
+                      const std::string& path) {
+  const ResNetConfig& cfg = model.config();
+  const CheckpointMeta& m = snap.meta;
+  auto bad = [&](const std::string& what) {
+    throw UsageError("checkpoint '" + path + "' does not match this run: " + what);
+  };
+  if (m.arch != cfg.arch) bad("it was trained with --arch " + m.arch + ", this run uses --arch " + cfg.arch);
+  if (m.head != head_name(cfg.head))
+    bad("it was trained with --head " + m.head + ", this run uses --head " + head_name(cfg.head));
+  if (m.num_classes != cfg.num_classes)
+    bad("it has " + std::to_string(m.num_classes) + " classes, the dataset has " + std::to_string(cfg.num_classes));
+  if (!class_names.empty() && m.class_names != class_names) {
+    std::string diff;
+    for (size_t i = 0; i < class_names.size() && i < m.class_names.size(); ++i)
+      if (class_names[i] != m.class_names[i]) {
+        diff = "class " + std::to_string(i) + " is '" + m.class_names[i] + "' there, '" + class_names[i] + "' here";
+        break;
+      }
+    bad("class names differ (" + diff + ")");
+  }
+}
+
+std::vector<std::string> restore_model(const Snapshot& snap, ResNet& model, bool allow_head_mismatch,
+                                       const std::string& path) {
+  Backend& be = model.backend();
+  Arena& params = model.params();
+  Arena& buffers = model.buffers();
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : snap.state_dict) by_name[t.name] = &t;
+  std::vector<std::string> skipped;
+  auto bad = [&](const std::string& what) { throw UsageError("checkpoint '" + path + "': " + what); };
+
+  auto load_arena = [&](Arena& arena, const char* kind) {
+    for (size_t i = 0; i < arena.slices().size(); ++i) {
+      const ParamSlice& s = arena.slice(i);
+      auto it = by_name.find(s.name);
+      const bool head = is_head_tensor(s.name);
+      if (it == by_name.end()) {
+        if (allow_head_mismatch && head) {
+          skipped.push_back(s.name);
+          continue;
+        }
+        bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
+      }
+      const HostTensor& t = *it->second;
+      if (t.is_int64_scalar || t.shape != s.shape.vec()) {
+        if (allow_head_mismatch && head) {
+          skipped.push_back(s.name);
+          continue;
+        }
+        bad("'" + s.name + "' has shape " + Shape::from(t.shape).str() + ", the model expects " + s.shape.str());
+      }
+      for (float v : t.values)
+        if (!std::isfinite(v)) bad("'" + s.name + "' contains NaN or Inf");
+      be.copy_from_host(arena.ptr(i), t.values.data(), s.count * sizeof(float));
+    }
+  };
+  load_arena(params, "parameter");
+  load_arena(buffers, "buffer");
+  // A head left at its fresh init must not keep half of an old head: all or nothing.
+  if (!skipped.empty()) {
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const std::string& n = params.slice(i).name;
+      if (is_head_tensor(n) && std::find(skipped.begin(), skipped.end(), n) == skipped.end())
+        bad("head tensors only partly match ('" + n + "' fits, '" + skipped.front() +
+            "' does not); convert the file with a matching head or drop its head");
+    }
+  }
+  int64_t nbt = -1;
+  for (const auto& t : snap.state_dict)
+    if (t.is_int64_scalar) nbt = std::max(nbt, t.int_value);
+  if (nbt >= 0) model.set_num_batches_tracked(nbt);
+  be.synchronize();
+  return skipped;
+}
+
+void restore_optimizer(const Snapshot& snap, ResNet& model, Optimizer& opt, const std::string& path) {
+  const OptimizerSnapshot& o = snap.optimizer;
+  auto bad = [&](const std::string& what) { throw UsageError("checkpoint '" + path + "': " + what); };
+  if (!o.present) bad("has no /optimizer state to resume from");
+  if (o.type != opt.config().type)
+    bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
+  opt.set_steps(o.step);
+  opt.set_lr(o.lr);
+  Backend& be = model.backend();
+  Arena& params = model.params();
+  for (size_t k = 0; k < opt.state_count(); ++k) {
+    const std::string name = opt.state_name(k);
+    float* base = opt.state(k);
+    const std::vector<HostTensor>* tensors = nullptr;
+    for (const auto& [n, ts] : o.states)
+      if (n == name) tensors = &ts;
+    if (!tensors) {
+      // SGD before its first step has no momentum buffer; anything else is damage.
+      if (o.type == "sgd" && o.step == 0) continue;
+      bad("missing optimizer state '" + name + "'");
+    }
+    std::map<std::string, const HostTensor*> by_name;
+    for (const auto& t : *tensors) by_name[t.name] = &t;
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const ParamSlice& s = params.slice(i);
+      auto it = by_name.find(s.name);
+      if (it == by_name.end()) bad("missing optimizer state " + name + "/" + s.name);
+      if (it->second->shape != s.shape.vec()) bad("optimizer state " + name + "/" + s.name + " has the wrong shape");
+      be.copy_from_host(base + s.offset, it->second->values.data(), s.count * sizeof(float));
+    }
+  }
+  be.synchronize();
+}
+
+void restore_scheduler(const Snapshot& snap, Scheduler& sched) {
+  const SchedulerSnapshot& c = snap.scheduler;
+  if (!c.present || c.type != sched.type()) return;  // a changed --scheduler starts fresh
+  sched.set_last_epoch(c.last_epoch);
+  sched.plateau = c.plateau;
+  sched.cosine = c.cosine;
+}
+
+}  // namespace rd::train

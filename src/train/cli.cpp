@@ -1,0 +1,527 @@
+#include "resnet_ddp/train/cli.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "resnet_ddp/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::train {
+
+const char* command_name(Command c) {
+  switch (c) {
+    case Command::Train: return "train";
+    case Command::Predict: return "predict";
+    case Command::Info: return "info";
+    case Command::Synth: return "synth";
+    case Command::Pack: return "pack";
+    case Command::Help: return "help";
+    case Command::Version: return "version";
+  }
+  return "?";
+}
+
+std::string TrainOptions::metrics_path() const {
+  if (!metrics.empty()) return metrics;
+  return (fs::path(output_dir) / "metrics.csv").string();
+}
+
+namespace {
+
+// A small declarative flag table: each flag knows its target, how to parse and
+// validate a value, and how to describe itself in --help.
+class FlagSet {
+ public:
+  explicit FlagSet(std::string command) : command_(std::move(command)) {}
+
+  void text(const std::string& name, std::string* target, const std::string& metavar,
+            const std::string& help) {
+    add(name, metavar, help, *target, [target](const std::string&, const std::string& v) {
+      *target = v;
+    });
+  }
+  void path(const std::string& name, std::string* target, const std::string& metavar,
+            const std::string& help) {
+    add(name, metavar, help, *target, [target](const std::string& flag, const std::string& v) {
+      if (v.empty()) throw UsageError(flag + ": expected a path, got an empty string");
+      *target = v;
+    });
+  }
+  void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
+              const std::string& help) {
+    std::string metavar;
+    for (const auto& c : choices) metavar += (metavar.empty() ? "" : "|") + c;
+    add(name, metavar, help, *target, [target, choices, metavar](const std::string& flag,
+                                                                 const std::string& v) {
+      for (const auto& c : choices)
+        if (v == c) {
+          *target = v;
+          return;
+        }
+      throw UsageError(flag + ": expected one of " + metavar + ", got '" + v + "'");
+    });
+  }
+  template <class Int>
+  void integer(const std::string& name, Int* target, int64_t min, const std::string& help,
+               int64_t max = std::numeric_limits<int32_t>::max()) {
+    add(name, "N", help, std::to_string(*target),
+        [target, min, max](const std::string& flag, const std::string& v) {
+          errno = 0;
+          char* end = nullptr;
+          const long long x = std::strtoll(v.c_str(), &end, 10);
+          if (v.empty() || *end != '\0' || errno == ERANGE)
+            throw UsageError(flag + ": expected an integer, got '" + v + "'");
+          if (x < min || x > max)
+            throw UsageError(flag + ": expected an integer in [" + std::to_string(min) + ", " +
+                             std::to_string(max) + "], got " + v);
+          *target = static_cast<Int>(x);
+        });
+  }
+  // Real number with min (inclusive unless min_exclusive) and optional max.
+  void real(const std::string& name, double* target, double min, bool min_exclusive,
+            const std::string& help, double max = std::numeric_limits<double>::infinity()) {
+    std::ostringstream def;
+    def << *target;
+    add(name, "X", help, def.str(),
+        [target, min, min_exclusive, max](const std::string& flag, const std::string& v) {
+          errno = 0;
+          char* end = nullptr;
+          const double x = std::strtod(v.c_str(), &end);
+          if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x))
+            throw UsageError(flag + ": expected a number, got '" + v + "'");
+          const bool low = min_exclusive ? !(x > min) : !(x >= min);
+          if (low || x > max) {
+            std::ostringstream m;
+            m << flag << ": expected a number " << (min_exclusive ? "> " : ">= ") << min;
+            if (std::isfinite(max)) m << " and <= " << max;
+            m << ", got " << v;
+            throw UsageError(m.str());
+          }
+          *target = x;
+        });
+  }
+  void boolean(const std::string& name, bool* target, const std::string& help) {
+    Flag f;
+    f.name = name;
+    f.help = help;
+    f.is_bool = true;
+    f.set = [target](const std::string&, const std::string&) { *target = true; };
+    flags_.push_back(std::move(f));
+  }
+
+  // Parses args; positional arguments are returned (an error when !allow_positional).
+  std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional,
+                                 bool* help_requested) {
+    std::vector<std::string> positional;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--help" || a == "-h") {
+        *help_requested = true;
+        return positional;
+      }
+      if (a == "--") {
+        for (size_t j = i + 1; j < args.size(); ++j) positional.push_back(args[j]);
+        break;
+      }
+      if (a.size() < 2 || a[0] != '-') {
+        positional.push_back(a);
+        continue;
+      }
+      std::string name = a, value;
+      bool has_value = false;
+      if (auto eq = a.find('='); eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+        has_value = true;
+      }
+      Flag* f = find(name);
+      if (!f) throw UsageError(unknown_message(name));
+      if (f->is_bool) {
+        if (has_value) throw UsageError(name + ": takes no value (got '" + value + "')");
+        f->set(name, "");
+        continue;
+      }
+      if (!has_value) {
+        if (i + 1 >= args.size()) throw UsageError(name + ": missing value (" + f->metavar + ")");
+        value = args[++i];
+      }
+      f->set(name, value);
+    }
+    if (!allow_positional && !positional.empty())
+      throw UsageError("unexpected argument '" + positional.front() + "' for '" + command_ +
+                       "' (flags start with --; see resnet_ddp " + command_ + " --help)");
+    return positional;
+  }
+
+  std::string help() const {
+    std::ostringstream out;
+    for (const auto& f : flags_) {
+      std::string lhs = "  " + f.name + (f.is_bool ? "" : " " + f.metavar);
+      out << lhs;
+      if (lhs.size() < 30) out << std::string(30 - lhs.size(), ' ');
+      else out << "\n" << std::string(30, ' ');
+      out << f.help;
+      if (!f.is_bool && !f.default_value.empty()) out << " [default: " << f.default_value << "]";
+      out << "\n";
+    }
+    return out.str();
+  }
+
+ private:
+  struct Flag {
+    std::string name, metavar, help, default_value;
+    bool is_bool = false;
+    std::function<void(const std::string&, const std::string&)> set;
+  };
+
+  void add(const std::string& name, const std::string& metavar, const std::string& help,
+           const std::string& default_value,
+           std::function<void(const std::string&, const std::string&)> set) {
+    Flag f;
+    f.name = name;
+    f.metavar = metavar;
+    f.help = help;
+    f.default_value = default_value;
+    f.set = std::move(set);
+    flags_.push_back(std::move(f));
+  }
+  Flag* find(const std::string& name) {
+    for (auto& f : flags_)
+      if (f.name == name) return &f;
+    return nullptr;
+  }
+  static size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  }
+  std::string unknown_message(const std::string& name) const {
+    std::string msg = "unknown flag '" + name + "' for '" + command_ + "'";
+    size_t best = 4;
+    std::string suggestion;
+    for (const auto& f : flags_) {
+      const size_t d = edit_distance(name, f.name);
+      if (d < best) {
+        best = d;
+        suggestion = f.name;
+      }
+    }
+    if (!suggestion.empty()) msg += " (did you mean " + suggestion + "?)";
+    return msg + "; see resnet_ddp " + command_ + " --help";
+  }
+
+  std::string command_;
+  std::vector<Flag> flags_;
+};
+
+void add_train_flags(FlagSet& fs, TrainOptions& o) {
+  fs.path("--data", &o.data, "PATH",
+          "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
+  fs.choice("--arch", &o.arch, {"resnet18", "resnet34", "resnet50", "resnet_tiny"},
+            "network depth (resnet_tiny: a 2-block test model)");
+  fs.choice("--head", &o.head, {"mlp", "fc"},
+            "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
+  fs.integer("--image-size", &o.image_size, 8, "square input size after Resize", 4096);
+  fs.integer("--batch-size", &o.batch_size, 1, "images per rank per step", 65536);
+  fs.integer("--val-batch-size", &o.val_batch_size, 0, "images per rank per validation batch (0 = --batch-size)", 65536);
+  fs.integer("--epochs", &o.epochs, 1, "number of epochs", 1000000);
+  fs.real("--lr", &o.lr, 0.0, true, "learning rate");
+  fs.choice("--optimizer", &o.optimizer, {"adam", "sgd"}, "optimizer (PyTorch semantics)");
+  fs.real("--momentum", &o.momentum, 0.0, false, "SGD momentum", 1.0);
+  fs.boolean("--nesterov", &o.nesterov, "SGD with Nesterov momentum");
+  fs.real("--weight-decay", &o.weight_decay, 0.0, false, "L2 penalty added to the gradient");
+  fs.real("--label-smoothing", &o.label_smoothing, 0.0, false, "cross-entropy label smoothing", 1.0);
+  fs.choice("--scheduler", &o.scheduler, {"plateau", "cosine", "none"},
+            "LR schedule per epoch: plateau = ReduceLROnPlateau(val loss, factor 0.1, patience 5, "
+            "min_lr 1e-8); cosine = CosineAnnealingLR(T_max = epochs)");
+  fs.boolean("--sync-bn", &o.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
+  fs.integer("--workers", &o.workers, 1, "data loader threads per rank", 256);
+  fs.integer("--threads", &o.threads, 0, "compute threads per rank (0 = node cores / ranks on node)", 1024);
+  fs.integer("--seed", &o.seed, 0, "seed for initialisation, sampler order and augmentation",
+             std::numeric_limits<int64_t>::max());
+  fs.path("--output-dir", &o.output_dir, "DIR", "where last.h5, best_model.h5 and metrics.csv go");
+  fs.text("--resume", &o.resume, "auto|none|FILE",
+          "auto = continue from OUTPUT_DIR/last.h5 if present; none = start fresh; or a checkpoint");
+  fs.path("--init", &o.init, "FILE.h5", "initial weights only (e.g. converted ImageNet weights)");
+  fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient all-reduce bucket size in MiB");
+  fs.integer("--accum-steps", &o.accum_steps, 1, "micro-batches accumulated per optimizer step", 65536);
+  fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
+  fs.choice("--precision", &o.precision, {"fp32", "tf32", "fp16", "bf16"},
+            "compute precision (fp16 uses dynamic loss scaling)");
+  fs.integer("--max-steps", &o.max_steps, 0, "stop each epoch after N optimizer steps (0 = full epoch; smoke runs)",
+             std::numeric_limits<int64_t>::max());
+  fs.boolean("--eval-only", &o.eval_only, "only evaluate the checkpoint (--resume or --init) on Validation");
+  fs.path("--metrics", &o.metrics, "FILE.csv", "per-epoch metrics [default: OUTPUT_DIR/metrics.csv]");
+  fs.boolean("--deterministic", &o.deterministic,
+             "bit-reproducible runs on the CPU backend (fixed reduction order)");
+  fs.integer("--log-every", &o.log_every, 0, "steps between progress lines when stdout is not a terminal (0 = off)",
+             std::numeric_limits<int64_t>::max());
+  fs.choice("--progress", &o.progress, {"auto", "bar", "lines", "none"},
+            "progress display: bar on a terminal, lines (--log-every) otherwise");
+  fs.choice("--augment", &o.augment, {"autoaugment", "flip", "none"},
+            "training augmentation before Resize (reference: autoaugment)");
+  fs.choice("--normalize", &o.normalize, {"none", "imagenet"},
+            "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
+  fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
+  fs.choice("--verify-data", &o.verify_data, {"full", "header"},
+            "scan check: decode every image before training (full) or read headers only");
+}
+
+void add_predict_flags(FlagSet& fs, PredictOptions& o) {
+  fs.path("--checkpoint", &o.checkpoint, "FILE.h5", "checkpoint to load (required)");
+  fs.boolean("--json", &o.json, "print JSON instead of a table");
+  fs.choice("--split", &o.split, {"Train", "Validation", "Test"},
+            "split to use when an input is a dataset root or a packed .h5");
+  fs.integer("--batch-size", &o.batch_size, 1, "images per forward pass", 65536);
+  fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device");
+  fs.integer("--threads", &o.threads, 0, "compute threads (0 = all cores)", 1024);
+  fs.integer("--workers", &o.workers, 1, "image decoding threads", 256);
+}
+
+void add_info_flags(FlagSet& fs, InfoOptions& o) {
+  fs.boolean("--tensors", &o.tensors, "also list every tensor with its shape");
+  fs.boolean("--json", &o.json, "print JSON instead of text");
+}
+
+const char* kTrainUsage =
+    "Usage: resnet_ddp [train] --data PATH [flags]\n"
+    "       mpirun -np N resnet_ddp --data PATH [flags]\n\n"
+    "Trains a ResNet classifier data-parallel over all MPI ranks (one rank per GPU or\n"
+    "per share of a CPU node). Defaults reproduce the reference recipe.\n\nFlags:\n";
+const char* kPredictUsage =
+    "Usage: resnet_ddp predict --checkpoint FILE.h5 [flags] IMAGE... | DIR | DATA.h5\n\n"
+    "Classifies images with a trained checkpoint (one process). For each image prints the\n"
+    "predicted class and the class probabilities. Over a labelled ImageFolder (DIR/<class>/...,\n"
+    "or a dataset root / packed .h5 with --split) it also prints accuracy and the confusion\n"
+    "matrix.\n\nFlags:\n";
+const char* kInfoUsage =
+    "Usage: resnet_ddp info [flags] FILE.h5\n\n"
+    "Prints a checkpoint's metadata: format, arch, head, classes, epoch, step, best\n"
+    "accuracy, optimizer and scheduler state, and the command line that produced it.\n\nFlags:\n";
+
+}  // namespace
+
+std::string train_help() {
+  TrainOptions o;
+  FlagSet fs("train");
+  add_train_flags(fs, o);
+  return std::string(kTrainUsage) + fs.help() + "  --help                      this text\n";
+}
+std::string predict_help() {
+  PredictOptions o;
+  FlagSet fs("predict");
+  add_predict_flags(fs, o);
+  return std::string(kPredictUsage) + fs.help() + "  --help                      this text\n";
+}
+std::string info_help() {
+  InfoOptions o;
+  FlagSet fs("info");
+  add_info_flags(fs, o);
+  return std::string(kInfoUsage) + fs.help() + "  --help                      this text\n";
+}
+
+std::string top_level_help() {
+  return "Usage: resnet_ddp [COMMAND] [flags]\n\n"
+         "Data-parallel ResNet training with MPI (CPU: oneDNN; GPU: CUDA + NCCL).\n\n"
+         "Commands:\n"
+         "  train      train a model (the default when the first argument is a flag)\n"
+         "  predict    classify images with a checkpoint\n"
+         "  info       print a checkpoint's metadata\n"
+         "  synth      write a small synthetic ImageFolder dataset (for tests and demos)\n"
+         "  pack       pack an ImageFolder tree into one HDF5 file for fast loading\n\n"
+         "Run 'resnet_ddp COMMAND --help' for the flags of a command.\n"
+         "Example: mpirun -np 8 resnet_ddp --data /tmp/Dataset_2\n";
+}
+
+ParsedCommand parse_command_line(int argc, char** argv) {
+  ParsedCommand pc;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    throw UsageError("no command or flags given (the training data is required: --data PATH); "
+                     "see resnet_ddp --help");
+  }
+  std::string first = args.front();
+  Command cmd = Command::Train;
+  bool consumed_name = true;
+  if (first == "train") cmd = Command::Train;
+  else if (first == "predict") cmd = Command::Predict;
+  else if (first == "info") cmd = Command::Info;
+  else if (first == "synth") cmd = Command::Synth;
+  else if (first == "pack") cmd = Command::Pack;
+  else if (first == "help" || first == "--help" || first == "-h") {
+    pc.command = Command::Help;
+    pc.help_text = top_level_help();
+    if (args.size() > 1) {
+      const std::string& what = args[1];
+      if (what == "train") pc.help_text = train_help();
+      else if (what == "predict") pc.help_text = predict_help();
+      else if (what == "info") pc.help_text = info_help();
+      else if (what == "synth" || what == "pack") {
+        pc.command = what == "synth" ? Command::Synth : Command::Pack;
+        pc.passthrough = {what, "--help"};
+      } else {
+        throw UsageError("unknown command '" + what + "'; see resnet_ddp --help");
+      }
+    }
+    return pc;
+  } else if (first == "--version" || first == "version") {
+    pc.command = Command::Version;
+    return pc;
+  } else if (first.rfind("-", 0) == 0) {
+    cmd = Command::Train;
+    consumed_name = false;
+  } else {
+    throw UsageError("unknown command '" + first +
+                     "' (commands: train, predict, info, synth, pack; see resnet_ddp --help)");
+  }
+  if (consumed_name) args.erase(args.begin());
+  pc.command = cmd;
+
+  bool help = false;
+  switch (cmd) {
+    case Command::Train: {
+      FlagSet fs("train");
+      add_train_flags(fs, pc.train);
+      fs.parse(args, false, &help);
+      if (help) break;
+      TrainOptions& t = pc.train;
+      if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
+      if (t.resume.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
+      if (t.optimizer != "sgd" && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
+      if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
+      if (t.eval_only && t.resume == "none" && t.init.empty())
+        throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
+      if (t.precision == "fp16" && t.device == "cpu")
+        throw UsageError("--precision: fp16 is a GPU mode; the CPU backend supports fp32 and bf16");
+      if (t.deterministic && t.device == "cuda")
+        throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
+      t.command_line = join_command_line(argc, argv);
+      break;
+    }
+    case Command::Predict: {
+      FlagSet fs("predict");
+      add_predict_flags(fs, pc.predict);
+      pc.predict.inputs = fs.parse(args, true, &help);
+      if (help) break;
+      if (pc.predict.checkpoint.empty()) throw UsageError("--checkpoint: required");
+      if (pc.predict.inputs.empty())
+        throw UsageError("predict: no input given (image files, a directory, or a packed .h5)");
+      break;
+    }
+    case Command::Info: {
+      FlagSet fs("info");
+      add_info_flags(fs, pc.info);
+      auto pos = fs.parse(args, true, &help);
+      if (help) break;
+      if (pos.empty()) throw UsageError("info: expected a checkpoint file (resnet_ddp info FILE.h5)");
+      if (pos.size() > 1) throw UsageError("info: expected one checkpoint file, got " + std::to_string(pos.size()));
+      pc.info.checkpoint = pos.front();
+      break;
+    }
+    case Command::Synth:
+    case Command::Pack:
+      // The data tools parse their own flags (and their own --help).
+      pc.passthrough.push_back(command_name(cmd));
+      pc.passthrough.insert(pc.passthrough.end(), args.begin(), args.end());
+      return pc;
+    default:
+      break;
+  }
+  if (help) {
+    pc.help_text = cmd == Command::Train ? train_help() : cmd == Command::Predict ? predict_help() : info_help();
+    pc.command = Command::Help;
+  }
+  return pc;
+}
+
+namespace {
+
+bool exists(const std::string& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
+// Creates the directory (and parents) and proves a file can be written, synced and
+// removed there, so a read-only or full filesystem is reported before training.
+void probe_writable_dir(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UsageError(flag + ": cannot create directory '" + dir + "': " + ec.message());
+  if (!fs::is_directory(dir, ec)) throw UsageError(flag + ": '" + dir + "' is not a directory");
+  const std::string probe = (fs::path(dir) / (".write_probe." + std::to_string(getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0)
+    throw UsageError(flag + ": cannot write in '" + dir + "': " + std::strerror(errno));
+  const char buf[4096] = {};
+  const bool ok = ::write(fd, buf, sizeof buf) == static_cast<ssize_t>(sizeof buf) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!ok) throw UsageError(flag + ": cannot write in '" + dir + "': " + std::strerror(err));
+}
+
+}  // namespace
+
+void check_train_paths(const TrainOptions& o, bool probe_output) {
+  if (!exists(o.data)) throw UsageError("--data: no such file or directory: '" + o.data + "'");
+  if (!o.init.empty() && !exists(o.init))
+    throw UsageError("--init: no such file: '" + o.init + "'");
+  if (o.resume != "auto" && o.resume != "none") {
+    if (!exists(o.resume)) throw UsageError("--resume: no such file: '" + o.resume + "'");
+    if (fs::is_directory(o.resume)) throw UsageError("--resume: '" + o.resume + "' is a directory, expected a .h5 file");
+  }
+  if (probe_output && !o.eval_only) {
+    probe_writable_dir("--output-dir", o.output_dir);
+    const fs::path metrics = o.metrics_path();
+    if (metrics.has_parent_path()) probe_writable_dir("--metrics", metrics.parent_path().string());
+  }
+}
+
+void check_predict_paths(const PredictOptions& o) {
+  if (!exists(o.checkpoint)) throw UsageError("--checkpoint: no such file: '" + o.checkpoint + "'");
+  for (const auto& in : o.inputs)
+    if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
+}
+
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  }
+  return 0;
+}
+
+std::string shell_quote(const std::string& a) {
+  if (!a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789-_./=:,+@%") == std::string::npos)
+    return a;
+  std::string q = "'";
+  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string join_command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s += ' ';
+    s += shell_quote(argv[i]);
+  }
+  return s;
+}
+
+}  // namespace rd::train

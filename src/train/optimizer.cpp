@@ -1,0 +1,99 @@
+#include "resnet_ddp/train/optimizer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "resnet_ddp/errors.h"
+
+namespace rd::train {
+
+Optimizer::Optimizer(Backend& backend, Arena& params, Arena& grads, const OptimizerConfig& cfg)
+    : backend_(backend), params_(params), grads_(grads), cfg_(cfg), lr_(cfg.lr) {
+  RD_CHECK(params.allocated() && grads.allocated() && params.size() == grads.size(),
+           "Optimizer: parameter and gradient arenas must be allocated with the same layout");
+  if (cfg_.type != "adam" && cfg_.type != "sgd")
+    throw UsageError("--optimizer: unknown optimizer '" + cfg_.type + "'");
+  const size_t bytes = std::max<size_t>(params.size(), 1) * sizeof(float);
+  for (size_t i = 0; i < state_count(); ++i) state_[i] = backend_.allocate(bytes);
+}
+
+size_t Optimizer::state_count() const {
+  if (cfg_.type == "adam") return 2;
+  return cfg_.momentum != 0.0 ? 1 : 0;
+}
+
+const char* Optimizer::state_name(size_t i) const {
+  if (cfg_.type == "adam") return i == 0 ? "exp_avg" : "exp_avg_sq";
+  return "momentum_buffer";
+}
+
+float* Optimizer::state(size_t i) {
+  RD_CHECK(i < state_count(), "Optimizer: no state buffer " << i);
+  return static_cast<float*>(state_[i].get());
+}
+
+void Optimizer::step() {
+  ++step_;
+  const size_t n = params_.size();
+  if (cfg_.type == "adam") {
+    backend_.adam_step(params_.data(), grads_.data(), state(0), state(1), n,
+                       static_cast<float>(lr_), static_cast<float>(cfg_.beta1),
+                       static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
+                       static_cast<float>(cfg_.weight_decay), step_);
+  } else {
+    float* buf = cfg_.momentum != 0.0 ? state(0) : nullptr;
+    // PyTorch seeds the momentum buffer with the first gradient it sees.
+    backend_.sgd_step(params_.data(), grads_.data(), buf, n, static_cast<float>(lr_),
+                      static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.dampening),
+                      static_cast<float>(cfg_.weight_decay), cfg_.nesterov, step_ == 1);
+  }
+}
+
+Scheduler::Scheduler(std::string type, double base_lr, int64_t epochs) : type_(std::move(type)) {
+  if (type_ != "plateau" && type_ != "cosine" && type_ != "none")
+    throw UsageError("--scheduler: unknown scheduler '" + type_ + "'");
+  plateau.best = std::numeric_limits<double>::infinity();
+  cosine.t_max = std::max<int64_t>(epochs, 1);
+  cosine.base_lr = base_lr;
+}
+
+double Scheduler::step(double lr, double val_loss) {
+  ++last_epoch_;
+  if (type_ == "plateau") {
+    PlateauState& p = plateau;
+    // mode "min", threshold_mode "rel": better when below best * (1 - threshold).
+    if (val_loss < p.best * (1.0 - p.threshold)) {
+      p.best = val_loss;
+      p.num_bad_epochs = 0;
+    } else {
+      ++p.num_bad_epochs;
+    }
+    if (p.cooldown_counter > 0) {
+      --p.cooldown_counter;
+      p.num_bad_epochs = 0;
+    }
+    if (p.num_bad_epochs > p.patience) {
+      const double new_lr = std::max(lr * p.factor, p.min_lr);
+      if (lr - new_lr > p.eps) lr = new_lr;
+      p.cooldown_counter = p.cooldown;
+      p.num_bad_epochs = 0;
+    }
+    return lr;
+  }
+  if (type_ == "cosine") {
+    // torch's recursive (chainable) form, evaluated at the new last_epoch.
+    const double pi = 3.14159265358979323846;
+    const double T = static_cast<double>(cosine.t_max);
+    const int64_t e = last_epoch_;
+    const double eta_min = cosine.eta_min;
+    if (e == 0) return cosine.base_lr;
+    if ((e - 1 - cosine.t_max) % (2 * cosine.t_max) == 0)
+      return lr + (cosine.base_lr - eta_min) * (1.0 - std::cos(pi / T)) / 2.0;
+    return (1.0 + std::cos(pi * static_cast<double>(e) / T)) /
+               (1.0 + std::cos(pi * static_cast<double>(e - 1) / T)) * (lr - eta_min) +
+           eta_min;
+  }
+  return lr;
+}
+
+}  // namespace rd::train
