@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,9 +42,6 @@ struct Batch {
   int64_t sequence = -1;         // batch number within the epoch
 
   size_t image_bytes() const { return static_cast<size_t>(n) * h * w * 3; }
-
-  // Internal: the pool slot this batch occupies (-1 = none).
-  int slot = -1;
 };
 
 struct LoaderOptions {
@@ -74,8 +72,8 @@ class Loader {
   void restart(std::vector<int64_t> indices, int64_t epoch);
 
   // Fills `batch` with the next batch of this epoch; false at the end of the epoch.
-  // The buffer `batch` held before the call goes back to the pool, so the caller
-  // must be done with batch.images (e.g. its host->device copy) before calling again.
+  // The buffer handed out by the previous call goes back to the pool, so the caller
+  // must be done with the previous batch.images (e.g. its host->device copy) first.
   // Rethrows (as rd::Error) a worker's failure.
   bool next(Batch& batch);
 
@@ -85,26 +83,30 @@ class Loader {
 
  private:
   struct Slot;
-  void worker_loop(int worker_id);
-  void stop_workers();
+  void worker_loop();
+  bool can_claim_locked() const;
   void reset_epoch_locked(std::vector<int64_t> indices, int64_t epoch);
-  void release_slot_locked(int slot);
 
   const Dataset& dataset_;
   const TransformPipeline& transform_;
   LoaderOptions opts_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable work_cv_;   // workers wait for claimable work
   std::condition_variable ready_cv_;  // the consumer waits for the next batch
   std::vector<int64_t> indices_;
   int64_t epoch_ = 0;
   uint64_t generation_ = 0;     // bumps on restart; stale work is dropped
   size_t num_batches_ = 0;
-  size_t next_claim_ = 0;       // next batch number a worker may start
+  size_t num_positions_ = 0;    // samples delivered this epoch
+  size_t next_claim_ = 0;       // next sample position a worker may start
   size_t next_deliver_ = 0;     // next batch number next() returns
+  size_t in_flight_ = 0;        // samples being decoded right now
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> free_slots_;
+  std::vector<int> batch_slot_;  // batch number -> slot (-1 = none yet)
+  int consumer_slot_ = -1;       // slot handed out by the last next()
+  std::condition_variable idle_cv_;  // restart waits for in-flight samples
   bool stopping_ = false;
   std::exception_ptr error_;
   std::atomic<size_t> failed_{0};

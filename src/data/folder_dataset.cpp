@@ -1,0 +1,270 @@
+// ImageFolder scanning: class folders, recursive file discovery (following
+// symlinks, with loop detection), and validation of every candidate image.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "data/internal.h"
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/pack.h"
+#include "resnet_ddp/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::data {
+
+const char* split_name(Split s) {
+  switch (s) {
+    case Split::Train: return "Train";
+    case Split::Validation: return "Validation";
+    case Split::Test: return "Test";
+  }
+  return "?";
+}
+
+std::vector<size_t> Dataset::class_counts() const {
+  std::vector<size_t> counts(class_names().size(), 0);
+  for (size_t i = 0; i < size(); ++i) {
+    const int32_t l = label(i);
+    if (l >= 0 && static_cast<size_t>(l) < counts.size()) ++counts[static_cast<size_t>(l)];
+  }
+  return counts;
+}
+
+std::string describe_counts(const Dataset& ds, Split split) {
+  std::ostringstream os;
+  os << split_name(split) << " set size: " << ds.size();
+  const auto counts = ds.class_counts();
+  for (size_t k = 0; k < counts.size(); ++k)
+    os << "\n  " << ds.class_names()[k] << ": " << counts[k];
+  return os.str();
+}
+
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Sorted names of the sub-directories of `dir` (symlinks to directories included).
+std::vector<std::string> sorted_subdirs(const std::string& dir, size_t* files_here) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) throw UsageError(dir + ": cannot list directory (" + ec.message() + ")");
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (is_directory(e.path().string()))
+      names.push_back(name);
+    else if (files_here)
+      ++*files_here;
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+struct WalkState {
+  std::set<std::pair<dev_t, ino_t>> visited;
+  std::vector<std::string> problems;  // symlink loops and unreadable directories
+  // (directory path, sorted file names) for torchvision's sorted(os.walk()) order.
+  std::vector<std::pair<std::string, std::vector<std::string>>> dirs;
+};
+
+void walk(const std::string& dir, WalkState& st) {
+  struct stat s{};
+  if (::stat(dir.c_str(), &s) != 0) {
+    st.problems.push_back(dir + ": cannot access directory");
+    return;
+  }
+  if (!st.visited.insert({s.st_dev, s.st_ino}).second) {
+    st.problems.push_back(dir + ": directory visited twice (symlink loop), not followed");
+    return;
+  }
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    st.problems.push_back(dir + ": cannot list directory (" + ec.message() + ")");
+    return;
+  }
+  std::vector<std::string> files, subdirs;
+  for (const auto& e : it) {
+    const std::string path = e.path().string();
+    const std::string name = e.path().filename().string();
+    struct stat es{};
+    if (::stat(path.c_str(), &es) == 0 && S_ISDIR(es.st_mode))
+      subdirs.push_back(path);
+    else
+      files.push_back(name);  // regular, dangling or looping links: judged per file later
+  }
+  std::sort(files.begin(), files.end());
+  st.dirs.emplace_back(dir, std::move(files));
+  std::sort(subdirs.begin(), subdirs.end());
+  for (const auto& d : subdirs) walk(d, st);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "(none)" : s;
+}
+
+}  // namespace
+
+FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts) {
+  const auto log = [&](const std::string& line) {
+    if (opts.log) opts.log(line);
+  };
+  if (!is_directory(root))
+    throw UsageError("--data " + root + ": not a directory or .h5 file");
+  const std::string train_dir = root + "/Train";
+  if (!is_directory(train_dir))
+    throw UsageError(train_dir + ": missing (expected the ImageFolder layout " + root +
+                     "/Train/<class>/*, " + root + "/Validation/<class>/*)");
+  FolderScan scan;
+  scan.class_names = sorted_subdirs(train_dir, nullptr);
+  if (scan.class_names.empty()) throw UsageError(train_dir + ": no class folders");
+
+  const std::string split_dir = root + "/" + split_name(split);
+  if (!is_directory(split_dir))
+    throw UsageError(split_dir + ": missing " + split_name(split) + " folder");
+  size_t loose_files = 0;
+  const auto split_classes = sorted_subdirs(split_dir, &loose_files);
+  if (split != Split::Train && split_classes != scan.class_names) {
+    std::vector<std::string> missing, extra;
+    std::set_difference(scan.class_names.begin(), scan.class_names.end(), split_classes.begin(),
+                        split_classes.end(), std::back_inserter(missing));
+    std::set_difference(split_classes.begin(), split_classes.end(), scan.class_names.begin(),
+                        scan.class_names.end(), std::back_inserter(extra));
+    throw UsageError(split_dir + ": class folders differ from Train: missing in " +
+                     split_name(split) + ": " + join(missing) + "; only in " + split_name(split) +
+                     ": " + join(extra));
+  }
+  scan.ignored += loose_files;
+
+  std::vector<std::string> problems;
+  for (size_t label = 0; label < scan.class_names.size(); ++label) {
+    const std::string& cls = scan.class_names[label];
+    WalkState ws;
+    walk(split_dir + "/" + cls, ws);
+    std::sort(ws.dirs.begin(), ws.dirs.end());
+    for (auto& p : ws.problems) problems.push_back(std::move(p));
+    const size_t prefix = split_dir.size() + 1;
+    for (const auto& [dir, files] : ws.dirs)
+      for (const auto& f : files) {
+        if (!has_image_extension(f)) {
+          ++scan.ignored;
+          continue;
+        }
+        FolderEntry e;
+        e.path = dir + "/" + f;
+        e.relative = e.path.substr(prefix);
+        e.label = static_cast<int32_t>(label);
+        scan.entries.push_back(std::move(e));
+      }
+  }
+
+  // Validate candidates in parallel; report in scan order so logs are deterministic.
+  std::vector<std::string> errors(scan.entries.size());
+  const bool full = opts.strict || opts.verify == ScanOptions::Verify::Full;
+  parallel_for(scan.entries.size(), opts.threads, [&](size_t i) {
+    try {
+      if (full) {
+        thread_local Image img;
+        decode_image_file(scan.entries[i].path, img, opts.max_pixels);
+      } else {
+        probe_image_file(scan.entries[i].path, opts.max_pixels);
+      }
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  });
+  std::vector<FolderEntry> usable;
+  usable.reserve(scan.entries.size());
+  for (size_t i = 0; i < scan.entries.size(); ++i) {
+    if (errors[i].empty())
+      usable.push_back(std::move(scan.entries[i]));
+    else
+      problems.push_back(errors[i]);
+  }
+  scan.entries = std::move(usable);
+  scan.skipped = problems.size();
+
+  std::vector<size_t> counts(scan.class_names.size(), 0);
+  for (const auto& e : scan.entries) ++counts[static_cast<size_t>(e.label)];
+  for (size_t k = 0; k < counts.size(); ++k)
+    if (counts[k] == 0)
+      problems.push_back(split_dir + "/" + scan.class_names[k] + ": class folder has no usable image");
+
+  if (opts.strict && !problems.empty()) {
+    std::string msg = "--strict-data: " + std::to_string(problems.size()) +
+                      " problem(s) in " + split_dir + ":";
+    const size_t shown = std::min<size_t>(problems.size(), 20);
+    for (size_t i = 0; i < shown; ++i) msg += "\n  " + problems[i];
+    if (shown < problems.size()) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
+    throw UsageError(msg);
+  }
+  for (const auto& p : problems) log("warning: skipping " + p);
+  if (scan.entries.empty())
+    throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split");
+  log(std::string(split_name(split)) + ": " + std::to_string(scan.entries.size()) + " images in " +
+      std::to_string(scan.class_names.size()) + " classes from " + split_dir + " (" +
+      std::to_string(scan.skipped) + " skipped, " + std::to_string(scan.ignored) +
+      " non-image files ignored)");
+  return scan;
+}
+
+namespace {
+
+class FolderDataset final : public Dataset {
+ public:
+  FolderDataset(std::string dir, FolderScan scan, int64_t max_pixels)
+      : dir_(std::move(dir)), scan_(std::move(scan)), max_pixels_(max_pixels) {}
+  size_t size() const override { return scan_.entries.size(); }
+  int32_t label(size_t i) const override { return scan_.entries.at(i).label; }
+  const std::vector<std::string>& class_names() const override { return scan_.class_names; }
+  std::string source(size_t i) const override { return scan_.entries.at(i).path; }
+  std::string description() const override { return "ImageFolder " + dir_; }
+  size_t skipped_files() const override { return scan_.skipped + scan_.ignored; }
+  void load(size_t i, Image& out) const override {
+    decode_image_file(scan_.entries.at(i).path, out, max_pixels_);
+  }
+
+ private:
+  std::string dir_;
+  FolderScan scan_;
+  int64_t max_pixels_;
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, const ScanOptions& opts) {
+  if (is_hdf5_file(path)) return open_packed_dataset(path, split);
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    throw UsageError("--data " + path + ": does not exist");
+  if (!S_ISDIR(st.st_mode))
+    throw UsageError("--data " + path + ": neither an ImageFolder directory nor an HDF5 file (.h5)");
+  FolderScan scan = scan_folder_split(path, split, opts);
+  return std::make_unique<FolderDataset>(path + "/" + split_name(split), std::move(scan),
+                                         opts.max_pixels);
+}
+
+bool has_split(const std::string& path, Split split) {
+  if (is_hdf5_file(path)) {
+    try {
+      open_packed_dataset(path, split);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  return is_directory(path + "/" + split_name(split));
+}
+
+}  // namespace rd::data

@@ -1,0 +1,47 @@
+// Helpers shared by the data component's translation units (not a public API).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/data/dataset.h"
+
+namespace rd::data {
+
+struct ImageHeader {
+  int width = 0, height = 0, channels = 0;
+};
+
+// Whole file into `out`; throws rd::Error naming the path (missing, unreadable, empty).
+void read_file_bytes(const std::string& path, std::vector<uint8_t>& out);
+// Header only: format recognised, dimensions within `max_pixels`.
+ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::string& what,
+                               int64_t max_pixels);
+
+ImageHeader probe_image_file(const std::string& path, int64_t max_pixels);
+
+// Runs fn(i) for i in [0, n) on `threads` threads (0 = hardware concurrency).
+// The first exception is rethrown after all threads finish.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn);
+int resolve_threads(int threads);
+
+// One image of a scanned ImageFolder split.
+struct FolderEntry {
+  std::string path;      // full path
+  std::string relative;  // <class>/<file>, recorded in packed files
+  int32_t label = 0;
+};
+
+struct FolderScan {
+  std::vector<std::string> class_names;
+  std::vector<FolderEntry> entries;
+  size_t skipped = 0;  // unusable files
+  size_t ignored = 0;  // unknown extensions
+};
+
+// Scans DIR/<split>/<class>/... with the checks described in dataset.h.
+FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts);
+
+}  // namespace rd::data
