@@ -1,0 +1,210 @@
+# shellcheck shell=bash
+# Shared by the Slurm job scripts in jobs/ (sourced, never run). Every knob is an
+# environment variable, so one script adapts to another cluster without editing it:
+#
+#   RESNET_DDP_MODULES    modules to `module load` (empty: none); used only if `module` exists
+#   RESNET_DDP_LAUNCHER   how ranks start: "mpirun -np $SLURM_NTASKS" (default), "ibrun",
+#                         "srun --mpi=pmix", ...
+#   RESNET_DDP_BIN        the resnet_ddp program (default: next to jobs/, install prefix, PATH)
+#   RESNET_DDP_DATA_SRC   the dataset on shared storage: .tar.gz, folder or packed .h5
+#   RESNET_DDP_STAGE_DIR  node-local folder to stage it to (default /tmp; "none": no
+#                         staging, ranks read RESNET_DDP_DATA_SRC directly)
+#   RESNET_DDP_THREADS    threads per rank (default: CPUs Slurm gave the node / ranks per node)
+#   RESNET_DDP_JOBS_DIR   where jobs/ lives, if Slurm cannot tell (script piped to sbatch)
+#
+# Job scripts call rd_setup, then rd_train or rd_launch.
+
+RD_SCRIPT_NAME=${RD_SCRIPT_NAME:-job}
+RD_STAGED_SRC=""
+RD_STAGED_DEST=""
+RD_CHILD=""
+RD_SIGNALLED=0
+RD_PREEMPT_SIGNAL=""
+RD_LAUNCH=()
+
+rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
+rd_die() {
+  echo "$RD_SCRIPT_NAME: error: $*" >&2
+  exit 1
+}
+
+# Shell-quoted, copy-pasteable form of a command.
+rd_quote() {
+  local out="" word
+  for word in "$@"; do
+    out+=" $(printf '%q' "$word")"
+  done
+  echo "${out# }"
+}
+
+rd_require_slurm_job() {
+  [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NTASKS:-} && -n ${SLURM_NNODES:-} ]] ||
+    rd_die "not inside a Slurm job with tasks: submit it with \`sbatch $RD_SCRIPT_NAME\` (or run it inside \`salloc\`)"
+}
+
+# rd_load_modules DEFAULT_LIST: RESNET_DDP_MODULES overrides the list (set it empty for none).
+rd_load_modules() {
+  local modules=${RESNET_DDP_MODULES-$1} list
+  [[ -n $modules ]] || return 0
+  if ! type module >/dev/null 2>&1; then
+    rd_note "no \`module\` command here; not loading: $modules"
+    return 0
+  fi
+  read -r -a list <<<"$modules"
+  rd_note "module load ${list[*]}"
+  # Module systems are not written for `set -u`.
+  set +u
+  module load "${list[@]}" ||
+    rd_die "\`module load ${list[*]}\` failed; set RESNET_DDP_MODULES to this cluster's module names (empty: load none)"
+  set -u
+}
+
+# rd_find_program NAME OVERRIDE_VAR: prints the program's path. Looks at the override, the
+# repository root next to jobs/ (where `make` links it), the install prefix
+# (PREFIX/share/resnet_ddp/jobs -> PREFIX/bin) and PATH.
+rd_find_program() {
+  local name=$1 var=$2 candidate
+  if [[ -n ${!var:-} ]]; then
+    [[ -x ${!var} ]] || rd_die "$var=${!var} is not an executable file"
+    echo "${!var}"
+    return
+  fi
+  for candidate in "$RD_JOBS_DIR/../$name" "$RD_JOBS_DIR/../build/$name" "$RD_JOBS_DIR/../../../bin/$name"; do
+    if [[ -x $candidate && ! -d $candidate ]]; then
+      readlink -f "$candidate"
+      return
+    fi
+  done
+  candidate=$(command -v "$name" 2>/dev/null) ||
+    rd_die "cannot find $name (looked in $RD_JOBS_DIR/.., its build/, the install prefix and PATH); build it with \`make\` or set $var"
+  echo "$candidate"
+}
+
+# Fills RD_LAUNCH from RESNET_DDP_LAUNCHER (default: mpirun with one rank per Slurm task).
+rd_set_launcher() {
+  local spec=${RESNET_DDP_LAUNCHER:-mpirun -np $SLURM_NTASKS}
+  read -r -a RD_LAUNCH <<<"$spec"
+  ((${#RD_LAUNCH[@]} > 0)) || rd_die "RESNET_DDP_LAUNCHER is blank"
+  command -v "${RD_LAUNCH[0]}" >/dev/null 2>&1 ||
+    rd_die "launcher '${RD_LAUNCH[0]}' not found (RESNET_DDP_LAUNCHER=\"$spec\"); load the MPI module or choose e.g. \"srun --mpi=pmix\""
+}
+
+# Threads per rank from what Slurm granted on this node, unless RESNET_DDP_THREADS says.
+rd_set_threads() {
+  local per_node=${SLURM_NTASKS_PER_NODE:-} cpus threads
+  if [[ -z $per_node || ! $per_node =~ ^[0-9]+$ ]]; then
+    per_node=$(((SLURM_NTASKS + SLURM_NNODES - 1) / SLURM_NNODES))
+  fi
+  if [[ -n ${RESNET_DDP_THREADS:-} ]]; then
+    threads=$RESNET_DDP_THREADS
+  elif [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+    threads=$SLURM_CPUS_PER_TASK
+  else
+    cpus=${SLURM_CPUS_ON_NODE:-$(nproc)}
+    threads=$((cpus / per_node))
+  fi
+  [[ $threads =~ ^[0-9]+$ ]] || rd_die "threads per rank '$threads' is not a number (RESNET_DDP_THREADS?)"
+  ((threads >= 1)) || threads=1
+  export OMP_NUM_THREADS=$threads
+  rd_note "$SLURM_NTASKS rank(s) on $SLURM_NNODES node(s) ($per_node per node), $threads thread(s) per rank"
+}
+
+# --- signals and clean-up ---------------------------------------------------------------
+# Slurm's --signal=B:USR1@T (and scancel --batch --signal=USR1) reach only this shell; pass
+# the signal to the launcher, which forwards it to every rank (mpirun and srun both do).
+# resnet_ddp then finishes its step, rank 0 writes last.h5, and all ranks exit 0.
+rd_on_signal() {
+  local sig=$1
+  RD_SIGNALLED=1
+  RD_PREEMPT_SIGNAL=$sig
+  if [[ -n $RD_CHILD ]] && kill -0 "$RD_CHILD" 2>/dev/null; then
+    rd_note "got SIG$sig: passing it to the launcher (pid $RD_CHILD) so training checkpoints and stops"
+    kill -s "$sig" "$RD_CHILD" 2>/dev/null || true
+  elif [[ $sig == TERM || $sig == INT ]]; then
+    rd_note "got SIG$sig before training started: stopping"
+    exit 143
+  else
+    rd_note "got SIG$sig before training started: will not start training"
+  fi
+}
+
+rd_on_exit() {
+  local rc=$?
+  trap - EXIT
+  if [[ -n $RD_STAGED_SRC ]]; then
+    rd_note "removing the staged data from every node"
+    # Bounded: at a time limit or scancel, Slurm refuses new steps and kills us soon anyway.
+    if ! timeout 120 "$RD_JOBS_DIR/stage_data.sh" --remove "$RD_STAGED_SRC" "$RD_STAGED_DEST"; then
+      rd_note "could not remove it through srun (job ending?); removing this node's copy only"
+      SLURM_JOB_ID="" "$RD_JOBS_DIR/stage_data.sh" --remove "$RD_STAGED_SRC" "$RD_STAGED_DEST" || true
+    fi
+  fi
+  rd_note "exit status $rc"
+  exit "$rc"
+}
+
+# rd_setup DEFAULT_MODULES: checks, modules, launcher, threads, traps.
+rd_setup() {
+  rd_require_slurm_job
+  trap rd_on_exit EXIT
+  trap 'rd_on_signal USR1' USR1
+  trap 'rd_on_signal TERM' TERM
+  trap 'rd_on_signal INT' INT
+  rd_note "job ${SLURM_JOB_ID} (${SLURM_JOB_NAME:-}) on $(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | tr '\n' ' ')from $RD_JOBS_DIR"
+  rd_load_modules "$1"
+  rd_set_launcher
+  rd_set_threads
+}
+
+# rd_run_command CMD...: prints it as "Training command: ..." and runs it in the
+# background so that signals reach rd_on_signal while it runs. Returns its status.
+rd_run_command() {
+  echo "Training command: $(rd_quote "$@")"
+  if ((RD_SIGNALLED)); then
+    rd_note "not starting: a SIG$RD_PREEMPT_SIGNAL arrived during set-up"
+    return 0
+  fi
+  "$@" &
+  RD_CHILD=$!
+  local status=0 rc
+  while :; do
+    RD_SIGNALLED=0
+    rc=0
+    wait "$RD_CHILD" || rc=$?
+    # 127: bash reaped it while a trap ran; the status from the previous wait stands.
+    ((rc == 127)) && break
+    status=$rc
+    # A trapped signal interrupts `wait` (status > 128) while the child keeps running.
+    ((RD_SIGNALLED)) || break
+  done
+  RD_CHILD=""
+  if [[ -n $RD_PREEMPT_SIGNAL ]]; then
+    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; resubmit the same command to resume from its last.h5"
+  fi
+  return "$status"
+}
+
+# rd_train DATA_SRC_DEFAULT [RESNET_DDP_ARGS...]: stage the data on every node, run
+# resnet_ddp on it through the launcher, remove the staged copy at exit.
+rd_train() {
+  local src=${RESNET_DDP_DATA_SRC:-$1} dest=${RESNET_DDP_STAGE_DIR:-/tmp} bin data
+  shift
+  bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
+  [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
+  local program=("$bin")
+  if [[ $dest == none ]]; then
+    data=$src
+  else
+    data=$("$RD_JOBS_DIR/stage_data.sh" --path "$src" "$dest")
+    RD_STAGED_SRC=$src
+    RD_STAGED_DEST=$dest
+    "$RD_JOBS_DIR/stage_data.sh" "$src" "$dest"
+    if [[ $dest == *%n* ]]; then
+      # Per-node folders on a shared /tmp (emulated nodes): each rank must read its own
+      # node's copy, so the node name is filled in on the rank's node.
+      data=${dest}/$(basename "$data")
+      program=("$RD_JOBS_DIR/on_node.sh" "$bin")
+    fi
+  fi
+  rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" "$@"
+}

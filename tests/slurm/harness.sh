@@ -1,0 +1,315 @@
+# shellcheck shell=bash
+# A private Slurm cluster on this machine, for the `slurm` test cases: one munged, one
+# slurmctld and two slurmd daemons emulating the nodes c001-001 and c001-002. Everything
+# (key, socket, config, state, spool, logs) lives in one temp dir and the ports are picked
+# free at start, so an existing Slurm or munge on the host is never used or touched:
+# every client command finds this cluster only through SLURM_CONF.
+#
+# Usage from a case script (bash, sourced):
+#   source "$(dirname "$0")/harness.sh"
+#   rd_slurm_start 240          # skip (exit 77) if impossible; budget in seconds
+#   job=$(rd_sbatch -J name -N 2 --ntasks-per-node=1 script.slurm args...)
+#   rd_slurm_wait "$job" 120    # prints the final state; returns 0 only for COMPLETED
+#   rd_job_log "$job"           # the job's stdout/stderr
+# Teardown (cancel jobs, stop daemons, remove the temp dir) runs on every exit path;
+# RD_SLURM_KEEP=1 keeps the temp dir for post-mortems.
+
+RD_SLURM_NODES=(c001-001 c001-002)
+RD_SLURM_PARTITION=emu
+RD_SLURM_DIR=""
+RD_SLURM_PIDS=()
+RD_SLURM_CASE=$(basename "${BASH_SOURCE[1]:-$0}" .sh)
+
+rd_log() { printf '[%s %s] %s\n' "$RD_SLURM_CASE" "$(date +%T)" "$*" >&2; }
+rd_fail() { rd_log "FAIL: $*"; exit 1; }
+rd_skip() { echo "SKIP ($RD_SLURM_CASE): $*"; exit 77; }
+
+# The repository root (this file lives in tests/slurm/).
+RD_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+rd_slurm_check_prereqs() {
+  local missing=() tool
+  for tool in munged mungekey slurmctld slurmd sbatch srun scontrol sinfo squeue scancel ss; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+  done
+  ((${#missing[@]} == 0)) ||
+    rd_skip "missing ${missing[*]} (Debian packages slurm-wlm, munge, iproute2)"
+  # slurmd starts job steps as the submitting user, which only root may do.
+  [[ $(id -u) == 0 ]] || rd_skip "a private slurmd needs root (running as $(id -un))"
+}
+
+# A TCP port nobody listens on now. A race with another process is possible; the start-up
+# retries with fresh ports when a daemon cannot bind.
+rd_free_port() {
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    if [[ -z $(ss -Htln "sport = :$port" 2>/dev/null) ]]; then
+      echo "$port"
+      return
+    fi
+  done
+}
+
+rd_write_slurm_conf() {
+  local dir=$1 ctld_port=$2 node_port_lo=$3 host
+  host=$(hostname -s)
+  cat >"$dir/slurm.conf" <<EOF
+# Private test cluster written by tests/slurm/harness.sh
+ClusterName=rdtest
+SlurmctldHost=$host
+SlurmctldPort=$ctld_port
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd.%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig=$dir/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+ReturnToService=2
+# Short waits keep the tests fast: signals escalate to SIGKILL after KillWait seconds.
+KillWait=10
+MessageTimeout=20
+InactiveLimit=0
+MinJobAge=600
+NodeName=${RD_SLURM_NODES[0]%-*}-[001-002] NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port_lo-$((node_port_lo + 1)) CPUs=1 State=UNKNOWN
+PartitionName=$RD_SLURM_PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  : >"$dir/plugstack.conf"
+}
+
+# Starts a daemon in the foreground as a child of this shell, so that even if the harness
+# is killed outright (ctest timeout) the whole tree goes with it.
+rd_spawn() {
+  local log=$1
+  shift
+  "$@" >>"$log" 2>&1 &
+  RD_SLURM_PIDS+=($!)
+}
+
+rd_nodes_idle() {
+  local states
+  states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+  [[ $(grep -c ' idle$' <<<"$states") == "${#RD_SLURM_NODES[@]}" ]]
+}
+
+# rd_slurm_start BUDGET_SECONDS: start the cluster, arm the teardown and a watchdog that
+# ends the case (with teardown) after BUDGET_SECONDS, before ctest's own TIMEOUT kills it.
+rd_slurm_start() {
+  local budget=$1 attempt ctld_port node_port
+  rd_slurm_check_prereqs
+  # Never let an outer Slurm job (CI running inside an allocation) leak into this cluster.
+  local var
+  for var in $(compgen -e); do
+    [[ $var == SLURM_* ]] && unset "$var"
+  done
+  RD_SLURM_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rd-slurm.XXXXXX")
+  trap rd_slurm_teardown EXIT
+  trap 'rd_log "interrupted"; exit 130' INT
+  trap 'rd_log "terminated (time budget or ctest timeout)"; exit 143' TERM
+  local main_pid=$$
+  (
+    sleep "$budget" &
+    sleeper=$!
+    trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+    wait "$sleeper" && kill -TERM "$main_pid"
+  ) 2>/dev/null &
+  RD_SLURM_WATCHDOG=$!
+  # Marks every process started from here on, so teardown can find stragglers by pid.
+  export RD_SLURM_HARNESS_ID=$RD_SLURM_DIR
+  export SLURM_CONF=$RD_SLURM_DIR/slurm.conf
+  # Open MPI inside the jobs runs as root on an emulated machine.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMP_NUM_THREADS=1
+
+  local d=$RD_SLURM_DIR
+  mkdir -p "$d/munge" "$d/state" "$d/spool" "$d/run" "$d/log" "$d/jobs"
+  chmod 755 "$d" "$d/munge"
+  mungekey -c -k "$d/munge/munge.key" >/dev/null
+  rd_spawn "$d/log/munged.out" munged -F --force --socket="$d/munge/socket" \
+    --key-file="$d/munge/munge.key" --pid-file="$d/run/munged.pid" \
+    --log-file="$d/log/munged.log" --seed-file="$d/munge/seed"
+  local i
+  for ((i = 0; i < 50; i++)); do
+    [[ -S $d/munge/socket ]] && break
+    sleep 0.1
+  done
+  [[ -S $d/munge/socket ]] || rd_fail "munged did not create its socket (see $d/log/munged.log)"
+
+  for attempt in 1 2 3; do
+    ctld_port=$(rd_free_port)
+    node_port=$(rd_free_port)
+    # Two consecutive free ports for the two slurmd daemons.
+    while [[ -n $(ss -Htln "sport = :$((node_port + 1))") || $node_port == "$ctld_port" ||
+      $((node_port + 1)) == "$ctld_port" ]]; do
+      node_port=$(rd_free_port)
+    done
+    rd_write_slurm_conf "$d" "$ctld_port" "$node_port"
+    rd_spawn "$d/log/slurmctld.out" slurmctld -D -c -i
+    local node
+    for node in "${RD_SLURM_NODES[@]}"; do
+      rd_spawn "$d/log/slurmd.$node.out" slurmd -D -N "$node"
+    done
+    for ((i = 0; i < 100; i++)); do
+      rd_nodes_idle && break
+      sleep 0.3
+    done
+    if rd_nodes_idle; then
+      rd_log "private Slurm up in $d (slurmctld :$ctld_port, slurmd :$node_port-$((node_port + 1)))"
+      return 0
+    fi
+    rd_log "cluster did not come up (attempt $attempt); logs:"
+    tail -n 5 "$d"/log/slurm*.log "$d"/log/*.out >&2 || true
+    rd_stop_slurm_daemons
+  done
+  rd_fail "private Slurm did not start"
+}
+
+# Stops slurmctld/slurmd (keeps munged) and kills whatever they left behind.
+rd_stop_slurm_daemons() {
+  timeout 10 scontrol shutdown >/dev/null 2>&1 || true
+  local pid i keep=()
+  for ((i = 0; i < 50; i++)); do
+    keep=()
+    for pid in "${RD_SLURM_PIDS[@]:1}"; do
+      kill -0 "$pid" 2>/dev/null && keep+=("$pid")
+    done
+    ((${#keep[@]} == 0)) && break
+    sleep 0.2
+  done
+  for pid in "${keep[@]}"; do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  RD_SLURM_PIDS=("${RD_SLURM_PIDS[0]}")
+}
+
+# Processes started under this harness that escaped the daemon tree (slurmstepd and job
+# processes are re-parented to init): found by the marker in their environment. (Only
+# exec'd programs show it in /proc/PID/environ, so this shell's subshells never match.)
+rd_harness_stragglers() {
+  local env_file pid
+  for env_file in /proc/[0-9]*/environ; do
+    pid=${env_file#/proc/}
+    pid=${pid%/environ}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    if { tr '\0' '\n' <"$env_file"; } 2>/dev/null | grep -qxF "RD_SLURM_HARNESS_ID=$RD_SLURM_DIR"; then
+      echo "$pid"
+    fi
+  done
+}
+
+rd_slurm_teardown() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [[ -n ${RD_SLURM_WATCHDOG:-} ]] && kill "$RD_SLURM_WATCHDOG" 2>/dev/null
+  if [[ -n $RD_SLURM_DIR && -d $RD_SLURM_DIR ]]; then
+    if ((rc != 0 && rc != 77)); then
+      rd_log "exit status $rc; daemon log tails:"
+      tail -n 15 "$RD_SLURM_DIR"/log/slurmctld.log "$RD_SLURM_DIR"/log/slurmd.*.log >&2 2>/dev/null || true
+    fi
+    if ((${#RD_SLURM_PIDS[@]} > 0)); then
+      timeout 10 scancel --quiet --partition "$RD_SLURM_PARTITION" >/dev/null 2>&1 || true
+      local i
+      for ((i = 0; i < 40; i++)); do
+        [[ -z $(timeout 5 squeue -h -o %i 2>/dev/null) ]] && break
+        sleep 0.25
+      done
+      rd_stop_slurm_daemons
+      local pid
+      for pid in $(rd_harness_stragglers); do
+        kill -KILL "$pid" 2>/dev/null || true
+      done
+      kill "${RD_SLURM_PIDS[0]}" 2>/dev/null || true
+      wait "${RD_SLURM_PIDS[0]}" 2>/dev/null || true
+    fi
+    if [[ ${RD_SLURM_KEEP:-0} == 1 ]]; then
+      rd_log "kept $RD_SLURM_DIR"
+    else
+      rm -rf "$RD_SLURM_DIR"
+    fi
+  fi
+  exit "$rc"
+}
+
+# rd_sbatch SBATCH_ARGS...: submits to the private partition with the log in the temp
+# dir (jobs/<job name>.<id>.out) and prints the job id.
+rd_sbatch() {
+  local out
+  out=$(timeout 30 sbatch --parsable -p "$RD_SLURM_PARTITION" \
+    -o "$RD_SLURM_DIR/jobs/%x.%j.out" "$@") || rd_fail "sbatch $* failed: $out"
+  echo "${out%%;*}"
+}
+
+rd_job_field() { # rd_job_field JOBID FIELD → value from `scontrol show job`
+  timeout 10 scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+}
+
+rd_job_log() {
+  local path
+  path=$(rd_job_field "$1" StdOut)
+  [[ -n $path && -f $path ]] && cat "$path"
+}
+
+# rd_slurm_wait JOBID TIMEOUT: waits for the job to end; prints "STATE EXITCODE".
+rd_slurm_wait() {
+  local job=$1 timeout_s=$2 state="" start=$SECONDS
+  while ((SECONDS - start < timeout_s)); do
+    state=$(rd_job_field "$job" JobState)
+    case $state in
+      PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") sleep 0.5 ;;
+      *) break ;;
+    esac
+  done
+  case $state in
+    PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "")
+      rd_log "job $job still $state after ${timeout_s}s; its log so far:"
+      rd_job_log "$job" >&2 || true
+      return 1
+      ;;
+  esac
+  echo "$state $(rd_job_field "$job" ExitCode)"
+}
+
+# rd_wait_for_log JOBID REGEX TIMEOUT: waits until the job's log matches (job must run).
+rd_wait_for_log() {
+  local job=$1 regex=$2 timeout_s=$3 start=$SECONDS
+  while ((SECONDS - start < timeout_s)); do
+    rd_job_log "$job" 2>/dev/null | grep -Eq -- "$regex" && return 0
+    case $(rd_job_field "$job" JobState) in
+      PENDING | CONFIGURING | RUNNING | "") sleep 0.5 ;;
+      *) break ;;
+    esac
+  done
+  rd_log "job $job log never matched /$regex/; log:"
+  rd_job_log "$job" >&2 || true
+  return 1
+}
+
+# rd_expect_log JOBID REGEX [COUNT]: the log has a line matching REGEX (exactly COUNT times).
+rd_expect_log() {
+  local job=$1 regex=$2 count=${3:-} n
+  n=$(rd_job_log "$job" | grep -Ec -- "$regex" || true)
+  if [[ -z $count && $n -ge 1 ]] || [[ -n $count && $n == "$count" ]]; then
+    return 0
+  fi
+  rd_log "job $job: /$regex/ matched $n lines, expected ${count:-at least 1}; log:"
+  rd_job_log "$job" >&2 || true
+  exit 1
+}
