@@ -196,6 +196,44 @@ void CpuBackend::maxpool_forward(const Tensor& x, Tensor& y, int k, int stride, 
   const float* src = x.f32();
   float* dst = y.f32();
   int32_t* arg = static_cast<int32_t*>(workspace);
+  if (x.layout == Layout::NHWC) {
+    // Channels are contiguous: compare whole rows of C values at once.
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < out.n; ++n)
+      for (int64_t oh = 0; oh < out.h; ++oh)
+        for (int64_t ow = 0; ow < out.w; ++ow) {
+          float* best = dst + ((n * out.h + oh) * out.w + ow) * out.c;
+          int32_t* best_i = arg + ((n * out.h + oh) * out.w + ow) * out.c;
+          bool first = true;
+          for (int kh = 0; kh < k; ++kh) {
+            const int64_t ih = oh * stride - pad + kh;
+            if (ih < 0 || ih >= in.h) continue;
+            for (int kw = 0; kw < k; ++kw) {
+              const int64_t iw = ow * stride - pad + kw;
+              if (iw < 0 || iw >= in.w) continue;
+              const int64_t base = ((n * in.h + ih) * in.w + iw) * in.c;
+              const float* row = src + base;
+              if (first) {
+#pragma omp simd
+                for (int64_t c = 0; c < in.c; ++c) {
+                  best[c] = row[c];
+                  best_i[c] = static_cast<int32_t>(base + c);
+                }
+                first = false;
+                continue;
+              }
+#pragma omp simd
+              for (int64_t c = 0; c < in.c; ++c) {
+                const float v = row[c];
+                const bool take = v > best[c] || v != v;  // NaN propagates, as in PyTorch
+                best[c] = take ? v : best[c];
+                best_i[c] = take ? static_cast<int32_t>(base + c) : best_i[c];
+              }
+            }
+          }
+        }
+    return;
+  }
   const Indexer xi(x), yi(y);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t n = 0; n < out.n; ++n)
