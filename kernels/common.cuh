@@ -1,0 +1,90 @@
+// Device-side helpers shared by kernels/*.cu: element load/store for the float
+// dtypes, layout index math, launch geometry and the launch check.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.cuh"
+#include "resnet_ddp/errors.h"
+
+namespace rd::kern {
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Offset of logical element (n, c, h, w) in its layout.
+__host__ __device__ __forceinline__ int64_t act_offset(const ActDesc& d, int64_t n, int64_t c,
+                                                       int64_t h, int64_t w) {
+  return d.nhwc ? ((n * d.h + h) * d.w + w) * d.c + c : ((n * d.c + c) * d.h + h) * d.w + w;
+}
+
+// Logical coordinates of the element at `offset`.
+__device__ __forceinline__ void act_coords(const ActDesc& d, int64_t offset, int64_t& n, int64_t& c,
+                                           int64_t& h, int64_t& w) {
+  if (d.nhwc) {
+    c = offset % d.c;
+    int64_t r = offset / d.c;
+    w = r % d.w;
+    r /= d.w;
+    h = r % d.h;
+    n = r / d.h;
+  } else {
+    w = offset % d.w;
+    int64_t r = offset / d.w;
+    h = r % d.h;
+    r /= d.h;
+    c = r % d.c;
+    n = r / d.c;
+  }
+}
+
+__device__ __forceinline__ int64_t act_channel(const ActDesc& d, int64_t offset) {
+  return d.nhwc ? offset % d.c : (offset / (d.h * d.w)) % d.c;
+}
+
+#define RD_GRID_STRIDE(i, count)                                                         \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;          \
+       i < static_cast<int64_t>(count); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+inline constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over `count` elements: enough to fill any GPU
+// (grid-stride loops cover the rest), never zero.
+inline unsigned grid_for(int64_t count, int threads = kThreads) {
+  int64_t blocks = (count + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 65535L * 8) blocks = 65535L * 8;
+  return static_cast<unsigned>(blocks);
+}
+
+// Throws rd::Error naming the kernel when its launch failed.
+void check_launch(const char* kernel, const char* file, int line);
+#define RD_LAUNCH_CHECK(name) ::rd::kern::check_launch(name, __FILE__, __LINE__)
+
+template <class T> struct TypeTag {
+  using type = T;
+};
+
+// Calls body(TypeTag<T>{}) with T the element type of `t`.
+template <class F> void dispatch_float(DType t, const char* what, F&& body) {
+  switch (t) {
+    case DType::F32: body(TypeTag<float>{}); return;
+    case DType::F16: body(TypeTag<__half>{}); return;
+    case DType::BF16: body(TypeTag<__nv_bfloat16>{}); return;
+    default: RD_FAIL(what << ": unsupported element type " << dtype_name(t));
+  }
+}
+
+}  // namespace rd::kern

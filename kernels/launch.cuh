@@ -1,0 +1,116 @@
+// Host-side launchers of the CUDA kernels in kernels/*.cu. Plain C++ (no device
+// code), so the cuDNN/cuBLAS backend compiled by the host compiler can call them.
+// Every launcher enqueues on the given stream and checks the launch; per-element
+// math comes from include/resnet_ddp/math/*.h, the same functions the CPU
+// backend runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "resnet_ddp/math/optim.h"
+#include "resnet_ddp/tensor.h"
+
+namespace rd::kern {
+
+// A logical (N, C, H, W) activation stored NCHW or NHWC with elements of
+// `dtype` (F32, F16 or BF16).
+struct ActDesc {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  bool nhwc = false;
+  DType dtype = DType::F32;
+  constexpr int64_t count() const { return n * c * h * w; }
+};
+
+// ---- elementwise (activations of any float dtype) -----------------------------
+void fill_f32(float* dst, float value, size_t count, cudaStream_t s);
+void relu_forward(DType t, const void* x, void* y, size_t count, cudaStream_t s);
+// dx = dy where y > 0, else 0 (also the backward of a fused add+ReLU).
+void relu_backward(DType t, const void* y, const void* dy, void* dx, size_t count, cudaStream_t s);
+void add_forward(DType t, const void* a, const void* b, void* y, size_t count, bool relu,
+                 cudaStream_t s);
+void accumulate(DType t, const void* src, void* dst, size_t count, cudaStream_t s);
+void scale_f32(float* data, float factor, size_t count, cudaStream_t s);
+// data *= factor (skipped when factor == 1) and *nonfinite = 1 if any element of
+// the result is inf/nan: loss-scale unscaling and overflow check in one pass.
+// The caller zeroes *nonfinite (device int) first.
+void scale_and_check(float* data, float factor, size_t count, int* nonfinite, cudaStream_t s);
+
+// ---- layouts and conversions ----------------------------------------------------
+void nchw_f32_to_act(const float* src, const ActDesc& dst_desc, void* dst, cudaStream_t s);
+void act_to_nchw_f32(const ActDesc& src_desc, const void* src, float* dst, cudaStream_t s);
+// src: N x H x W x 3 uint8 (device); dst (N, 3, H, W); (v / 255 - mean[c]) / std[c].
+void images_u8_to_act(const uint8_t* src, const ActDesc& dst_desc, void* dst, const float mean[3],
+                      const float std[3], cudaStream_t s);
+// Conv weight (O, I, kh, kw) float -> `t` in OIHW (ohwi = false) or OHWI (the
+// layout cuDNN wants next to NHWC activations).
+void stage_conv_weight(const float* w_oihw, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,
+                       DType t, void* dst, cudaStream_t s);
+// The reverse for a weight gradient, adding into dw when `accumulate`.
+void unstage_conv_weight_grad(const void* src, int64_t o, int64_t i, int64_t kh, int64_t kw,
+                              bool ohwi, DType t, float* dw_oihw, bool accumulate, cudaStream_t s);
+
+// ---- batch norm (and SyncBatchNorm) ------------------------------------------------
+// sums[0..C) = sum x, sums[C..2C) = sum x^2 per channel (sums zeroed here).
+void bn_sums_forward(const ActDesc& d, const void* x, double* sums, cudaStream_t s);
+// With g = dy masked by y > 0 when relu: sums[0..C) = sum g, sums[C..2C) = sum g * xhat.
+void bn_sums_backward(const ActDesc& d, const void* x, const void* y, const void* dy, bool relu,
+                      const float* mean, const float* invstd, double* sums, cudaStream_t s);
+// packed[0..2C) = sums as float, packed[2C] = count: what ranks all-reduce.
+void bn_pack_sums(const double* sums, int64_t c, double count, float* packed, cudaStream_t s);
+// Batch statistics -> saved mean/invstd, running stats update, per-channel
+// scale/shift (scale_shift[0..C) scale, [C..2C) shift). Reads the double `sums`
+// with `count`, or, when `packed` is non-null, the all-reduced packed floats.
+void bn_finalize_forward(int64_t c, const double* sums, double count, const float* packed,
+                         const float* gamma, const float* beta, float* running_mean,
+                         float* running_var, float momentum, float eps, float* saved_mean,
+                         float* saved_invstd, float* scale_shift, cudaStream_t s);
+void bn_scale_shift_eval(int64_t c, const float* gamma, const float* beta, const float* running_mean,
+                         const float* running_var, float eps, float* scale_shift, cudaStream_t s);
+// y = x * scale + shift (+ ReLU).
+void bn_apply(const ActDesc& d, const void* x, const float* scale_shift, bool relu, void* y,
+              cudaStream_t s);
+// dgamma = sum g * xhat, dbeta = sum g (this rank's batch, as PyTorch's SyncBN).
+void bn_param_grads(int64_t c, const double* sums, float* dgamma, float* dbeta, bool accumulate,
+                    cudaStream_t s);
+// means[0..C) = sum g / count, means[C..2C) = sum g xhat / count (global when packed).
+void bn_finalize_backward(int64_t c, const double* sums, double count, const float* packed,
+                          float* means, cudaStream_t s);
+void bn_backward_dx(const ActDesc& d, const void* x, const void* y, const void* dy, bool relu,
+                    const float* gamma, const float* mean, const float* invstd, const float* means,
+                    void* dx, cudaStream_t s);
+
+// ---- pooling -------------------------------------------------------------------------
+// argmax[j] = offset in x (its layout) of output j's source (PyTorch tie rules).
+void maxpool_forward(const ActDesc& xd, const void* x, const ActDesc& yd, void* y, int kernel,
+                     int stride, int pad, int32_t* argmax, cudaStream_t s);
+// Gather form (no atomics): each input sums the outputs that picked it.
+void maxpool_backward(const ActDesc& dyd, const void* dy, const ActDesc& dxd, void* dx, int kernel,
+                      int stride, int pad, const int32_t* argmax, cudaStream_t s);
+// y (N, C) float RowMajor.
+void global_avgpool_forward(const ActDesc& xd, const void* x, float* y, cudaStream_t s);
+void global_avgpool_backward(const float* dy, const ActDesc& dxd, void* dx, cudaStream_t s);
+
+// ---- linear-layer helpers (RowMajor float) -------------------------------------------
+void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s);
+void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool accumulate,
+                 cudaStream_t s);
+
+// ---- loss and accuracy ---------------------------------------------------------------
+// One row per thread through math::softmax_xent_row; dlogits may be null.
+void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
+                  float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                  cudaStream_t s);
+// *correct += rows whose first maximum equals the label.
+void count_correct(const float* logits, const int32_t* labels, int64_t n, int64_t k, int* correct,
+                   cudaStream_t s);
+
+// ---- optimizers over a flat arena slice, one launch -----------------------------------
+void adam_step(float* p, const float* g, float* m, float* v, size_t count,
+               const math::AdamHyper& h, cudaStream_t s);
+void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
+              cudaStream_t s);
+
+}  // namespace rd::kern

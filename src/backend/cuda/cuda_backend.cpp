@@ -1,0 +1,823 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "resnet_ddp/errors.h"
+
+namespace rd::cuda {
+
+// ---- error reporting ------------------------------------------------------------
+
+namespace {
+
+std::string where(const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  return std::string(" (") + (base ? base + 1 : file) + ":" + std::to_string(line) + ")";
+}
+
+std::string mib(size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+void fail_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  cudaGetLastError();  // clear a sticky non-fatal error so later calls report their own
+  throw Error(std::string("CUDA call ") + call + " failed: " + cudaGetErrorName(e) + " (" +
+              cudaGetErrorString(e) + ")" + where(file, line));
+}
+
+void fail_cudnn(cudnnStatus_t s, const char* call, const char* file, int line) {
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof detail);
+  throw Error(std::string("cuDNN call ") + call + " failed: " + cudnnGetErrorString(s) +
+              (detail[0] ? std::string(" [") + detail + "]" : std::string()) + where(file, line));
+}
+
+void fail_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
+  throw Error(std::string("cuBLAS call ") + call + " failed: " + cublasGetStatusName(s) + " (" +
+              cublasGetStatusString(s) + ")" + where(file, line));
+}
+
+void fail_oom(size_t asked, const char* what, const char* file, int line) {
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  int dev = -1;
+  cudaGetDevice(&dev);
+  std::string mem = "free memory unknown";
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    mem = "free " + mib(free_b) + " of " + mib(total_b);
+  throw Error(std::string("CUDA out of memory allocating ") + what + ": asked " + mib(asked) + ", " +
+              mem + " on device " + std::to_string(dev) + where(file, line));
+}
+
+// ---- Scratch ----------------------------------------------------------------------
+
+Scratch::~Scratch() { release(); }
+
+void Scratch::release() {
+  if (!ptr_) return;
+  // The buffer may still be in use by queued work: wait for the device first.
+  cudaDeviceSynchronize();
+  if (pinned_)
+    cudaFreeHost(ptr_);
+  else
+    cudaFree(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+void* Scratch::get(size_t bytes, const char* what) {
+  if (bytes <= bytes_ && ptr_) return ptr_;
+  release();
+  const size_t want = std::max<size_t>(bytes, 256);
+  const cudaError_t e = pinned_ ? cudaMallocHost(&ptr_, want) : cudaMalloc(&ptr_, want);
+  if (e == cudaErrorMemoryAllocation) {
+    ptr_ = nullptr;
+    fail_oom(want, what, __FILE__, __LINE__);
+  }
+  if (e != cudaSuccess) {
+    ptr_ = nullptr;
+    fail_cuda(e, pinned_ ? "cudaMallocHost" : "cudaMalloc", __FILE__, __LINE__);
+  }
+  bytes_ = want;
+  return ptr_;
+}
+
+// ---- convolution plans --------------------------------------------------------------
+
+struct CudaBackend::ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  int64_t yh = 0, yw = 0;
+
+  ~ConvPlan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+size_t CudaBackend::ConvKeyHash::operator()(const ConvKey& k) const {
+  size_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t v) { h = (h ^ static_cast<size_t>(v)) * 1099511628211ull; };
+  mix(k.n), mix(k.c), mix(k.h), mix(k.w), mix(k.o), mix(k.kh), mix(k.kw), mix(k.stride), mix(k.pad);
+  mix(k.nhwc), mix(static_cast<int64_t>(k.dtype));
+  return h;
+}
+
+namespace {
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::F16: return CUDNN_DATA_HALF;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    default: RD_FAIL("cuDNN: unsupported element type " << dtype_name(t));
+  }
+}
+
+int narrow(int64_t v, const char* what) {
+  RD_CHECK(v >= 0 && v <= 2147483647LL, what << " " << v << " does not fit cuDNN's int");
+  return static_cast<int>(v);
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "fp32";
+    case Precision::TF32: return "tf32";
+    case Precision::FP16: return "fp16";
+    case Precision::BF16: return "bf16";
+  }
+  return "?";
+}
+
+// Picks the fastest successful result that fits the workspace limit.
+template <class Perf> const Perf* pick(const Perf* perfs, int n, size_t limit) {
+  for (int i = 0; i < n; ++i)
+    if (perfs[i].status == CUDNN_STATUS_SUCCESS && perfs[i].memory <= limit) return &perfs[i];
+  return nullptr;
+}
+
+}  // namespace
+
+cudnnMathType_t CudaBackend::wanted_conv_math() const {
+  switch (precision_) {
+    case Precision::FP32: return CUDNN_FMA_MATH;  // no TF32: exact fp32 products
+    case Precision::TF32: return CUDNN_DEFAULT_MATH;  // cuDNN 8+: TF32 on Ampere+
+    default: return CUDNN_TENSOR_OP_MATH;
+  }
+}
+
+size_t CudaBackend::find_workspace_limit() const {
+  size_t free_b = 0, total_b = 0;
+  RD_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  // Leave room for the activations still to be allocated, keep what is already ours.
+  return std::max(workspace_.capacity(), free_b / 2);
+}
+
+CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w,
+                                         const ConvGeometry& g, const char* op) {
+  RD_CHECK(w.device == DeviceKind::CUDA && w.dtype == DType::F32 && w.shape.rank == 4 && w.data,
+           op << ": weight must be a f32 (O, I, kh, kw) CUDA tensor, got " << w.describe());
+  RD_CHECK(w.shape[1] == x.c && w.shape[2] == g.kernel && w.shape[3] == g.kernel,
+           op << ": weight " << w.shape.str() << " does not match input channels " << x.c
+              << " and kernel " << g.kernel);
+  RD_CHECK(g.kernel > 0 && g.stride > 0 && g.pad >= 0,
+           op << ": bad geometry kernel " << g.kernel << " stride " << g.stride << " pad " << g.pad);
+  const ConvKey key{x.n, x.c, x.h, x.w, w.shape[0], w.shape[2], w.shape[3],
+                    g.stride, g.pad, x.nhwc, x.dtype};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto p = std::make_unique<ConvPlan>();
+  const cudnnDataType_t dt = cudnn_type(x.dtype);
+  const cudnnTensorFormat_t fmt = x.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  p->yh = conv_out_size(x.h, g.kernel, g.stride, g.pad);
+  p->yw = conv_out_size(x.w, g.kernel, g.stride, g.pad);
+  RD_CHECK(p->yh > 0 && p->yw > 0, op << ": input " << x.h << "x" << x.w << " too small for kernel "
+                                      << g.kernel << " stride " << g.stride << " pad " << g.pad);
+  RD_CUDNN(cudnnCreateTensorDescriptor(&p->x));
+  RD_CUDNN(cudnnCreateTensorDescriptor(&p->y));
+  RD_CUDNN(cudnnCreateFilterDescriptor(&p->w));
+  RD_CUDNN(cudnnCreateConvolutionDescriptor(&p->conv));
+  RD_CUDNN(cudnnSetTensor4dDescriptor(p->x, fmt, dt, narrow(x.n, "batch"), narrow(x.c, "channels"),
+                                      narrow(x.h, "height"), narrow(x.w, "width")));
+  RD_CUDNN(cudnnSetTensor4dDescriptor(p->y, fmt, dt, narrow(x.n, "batch"),
+                                      narrow(w.shape[0], "channels"), narrow(p->yh, "height"),
+                                      narrow(p->yw, "width")));
+  // Staged weights are OHWI next to NHWC activations (see stage_conv_weight).
+  const cudnnTensorFormat_t wfmt = stages_weights() && x.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  RD_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, wfmt, narrow(w.shape[0], "out channels"),
+                                      narrow(x.c, "in channels"), g.kernel, g.kernel));
+  RD_CUDNN(cudnnSetConvolution2dDescriptor(p->conv, g.pad, g.pad, g.stride, g.stride, 1, 1,
+                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  RD_CUDNN(cudnnSetConvolutionMathType(p->conv, wanted_conv_math()));
+  auto& ref = *p;
+  plans_.emplace(key, std::move(p));
+  return ref;
+}
+
+// FP32 must never fall back to TF32 even if cuDNN reports a tensor-op variant
+// as fastest (PyTorch does the same when allow_tf32 is off).
+#define RD_CONV_MATH(perf_math) (precision_ == Precision::FP32 ? CUDNN_FMA_MATH : (perf_math))
+
+bool CudaBackend::stages_weights() const {
+  return layout_ == Layout::NHWC || act_dtype_ != DType::F32;
+}
+
+const void* CudaBackend::staged_weight(const Tensor& w, const char* op) {
+  if (!stages_weights()) return w.data;
+  auto& slot = staged_weights_[w.data];
+  if (!slot) slot = std::make_unique<Scratch>();
+  void* dst = slot->get(static_cast<size_t>(w.numel()) * dtype_size(act_dtype_), "staged conv weight");
+  // Re-staged on every call: the optimizer may have changed the weights.
+  kern::stage_conv_weight(w.f32(), w.shape[0], w.shape[1], w.shape[2], w.shape[3],
+                          layout_ == Layout::NHWC, act_dtype_, dst, compute_);
+  return dst;
+}
+
+void* CudaBackend::workspace(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  return workspace_.get(bytes, "cuDNN convolution workspace");
+}
+
+// ---- construction -----------------------------------------------------------------------
+
+CudaBackend::CudaBackend(const BackendOptions& opts)
+    : device_(opts.device_index), precision_(opts.precision), layout_(opts.layout) {
+  const int count = cuda_device_count();
+  if (count == 0) {
+    int dummy = 0;
+    const cudaError_t e = cudaGetDeviceCount(&dummy);
+    cudaGetLastError();
+    throw Error(std::string("CUDA backend: no CUDA device visible (cudaGetDeviceCount: ") +
+                cudaGetErrorString(e) + ")");
+  }
+  if (device_ < 0 || device_ >= count)
+    throw UsageError("CUDA backend: device index " + std::to_string(device_) + " out of range (" +
+                     std::to_string(count) + " devices visible)");
+  if (layout_ != Layout::NHWC && layout_ != Layout::NCHW)
+    throw UsageError(std::string("CUDA backend: layout ") + layout_name(layout_) +
+                     " is not supported (use NHWC or NCHW)");
+  RD_CUDA(cudaSetDevice(device_));
+  RD_CUDA(cudaGetDeviceProperties(&props_, device_));
+  if (precision_ == Precision::BF16 && props_.major < 8)
+    throw UsageError(std::string("CUDA backend: bf16 needs compute capability 8.0+, ") + props_.name +
+                     " is " + std::to_string(props_.major) + "." + std::to_string(props_.minor) +
+                     " (use fp16)");
+  act_dtype_ = precision_ == Precision::FP16   ? DType::F16
+               : precision_ == Precision::BF16 ? DType::BF16
+                                               : DType::F32;
+  RD_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  RD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  RD_CUDA(cudaEventCreateWithFlags(&images_ready_, cudaEventDisableTiming));
+  RD_CUDA(cudaEventCreateWithFlags(&images_consumed_, cudaEventDisableTiming));
+  RD_CUDNN(cudnnCreate(&cudnn_));
+  RD_CUDNN(cudnnSetStream(cudnn_, compute_));
+  RD_CUBLAS(cublasCreate(&cublas_));
+  RD_CUBLAS(cublasSetStream(cublas_, compute_));
+  RD_CUBLAS(cublasSetMathMode(cublas_, precision_ == Precision::FP32 ? CUBLAS_DEFAULT_MATH
+                                                                     : CUBLAS_TF32_TENSOR_OP_MATH));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(copy_);
+  plans_.clear();
+  if (cublas_) cublasDestroy(cublas_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (images_ready_) cudaEventDestroy(images_ready_);
+  if (images_consumed_) cudaEventDestroy(images_consumed_);
+  // Scratch members free themselves afterwards; they need no stream.
+  if (copy_) cudaStreamDestroy(copy_);
+  if (compute_) cudaStreamDestroy(compute_);
+}
+
+std::string CudaBackend::name() const {
+  const size_t v = cudnnGetVersion();
+  std::ostringstream os;
+  os << "cuda (" << props_.name << ", cc " << props_.major << "." << props_.minor << ", cuDNN "
+     << v / 10000 << "." << (v % 10000) / 100 << "." << v % 100 << ", " << precision_name(precision_)
+     << ", " << layout_name(layout_) << ")";
+  return os.str();
+}
+
+// ---- argument checks ----------------------------------------------------------------------
+
+kern::ActDesc CudaBackend::act(const Tensor& t, const char* op, const char* role) const {
+  RD_CHECK(t.device == DeviceKind::CUDA && t.shape.rank == 4 && t.layout == layout_ &&
+               t.dtype == act_dtype_ && (t.data || t.numel() == 0),
+           op << ": " << role << " must be a " << dtype_name(act_dtype_) << " " << layout_name(layout_)
+              << " CUDA activation, got " << t.describe());
+  kern::ActDesc d;
+  d.n = t.shape[0], d.c = t.shape[1], d.h = t.shape[2], d.w = t.shape[3];
+  d.nhwc = layout_ == Layout::NHWC;
+  d.dtype = act_dtype_;
+  return d;
+}
+
+void CudaBackend::check_matrix(const Tensor& t, int64_t rows, int64_t cols, const char* op,
+                               const char* role) const {
+  RD_CHECK(t.device == DeviceKind::CUDA && t.dtype == DType::F32 && t.shape.rank == 2 &&
+               (t.data || t.numel() == 0),
+           op << ": " << role << " must be a f32 CUDA matrix, got " << t.describe());
+  RD_CHECK((rows < 0 || t.shape[0] == rows) && (cols < 0 || t.shape[1] == cols),
+           op << ": " << role << " is " << t.shape.str() << ", expected [" << rows << ", " << cols
+              << "]");
+}
+
+namespace {
+bool same_dims(const kern::ActDesc& a, const kern::ActDesc& b) {
+  return a.n == b.n && a.c == b.c && a.h == b.h && a.w == b.w;
+}
+std::string dims(const kern::ActDesc& a) {
+  std::ostringstream os;
+  os << "[" << a.n << ", " << a.c << ", " << a.h << ", " << a.w << "]";
+  return os.str();
+}
+}  // namespace
+
+// ---- memory ---------------------------------------------------------------------------------
+
+std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
+  const size_t want = std::max<size_t>(bytes, 256);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, want);
+  if (e == cudaErrorMemoryAllocation) fail_oom(want, "a tensor", __FILE__, __LINE__);
+  if (e != cudaSuccess) fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
+  RD_CUDA(cudaMemsetAsync(p, 0, want, compute_));
+  // cudaFree waits for the device, so memory still used by queued work is safe.
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  RD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
+  // Pageable sources are staged before cudaMemcpyAsync returns, but a pinned
+  // source would be read later: wait so the caller may reuse `src` at once.
+  RD_CUDA(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  RD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::fill(float* dst, float value, size_t count) { kern::fill_f32(dst, value, count, compute_); }
+
+void CudaBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
+  const kern::ActDesc d = act(dst, "copy_from_host_nchw", "destination");
+  const size_t bytes = static_cast<size_t>(d.count()) * sizeof(float);
+  if (!d.nhwc && d.dtype == DType::F32) return copy_from_host(dst.data, src, bytes);
+  float* tmp = nchw_scratch_.as<float>(static_cast<size_t>(d.count()), "NCHW staging");
+  RD_CUDA(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyHostToDevice, compute_));
+  kern::nchw_f32_to_act(tmp, d, dst.data, compute_);
+  RD_CUDA(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
+  const kern::ActDesc d = act(src, "copy_to_host_nchw", "source");
+  const size_t bytes = static_cast<size_t>(d.count()) * sizeof(float);
+  if (!d.nhwc && d.dtype == DType::F32) return copy_to_host(dst, src.data, bytes);
+  float* tmp = nchw_scratch_.as<float>(static_cast<size_t>(d.count()), "NCHW staging");
+  kern::act_to_nchw_f32(d, src.data, tmp, compute_);
+  copy_to_host(dst, tmp, bytes);
+}
+
+void CudaBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,
+                                          const float* std) {
+  const kern::ActDesc d = act(dst, "images_u8_to_activation", "destination");
+  RD_CHECK(d.c == 3, "images_u8_to_activation: destination must have 3 channels, got " << dst.describe());
+  if (std)
+    for (int c = 0; c < 3; ++c)
+      RD_CHECK(std[c] != 0.f && std::isfinite(std[c]),
+               "images_u8_to_activation: std[" << c << "] = " << std[c] << " (must be finite, non-zero)");
+  const float zero[3] = {0.f, 0.f, 0.f}, one[3] = {1.f, 1.f, 1.f};
+  const size_t bytes = static_cast<size_t>(d.count());
+  if (!bytes) return;
+  // The previous batch's copy must be done reading the pinned buffer, and its
+  // conversion done reading the device buffer, before either is reused.
+  RD_CUDA(cudaEventSynchronize(images_ready_));
+  void* dev = images_device_.get(bytes, "uint8 image batch");
+  void* pinned = images_pinned_.get(bytes, "pinned uint8 image batch");
+  std::memcpy(pinned, src, bytes);
+  RD_CUDA(cudaStreamWaitEvent(copy_, images_consumed_, 0));
+  RD_CUDA(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, copy_));
+  RD_CUDA(cudaEventRecord(images_ready_, copy_));
+  RD_CUDA(cudaStreamWaitEvent(compute_, images_ready_, 0));
+  kern::images_u8_to_act(static_cast<const uint8_t*>(dev), d, dst.data, mean ? mean : zero,
+                         std ? std : one, compute_);
+  RD_CUDA(cudaEventRecord(images_consumed_, compute_));
+}
+
+void CudaBackend::synchronize() {
+  RD_CUDA(cudaStreamSynchronize(copy_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+}
+
+// ---- convolution -------------------------------------------------------------------------------
+
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) {
+  const kern::ActDesc xd = act(x, "conv2d_forward", "x"), yd = act(y, "conv2d_forward", "y");
+  ConvPlan& p = plan(xd, w, g, "conv2d_forward");
+  RD_CHECK(yd.n == xd.n && yd.c == w.shape[0] && yd.h == p.yh && yd.w == p.yw,
+           "conv2d_forward: y is " << dims(yd) << ", expected [" << xd.n << ", " << w.shape[0] << ", "
+                                   << p.yh << ", " << p.yw << "]");
+  if (!p.have_fwd) {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    int n = 0;
+    RD_CUDNN(cudnnFindConvolutionForwardAlgorithm(cudnn_, p.x, p.w, p.conv, p.y,
+                                                  static_cast<int>(perf.size()), &n, perf.data()));
+    const auto* best = pick(perf.data(), n, find_workspace_limit());
+    RD_CHECK(best, "conv2d_forward: cuDNN found no algorithm for input " << dims(xd) << " weight "
+                                                                          << w.shape.str());
+    p.fwd = best->algo, p.fwd_math = RD_CONV_MATH(best->mathType), p.fwd_ws = best->memory;
+    p.have_fwd = true;
+  }
+  const void* wp = staged_weight(w, "conv2d_forward");
+  void* ws = workspace(p.fwd_ws);
+  const float alpha = 1.f, beta = 0.f;
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
+  RD_CUDNN(cudnnConvolutionForward(cudnn_, &alpha, p.x, x.data, p.w, wp, p.conv, p.fwd, ws, p.fwd_ws,
+                                   &beta, p.y, y.data));
+}
+
+void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                       const ConvGeometry& g) {
+  const kern::ActDesc dyd = act(dy, "conv2d_backward_data", "dy");
+  const kern::ActDesc dxd = act(dx, "conv2d_backward_data", "dx");
+  ConvPlan& p = plan(dxd, w, g, "conv2d_backward_data");
+  RD_CHECK(dyd.n == dxd.n && dyd.c == w.shape[0] && dyd.h == p.yh && dyd.w == p.yw,
+           "conv2d_backward_data: dy is " << dims(dyd) << ", expected [" << dxd.n << ", "
+                                          << w.shape[0] << ", " << p.yh << ", " << p.yw << "]");
+  if (!p.have_bwd_data) {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    int n = 0;
+    RD_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(cudnn_, p.w, p.y, p.conv, p.x,
+                                                       static_cast<int>(perf.size()), &n, perf.data()));
+    const auto* best = pick(perf.data(), n, find_workspace_limit());
+    RD_CHECK(best, "conv2d_backward_data: cuDNN found no algorithm for dx " << dims(dxd) << " weight "
+                                                                           << w.shape.str());
+    p.bwd_data = best->algo, p.bwd_data_math = RD_CONV_MATH(best->mathType);
+    p.bwd_data_ws = best->memory, p.have_bwd_data = true;
+  }
+  const void* wp = staged_weight(w, "conv2d_backward_data");
+  void* ws = workspace(p.bwd_data_ws);
+  const float alpha = 1.f, beta = 0.f;
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
+  RD_CUDNN(cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, wp, p.y, dy.data, p.conv, p.bwd_data, ws,
+                                        p.bwd_data_ws, &beta, p.x, dx.data));
+}
+
+void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+                                          const ConvGeometry& g, bool accumulate) {
+  const kern::ActDesc xd = act(x, "conv2d_backward_weights", "x");
+  const kern::ActDesc dyd = act(dy, "conv2d_backward_weights", "dy");
+  ConvPlan& p = plan(xd, dw, g, "conv2d_backward_weights");
+  RD_CHECK(dyd.n == xd.n && dyd.c == dw.shape[0] && dyd.h == p.yh && dyd.w == p.yw,
+           "conv2d_backward_weights: dy is " << dims(dyd) << ", expected [" << xd.n << ", "
+                                             << dw.shape[0] << ", " << p.yh << ", " << p.yw << "]");
+  if (!p.have_bwd_filter) {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    int n = 0;
+    RD_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(cudnn_, p.x, p.y, p.conv, p.w,
+                                                         static_cast<int>(perf.size()), &n, perf.data()));
+    const auto* best = pick(perf.data(), n, find_workspace_limit());
+    RD_CHECK(best, "conv2d_backward_weights: cuDNN found no algorithm for x " << dims(xd)
+                                                                              << " dw " << dw.shape.str());
+    p.bwd_filter = best->algo, p.bwd_filter_math = RD_CONV_MATH(best->mathType);
+    p.bwd_filter_ws = best->memory, p.have_bwd_filter = true;
+  }
+  void* ws = workspace(p.bwd_filter_ws);
+  const float alpha = 1.f;
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
+  if (!stages_weights()) {
+    const float beta = accumulate ? 1.f : 0.f;
+    RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv,
+                                            p.bwd_filter, ws, p.bwd_filter_ws, &beta, p.w, dw.data));
+    return;
+  }
+  // Gradient in the staged layout/type first, then back to the f32 OIHW arena.
+  void* tmp = staged_grad_.get(static_cast<size_t>(dw.numel()) * dtype_size(act_dtype_),
+                               "staged conv weight gradient");
+  const float beta = 0.f;
+  RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv,
+                                          p.bwd_filter, ws, p.bwd_filter_ws, &beta, p.w, tmp));
+  kern::unstage_conv_weight_grad(tmp, dw.shape[0], dw.shape[1], dw.shape[2], dw.shape[3],
+                                 layout_ == Layout::NHWC, act_dtype_, dw.f32(), accumulate, compute_);
+}
+
+// ---- batch norm ----------------------------------------------------------------------------------
+
+void CudaBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
+                                          float* running_mean, float* running_var, float momentum,
+                                          float eps, bool relu, Tensor& y, BatchNormSaved& saved,
+                                          ChannelReducer* sync) {
+  const kern::ActDesc xd = act(x, "batchnorm_forward_train", "x");
+  const kern::ActDesc yd = act(y, "batchnorm_forward_train", "y");
+  RD_CHECK(same_dims(xd, yd), "batchnorm_forward_train: x " << dims(xd) << " vs y " << dims(yd));
+  RD_CHECK(saved.mean && saved.invstd, "batchnorm_forward_train: saved.mean/invstd not allocated");
+  RD_CHECK(eps > 0.f, "batchnorm_forward_train: eps must be > 0, got " << eps);
+  const size_t C = static_cast<size_t>(xd.c);
+  const double count = static_cast<double>(xd.n * xd.h * xd.w);
+  double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
+  float* ss = bn_scale_shift_.as<float>(2 * C, "batch-norm scale/shift");
+  kern::bn_sums_forward(xd, x.data, sums, compute_);
+  const float* packed = nullptr;
+  if (sync) {
+    float* buf = bn_packed_.as<float>(2 * C + 1, "SyncBatchNorm buffer");
+    kern::bn_pack_sums(sums, xd.c, count, buf, compute_);
+    sync->allreduce_sum(buf, 2 * C + 1);  // comm stream ordered after compute by the reducer's Comm
+    packed = buf;
+    float global_count = 0.f;
+    copy_to_host(&global_count, buf + 2 * C, sizeof(float));
+    saved.count = global_count;
+  } else {
+    saved.count = count;
+  }
+  kern::bn_finalize_forward(xd.c, sums, count, packed, gamma, beta, running_mean, running_var, momentum,
+                            eps, saved.mean, saved.invstd, ss, compute_);
+  kern::bn_apply(xd, x.data, ss, relu, y.data, compute_);
+}
+
+void CudaBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
+                                         const float* running_mean, const float* running_var,
+                                         float eps, bool relu, Tensor& y) {
+  const kern::ActDesc xd = act(x, "batchnorm_forward_eval", "x");
+  const kern::ActDesc yd = act(y, "batchnorm_forward_eval", "y");
+  RD_CHECK(same_dims(xd, yd), "batchnorm_forward_eval: x " << dims(xd) << " vs y " << dims(yd));
+  RD_CHECK(running_mean && running_var, "batchnorm_forward_eval: running statistics missing");
+  float* ss = bn_scale_shift_.as<float>(2 * static_cast<size_t>(xd.c), "batch-norm scale/shift");
+  kern::bn_scale_shift_eval(xd.c, gamma, beta, running_mean, running_var, eps, ss, compute_);
+  kern::bn_apply(xd, x.data, ss, relu, y.data, compute_);
+}
+
+void CudaBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                     const float* gamma, const BatchNormSaved& saved, bool relu,
+                                     Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
+                                     ChannelReducer* sync) {
+  const kern::ActDesc xd = act(x, "batchnorm_backward", "x");
+  const kern::ActDesc dyd = act(dy, "batchnorm_backward", "dy");
+  const kern::ActDesc dxd = act(dx, "batchnorm_backward", "dx");
+  RD_CHECK(same_dims(xd, dyd) && same_dims(xd, dxd),
+           "batchnorm_backward: x " << dims(xd) << ", dy " << dims(dyd) << ", dx " << dims(dxd)
+                                    << " must match");
+  if (relu) {
+    const kern::ActDesc yd = act(y, "batchnorm_backward", "y");
+    RD_CHECK(same_dims(xd, yd), "batchnorm_backward: y " << dims(yd) << " vs x " << dims(xd));
+  }
+  RD_CHECK(saved.mean && saved.invstd, "batchnorm_backward: saved statistics missing (forward_train first)");
+  const size_t C = static_cast<size_t>(xd.c);
+  const double count = static_cast<double>(xd.n * xd.h * xd.w);
+  double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
+  float* means = bn_means_.as<float>(2 * C, "batch-norm gradient means");
+  kern::bn_sums_backward(xd, x.data, relu ? y.data : nullptr, dy.data, relu, saved.mean, saved.invstd,
+                         sums, compute_);
+  // dgamma/dbeta from this rank's batch (DDP averages them like any gradient).
+  kern::bn_param_grads(xd.c, sums, dgamma, dbeta, accumulate, compute_);
+  const float* packed = nullptr;
+  if (sync) {
+    float* buf = bn_packed_.as<float>(2 * C + 1, "SyncBatchNorm buffer");
+    kern::bn_pack_sums(sums, xd.c, count, buf, compute_);
+    sync->allreduce_sum(buf, 2 * C + 1);
+    packed = buf;
+  }
+  kern::bn_finalize_backward(xd.c, sums, count, packed, means, compute_);
+  kern::bn_backward_dx(xd, x.data, relu ? y.data : nullptr, dy.data, relu, gamma, saved.mean,
+                       saved.invstd, means, dx.data, compute_);
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------
+
+void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {
+  const auto xd = act(x, "relu_forward", "x"), yd = act(y, "relu_forward", "y");
+  RD_CHECK(same_dims(xd, yd), "relu_forward: x " << dims(xd) << " vs y " << dims(yd));
+  kern::relu_forward(act_dtype_, x.data, y.data, static_cast<size_t>(xd.count()), compute_);
+}
+
+void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const auto yd = act(y, "relu_backward", "y"), dyd = act(dy, "relu_backward", "dy");
+  const auto dxd = act(dx, "relu_backward", "dx");
+  RD_CHECK(same_dims(yd, dyd) && same_dims(yd, dxd), "relu_backward: shapes differ");
+  kern::relu_backward(act_dtype_, y.data, dy.data, dx.data, static_cast<size_t>(yd.count()), compute_);
+}
+
+void CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
+  const auto ad = act(a, "add_forward", "a"), bd = act(b, "add_forward", "b");
+  const auto yd = act(y, "add_forward", "y");
+  RD_CHECK(same_dims(ad, bd) && same_dims(ad, yd),
+           "add_forward: a " << dims(ad) << ", b " << dims(bd) << ", y " << dims(yd) << " must match");
+  kern::add_forward(act_dtype_, a.data, b.data, y.data, static_cast<size_t>(ad.count()), relu, compute_);
+}
+
+void CudaBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
+  const auto dyd = act(dy, "add_backward", "dy"), dsd = act(dsum, "add_backward", "dsum");
+  RD_CHECK(same_dims(dyd, dsd), "add_backward: dy " << dims(dyd) << " vs dsum " << dims(dsd));
+  if (relu) {
+    const auto yd = act(y, "add_backward", "y");
+    RD_CHECK(same_dims(yd, dyd), "add_backward: y " << dims(yd) << " vs dy " << dims(dyd));
+    kern::relu_backward(act_dtype_, y.data, dy.data, dsum.data, static_cast<size_t>(dyd.count()), compute_);
+  } else if (dsum.data != dy.data) {
+    RD_CUDA(cudaMemcpyAsync(dsum.data, dy.data, dy.nbytes(), cudaMemcpyDeviceToDevice, compute_));
+  }
+}
+
+void CudaBackend::accumulate(const Tensor& src, Tensor& dst) {
+  RD_CHECK(src.device == DeviceKind::CUDA && dst.device == DeviceKind::CUDA && src.shape == dst.shape &&
+               src.layout == dst.layout && src.dtype == dst.dtype,
+           "accumulate: src " << src.describe() << " and dst " << dst.describe() << " must match");
+  kern::accumulate(src.dtype, src.data, dst.data, static_cast<size_t>(src.storage_elems()), compute_);
+}
+
+// ---- pooling --------------------------------------------------------------------------------------
+
+size_t CudaBackend::maxpool_workspace_bytes(const Tensor& y) {
+  return static_cast<size_t>(y.numel()) * sizeof(int32_t);
+}
+
+void CudaBackend::maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                                  void* workspace) {
+  const auto xd = act(x, "maxpool_forward", "x"), yd = act(y, "maxpool_forward", "y");
+  RD_CHECK(kernel > 0 && stride > 0 && pad >= 0 && 2 * pad <= kernel,
+           "maxpool_forward: bad kernel " << kernel << " stride " << stride << " pad " << pad);
+  RD_CHECK(yd.n == xd.n && yd.c == xd.c && yd.h == conv_out_size(xd.h, kernel, stride, pad) &&
+               yd.w == conv_out_size(xd.w, kernel, stride, pad),
+           "maxpool_forward: y " << dims(yd) << " does not match x " << dims(xd));
+  RD_CHECK(workspace, "maxpool_forward: workspace missing (maxpool_workspace_bytes)");
+  kern::maxpool_forward(xd, x.data, yd, y.data, kernel, stride, pad, static_cast<int32_t*>(workspace),
+                        compute_);
+}
+
+void CudaBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                                   const void* workspace) {
+  const auto dyd = act(dy, "maxpool_backward", "dy"), dxd = act(dx, "maxpool_backward", "dx");
+  RD_CHECK(dyd.n == dxd.n && dyd.c == dxd.c && dyd.h == conv_out_size(dxd.h, kernel, stride, pad) &&
+               dyd.w == conv_out_size(dxd.w, kernel, stride, pad),
+           "maxpool_backward: dy " << dims(dyd) << " does not match dx " << dims(dxd));
+  RD_CHECK(workspace, "maxpool_backward: workspace missing");
+  kern::maxpool_backward(dyd, dy.data, dxd, dx.data, kernel, stride, pad,
+                         static_cast<const int32_t*>(workspace), compute_);
+}
+
+void CudaBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+  const auto xd = act(x, "global_avgpool_forward", "x");
+  check_matrix(y, xd.n, xd.c, "global_avgpool_forward", "y");
+  kern::global_avgpool_forward(xd, x.data, y.f32(), compute_);
+}
+
+void CudaBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+  const auto dxd = act(dx, "global_avgpool_backward", "dx");
+  check_matrix(dy, dxd.n, dxd.c, "global_avgpool_backward", "dy");
+  kern::global_avgpool_backward(dy.f32(), dxd, dx.data, compute_);
+}
+
+// ---- linear (cuBLAS is column-major: a RowMajor (r, c) matrix is its (c, r) transpose) -------------
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
+  check_matrix(w, -1, -1, "linear_forward", "w");
+  const int64_t out = w.shape[0], in = w.shape[1];
+  check_matrix(x, -1, in, "linear_forward", "x");
+  const int64_t n = x.shape[0];
+  check_matrix(y, n, out, "linear_forward", "y");
+  if (n == 0 || out == 0) return;
+  const float alpha = 1.f, beta = 0.f;
+  // y^T (out x n) = W (out x in) * x^T (in x n)
+  RD_CUBLAS(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, narrow(out, "out"), narrow(n, "batch"),
+                        narrow(in, "in"), &alpha, w.f32(), narrow(in, "in"), x.f32(), narrow(in, "in"),
+                        &beta, y.f32(), narrow(out, "out")));
+  kern::add_bias_rows(y.f32(), b, n, out, compute_);
+}
+
+void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                                  Tensor& dw, float* db, bool accumulate) {
+  check_matrix(w, -1, -1, "linear_backward", "w");
+  const int64_t out = w.shape[0], in = w.shape[1];
+  check_matrix(x, -1, in, "linear_backward", "x");
+  const int64_t n = x.shape[0];
+  check_matrix(dy, n, out, "linear_backward", "dy");
+  check_matrix(dw, out, in, "linear_backward", "dw");
+  const float one = 1.f, zero = 0.f, acc = accumulate ? 1.f : 0.f;
+  if (dx) {
+    check_matrix(*dx, n, in, "linear_backward", "dx");
+    // dx^T (in x n) = W^T (in x out) * dy^T (out x n)
+    if (n && in)
+      RD_CUBLAS(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, narrow(in, "in"), narrow(n, "batch"),
+                            narrow(out, "out"), &one, w.f32(), narrow(in, "in"), dy.f32(),
+                            narrow(out, "out"), &zero, dx->f32(), narrow(in, "in")));
+  }
+  // dW^T (in x out) = x^T (in x n) * dy (n x out)
+  if (in && out)
+    RD_CUBLAS(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, narrow(in, "in"), narrow(out, "out"),
+                          narrow(n, "batch"), &one, x.f32(), narrow(in, "in"), dy.f32(),
+                          narrow(out, "out"), &acc, dw.f32(), narrow(in, "in")));
+  if (db) kern::column_sums(dy.f32(), n, out, db, accumulate, compute_);
+}
+
+// ---- loss ---------------------------------------------------------------------------------------------
+
+double CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+                                 float grad_scale, Tensor* dlogits, int32_t* predictions) {
+  check_matrix(logits, -1, -1, "softmax_xent", "logits");
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  RD_CHECK(k > 0, "softmax_xent: logits have no classes");
+  RD_CHECK(smoothing >= 0.f && smoothing <= 1.f, "softmax_xent: smoothing " << smoothing << " not in [0, 1]");
+  for (int64_t i = 0; i < n; ++i)
+    RD_CHECK(labels[i] >= 0 && labels[i] < k,
+             "softmax_xent: label " << labels[i] << " of row " << i << " is outside [0, " << k << ")");
+  if (dlogits) check_matrix(*dlogits, n, k, "softmax_xent", "dlogits");
+  if (n == 0) return 0.0;
+  const size_t N = static_cast<size_t>(n);
+  int32_t* lab = labels_device_.as<int32_t>(N, "labels");
+  float* loss = row_loss_device_.as<float>(N, "row losses");
+  int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");
+  auto* host = static_cast<unsigned char*>(loss_host_.get(N * 12, "pinned loss results"));
+  std::memcpy(host, labels, N * 4);
+  RD_CUDA(cudaMemcpyAsync(lab, host, N * 4, cudaMemcpyHostToDevice, compute_));
+  kern::softmax_xent(logits.f32(), lab, n, k, smoothing, grad_scale / static_cast<float>(n),
+                     dlogits ? dlogits->f32() : nullptr, loss, amax, compute_);
+  RD_CUDA(cudaMemcpyAsync(host + N * 4, loss, N * 4, cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaMemcpyAsync(host + N * 8, amax, N * 4, cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+  const float* row = reinterpret_cast<const float*>(host + N * 4);
+  double total = 0.0;
+  for (size_t i = 0; i < N; ++i) total += row[i];
+  if (predictions) std::memcpy(predictions, host + N * 8, N * 4);
+  return total;
+}
+
+int64_t CudaBackend::count_correct(const Tensor& logits, const int32_t* labels) {
+  check_matrix(logits, -1, -1, "count_correct", "logits");
+  const size_t N = static_cast<size_t>(logits.shape[0]);
+  if (!N) return 0;
+  int32_t* lab = labels_device_.as<int32_t>(N, "labels");
+  int* flag = flag_device_.as<int>(1, "correct counter");
+  auto* host = static_cast<int32_t*>(loss_host_.get(N * 12, "pinned loss results"));
+  std::memcpy(host, labels, N * 4);
+  RD_CUDA(cudaMemcpyAsync(lab, host, N * 4, cudaMemcpyHostToDevice, compute_));
+  RD_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), compute_));
+  kern::count_correct(logits.f32(), lab, logits.shape[0], logits.shape[1], flag, compute_);
+  int* out = flag_host_.as<int>(1, "pinned counter");
+  RD_CUDA(cudaMemcpyAsync(out, flag, sizeof(int), cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+  return *out;
+}
+
+// ---- optimizers ------------------------------------------------------------------------------------------
+
+void CudaBackend::adam_step(float* params, const float* grads, float* m, float* v, size_t count, float lr,
+                            float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  RD_CHECK(step >= 1, "adam_step: step must be >= 1, got " << step);
+  math::AdamHyper h{};
+  h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.weight_decay = weight_decay;
+  h.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
+  h.bias_correction2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step))));
+  kern::adam_step(params, grads, m, v, count, h, compute_);
+}
+
+void CudaBackend::sgd_step(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
+                           float momentum, float dampening, float weight_decay, bool nesterov,
+                           bool first_step) {
+  RD_CHECK(momentum == 0.f || momentum_buf, "sgd_step: momentum " << momentum << " needs a buffer");
+  math::SgdHyper h{};
+  h.lr = lr, h.momentum = momentum, h.dampening = dampening, h.weight_decay = weight_decay;
+  h.nesterov = nesterov, h.first_step = first_step;
+  kern::sgd_step(params, grads, momentum_buf, count, h, compute_);
+}
+
+void CudaBackend::scale(float* data, float factor, size_t count) { kern::scale_f32(data, factor, count, compute_); }
+
+bool CudaBackend::unscale_and_check(float* data, float factor, size_t count) {
+  int* flag = flag_device_.as<int>(1, "non-finite flag");
+  RD_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), compute_));
+  kern::scale_and_check(data, factor, count, flag, compute_);
+  int* out = flag_host_.as<int>(1, "pinned flag");
+  RD_CUDA(cudaMemcpyAsync(out, flag, sizeof(int), cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+  return *out == 0;
+}
+
+bool CudaBackend::all_finite(const float* data, size_t count) {
+  return unscale_and_check(const_cast<float*>(data), 1.f, count);  // factor 1: read only
+}
+
+}  // namespace rd::cuda
+
+// ---- factory and discovery ------------------------------------------------------------------------------
+
+namespace rd {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // "no driver" / "insufficient driver": no GPU here
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_backend_available() { return cuda_device_count() > 0; }
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) {
+  return std::make_unique<cuda::CudaBackend>(opts);
+}
+
+}  // namespace rd
