@@ -24,7 +24,8 @@ rd_log() { printf '[%s %s] %s\n' "$RD_SLURM_CASE" "$(date +%T)" "$*" >&2; }
 rd_fail() { rd_log "FAIL: $*"; exit 1; }
 rd_skip() { echo "SKIP ($RD_SLURM_CASE): $*"; exit 77; }
 
-# The repository root (this file lives in tests/slurm/).
+# The repository root (this file lives in tests/slurm/); cases use it.
+export RD_REPO
 RD_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 rd_slurm_check_prereqs() {
