@@ -248,6 +248,10 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
   struct stat st{};
   if (::stat(path.c_str(), &st) != 0)
     throw UsageError("--data " + path + ": does not exist");
+  const auto dot = path.find_last_of('.');
+  const std::string ext = dot == std::string::npos ? "" : path.substr(dot);
+  if (!S_ISDIR(st.st_mode) && (ext == ".h5" || ext == ".hdf5"))
+    throw UsageError("--data " + path + ": not an HDF5 file (bad signature; truncated, or not written by `resnet_ddp pack`)");
   if (!S_ISDIR(st.st_mode))
     throw UsageError("--data " + path + ": neither an ImageFolder directory nor an HDF5 file (.h5)");
   FolderScan scan = scan_folder_split(path, split, opts);
@@ -256,14 +260,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
 }
 
 bool has_split(const std::string& path, Split split) {
-  if (is_hdf5_file(path)) {
-    try {
-      open_packed_dataset(path, split);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  }
+  if (is_hdf5_file(path)) return packed_has_split(path, split);
   return is_directory(path + "/" + split_name(split));
 }
 

@@ -41,6 +41,8 @@ struct FolderScan {
   size_t ignored = 0;  // unknown extensions
 };
 
+bool packed_has_split(const std::string& path, Split split);
+
 // Scans DIR/<split>/<class>/... with the checks described in dataset.h.
 FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts);
 

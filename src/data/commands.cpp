@@ -1,0 +1,315 @@
+// `resnet_ddp synth` and `resnet_ddp pack`: flag parsing and the synthetic
+// dataset generator.
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_STATIC
+#include <stb/stb_image_write.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "data/internal.h"
+#include "resnet_ddp/data/commands.h"
+#include "resnet_ddp/data/pack.h"
+#include "resnet_ddp/data/transforms.h"
+#include "resnet_ddp/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::data {
+
+namespace {
+
+// Minimal "--flag value" / "--flag=value" parser; every error names the flag.
+class Flags {
+ public:
+  Flags(const char* command, int argc, char** argv) : command_(command) {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        help_ = true;
+        continue;
+      }
+      if (a.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + a + "' (see --help)");
+      const auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        values_[a.substr(0, eq)] = a.substr(eq + 1);
+      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        values_[a] = argv[++i];
+      } else {
+        values_[a] = "";  // boolean flag
+      }
+    }
+  }
+  bool help() const { return help_; }
+  void allow(std::initializer_list<const char*> known) const {
+    for (const auto& [k, v] : values_) {
+      bool ok = false;
+      for (const char* n : known) ok |= k == n;
+      if (!ok) throw UsageError(std::string(k) + ": unknown flag for `resnet_ddp " + command_ + "` (see --help)");
+    }
+  }
+  bool has(const std::string& f) const { return values_.count(f) != 0; }
+  std::string str(const std::string& f, const std::string& def) const {
+    auto it = values_.find(f);
+    if (it == values_.end()) return def;
+    if (it->second.empty()) throw UsageError(f + ": needs a value");
+    return it->second;
+  }
+  long integer(const std::string& f, long def, long lo, long hi) const {
+    if (!has(f)) return def;
+    const std::string s = str(f, "");
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (errno || !end || *end || s.empty() || v < lo || v > hi)
+      throw UsageError(f + " " + s + ": expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+    return v;
+  }
+  bool boolean(const std::string& f) const {
+    auto it = values_.find(f);
+    if (it == values_.end()) return false;
+    if (!it->second.empty()) throw UsageError(f + " takes no value (got '" + it->second + "')");
+    return true;
+  }
+
+ private:
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  bool help_ = false;
+};
+
+int run_command(const char* name, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::cerr << "resnet_ddp " << name << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "resnet_ddp " << name << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+// ---- synthetic images ---------------------------------------------------------------
+
+enum class Shape { Disk, Square, Triangle, Ring, Cross, Ell };
+constexpr int kShapes = 6;
+
+bool inside(Shape s, double u, double v) {
+  const double r2 = u * u + v * v;
+  switch (s) {
+    case Shape::Disk: return r2 <= 1.0;
+    case Shape::Square: return std::fabs(u) <= 0.75 && std::fabs(v) <= 0.75;
+    case Shape::Triangle: return v >= -0.5 && v <= 1.0 - 1.7320508 * std::fabs(u);
+    case Shape::Ring: return r2 <= 1.0 && r2 >= 0.45;
+    case Shape::Cross:
+      return (std::fabs(u) <= 0.28 && std::fabs(v) <= 1.0) || (std::fabs(v) <= 0.28 && std::fabs(u) <= 1.0);
+    case Shape::Ell:
+      return (u >= -0.8 && u <= -0.3 && std::fabs(v) <= 0.8) || (v >= 0.3 && v <= 0.8 && std::fabs(u) <= 0.8);
+  }
+  return false;
+}
+
+// Class k: shape k % 6 drawn (k / 6 + 1) times, at random place, size, rotation and
+// colour, over a noisy two-colour gradient with random clutter strokes. Colours and
+// positions carry no class information; only the shape (and count) does.
+void render(int klass, int w, int h, SampleRng& rng, std::vector<uint8_t>& px) {
+  px.resize(static_cast<size_t>(w) * h * 3);
+  double c0[3], c1[3];
+  for (int c = 0; c < 3; ++c) {
+    c0[c] = rng.uniform() * 255.0;
+    c1[c] = rng.uniform() * 255.0;
+  }
+  const double gangle = rng.uniform() * 6.283185307;
+  const double gx = std::cos(gangle), gy = std::sin(gangle);
+  const double noise = 8.0 + rng.uniform() * 24.0;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const double t = 0.5 + 0.5 * ((x / double(w) - 0.5) * gx + (y / double(h) - 0.5) * gy);
+      for (int c = 0; c < 3; ++c) {
+        const double v = c0[c] + (c1[c] - c0[c]) * t + (rng.uniform() - 0.5) * 2.0 * noise;
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>(std::clamp(v, 0.0, 255.0));
+      }
+    }
+  auto paint = [&](int x, int y, const double* col, double alpha) {
+    if (x < 0 || y < 0 || x >= w || y >= h) return;
+    uint8_t* p = &px[(static_cast<size_t>(y) * w + x) * 3];
+    for (int c = 0; c < 3; ++c) p[c] = static_cast<uint8_t>(p[c] + (col[c] - p[c]) * alpha);
+  };
+  // Clutter: short random strokes of random colours.
+  const int strokes = 3 + static_cast<int>(rng.below(6));
+  for (int s = 0; s < strokes; ++s) {
+    double col[3] = {rng.uniform() * 255, rng.uniform() * 255, rng.uniform() * 255};
+    double x = rng.uniform() * w, y = rng.uniform() * h;
+    const double a = rng.uniform() * 6.283185307;
+    const int len = static_cast<int>((0.1 + 0.3 * rng.uniform()) * std::min(w, h));
+    for (int i = 0; i < len; ++i, x += std::cos(a), y += std::sin(a))
+      for (int d = -1; d <= 1; ++d) paint(static_cast<int>(x) + d, static_cast<int>(y), col, 0.8);
+  }
+  const Shape shape = static_cast<Shape>(klass % kShapes);
+  const int copies = klass / kShapes + 1;
+  for (int k = 0; k < copies; ++k) {
+    const double r = (0.14 + 0.16 * rng.uniform()) * std::min(w, h) / std::sqrt(double(copies));
+    const double cx = r + rng.uniform() * (w - 2 * r), cy = r + rng.uniform() * (h - 2 * r);
+    const double rot = rng.uniform() * 6.283185307, cr = std::cos(rot), sr = std::sin(rot);
+    double col[3];
+    for (int c = 0; c < 3; ++c) {  // keep the object visible against the background
+      const double bg = (c0[c] + c1[c]) / 2;
+      col[c] = bg < 128 ? 140 + rng.uniform() * 115 : rng.uniform() * 115;
+    }
+    const double alpha = 0.7 + 0.3 * rng.uniform();
+    for (int y = static_cast<int>(cy - r) - 1; y <= static_cast<int>(cy + r) + 1; ++y)
+      for (int x = static_cast<int>(cx - r) - 1; x <= static_cast<int>(cx + r) + 1; ++x) {
+        const double dx = (x + 0.5 - cx) / r, dy = (y + 0.5 - cy) / r;
+        if (inside(shape, cr * dx + sr * dy, -sr * dx + cr * dy)) paint(x, y, col, alpha);
+      }
+  }
+}
+
+void write_image(const std::string& path, int w, int h, const std::vector<uint8_t>& px, bool png) {
+  const int ok = png ? stbi_write_png(path.c_str(), w, h, 3, px.data(), w * 3)
+                     : stbi_write_jpg(path.c_str(), w, h, 3, px.data(), 92);
+  if (!ok) throw Error(path + ": cannot write image");
+}
+
+const char* kSynthHelp =
+    "usage: resnet_ddp synth --out DIR [options]\n"
+    "Writes a procedurally generated ImageFolder tree (DIR/Train/<class>, DIR/Validation/<class>).\n"
+    "Each class is a shape family (disk, square, triangle, ring, cross, L; more classes repeat\n"
+    "shapes in pairs, triples, ...) at random place, size, rotation and colour over noisy\n"
+    "gradients with clutter: learnable, but not from colour statistics.\n"
+    "  --out DIR            output directory (created; must not contain Train/ or Validation/)\n"
+    "  --train N            training images (default 1322)\n"
+    "  --val M              validation images (default 363)\n"
+    "  --classes K          number of classes, named C0..C<K-1> (default 3: C0 C2 C4)\n"
+    "  --class-names A,B    explicit class names (overrides --classes)\n"
+    "  --size WxH           image size (default 256x256)\n"
+    "  --seed S             random seed (default 0)\n"
+    "  --format jpg|png     file format (default jpg)\n"
+    "  --threads T          generator threads (default: all cores)\n";
+
+}  // namespace
+
+int synth_main(int argc, char** argv) {
+  return run_command("synth", [&] {
+    Flags f("synth", argc, argv);
+    if (f.help()) {
+      std::cout << kSynthHelp;
+      return 0;
+    }
+    f.allow({"--out", "--train", "--val", "--classes", "--class-names", "--size", "--seed", "--format", "--threads"});
+    if (!f.has("--out")) throw UsageError("--out DIR is required (see --help)");
+    const std::string out = f.str("--out", "");
+    const long n_train = f.integer("--train", 1322, 1, 100000000);
+    const long n_val = f.integer("--val", 363, 1, 100000000);
+    const int threads = static_cast<int>(f.integer("--threads", 0, 0, 1024));
+    const uint64_t seed = static_cast<uint64_t>(f.integer("--seed", 0, 0, LONG_MAX));
+    const std::string format = f.str("--format", "jpg");
+    if (format != "jpg" && format != "png") throw UsageError("--format " + format + ": expected jpg or png");
+    std::vector<std::string> names;
+    if (f.has("--class-names")) {
+      std::stringstream ss(f.str("--class-names", ""));
+      for (std::string n; std::getline(ss, n, ',');) {
+        if (n.empty() || n.find('/') != std::string::npos || n == "." || n == "..")
+          throw UsageError("--class-names: invalid class name '" + n + "'");
+        names.push_back(n);
+      }
+    } else if (f.has("--classes")) {
+      const long k = f.integer("--classes", 3, 2, 10000);
+      for (long i = 0; i < k; ++i) names.push_back("C" + std::to_string(i));
+    } else {
+      names = {"C0", "C2", "C4"};
+    }
+    if (names.size() < 2) throw UsageError("--class-names: need at least 2 classes");
+    int w = 256, h = 256;
+    if (f.has("--size")) {
+      const std::string s = f.str("--size", "");
+      char x = 0, extra = 0;
+      if (std::sscanf(s.c_str(), "%d%c%d%c", &w, &x, &h, &extra) != 3 || (x != 'x' && x != 'X') ||
+          w < 8 || h < 8 || w > 8192 || h > 8192)
+        throw UsageError("--size " + s + ": expected WxH with 8 <= W, H <= 8192");
+    }
+    for (const char* split : {"Train", "Validation"})
+      if (fs::exists(out + "/" + split))
+        throw UsageError("--out " + out + ": already contains " + split + "/ (choose an empty directory)");
+    struct Job {
+      std::string path;
+      int klass;
+      int64_t key;
+    };
+    std::vector<Job> jobs;
+    const std::string ext = format == "png" ? ".png" : ".jpg";
+    int64_t key = 0;
+    for (const auto& [split, count] : {std::pair<std::string, long>{"Train", n_train}, {"Validation", n_val}}) {
+      for (size_t k = 0; k < names.size(); ++k) fs::create_directories(out + "/" + split + "/" + names[k]);
+      for (long i = 0; i < count; ++i) {
+        const int klass = static_cast<int>(i % static_cast<long>(names.size()));
+        char file[64];
+        std::snprintf(file, sizeof file, "%s_%06ld", split == "Train" ? "train" : "val", i);
+        jobs.push_back({out + "/" + split + "/" + names[static_cast<size_t>(klass)] + "/" + file + ext, klass, key++});
+      }
+    }
+    parallel_for(jobs.size(), threads, [&](size_t i) {
+      thread_local std::vector<uint8_t> px;
+      SampleRng rng(seed, -1, jobs[i].key);
+      render(jobs[i].klass, w, h, rng, px);
+      write_image(jobs[i].path, w, h, px, format == "png");
+    });
+    std::cout << "synth: wrote " << n_train << " train + " << n_val << " validation images (" << w << "x" << h
+              << " " << format << ", " << names.size() << " classes) to " << out << "\n";
+    return 0;
+  });
+}
+
+namespace {
+const char* kPackHelp =
+    "usage: resnet_ddp pack --data DIR --out FILE.h5 [options]\n"
+    "Decodes and resizes every image of an ImageFolder tree once into one HDF5 file\n"
+    "(per split: uint8 images N x S x S x 3 chunked per image, int32 labels, source names).\n"
+    "  --data DIR           ImageFolder root (DIR/Train/<class>/*, DIR/Validation/<class>/*, optional DIR/Test)\n"
+    "  --out FILE.h5        output file (written to FILE.h5.partial, renamed when complete)\n"
+    "  --image-size S       stored side length after Resize((S, S)) (default 244)\n"
+    "  --compress L         deflate level 0-9 (default 0: fastest to read)\n"
+    "  --strict-data        any unusable image is an error instead of a skipped file\n"
+    "  --max-pixels N       reject images above N pixels (default 64000000)\n"
+    "  --threads T          decode threads (default: all cores)\n";
+}
+
+int pack_main(int argc, char** argv) {
+  return run_command("pack", [&] {
+    Flags f("pack", argc, argv);
+    if (f.help()) {
+      std::cout << kPackHelp;
+      return 0;
+    }
+    f.allow({"--data", "--out", "--image-size", "--compress", "--strict-data", "--max-pixels", "--threads"});
+    if (!f.has("--data")) throw UsageError("--data DIR is required (see --help)");
+    if (!f.has("--out")) throw UsageError("--out FILE.h5 is required (see --help)");
+    PackOptions opts;
+    const std::string data = f.str("--data", "");
+    const std::string out = f.str("--out", "");
+    opts.image_size = static_cast<int>(f.integer("--image-size", 244, 8, 4096));
+    opts.compress_level = static_cast<int>(f.integer("--compress", 0, 0, 9));
+    opts.threads = static_cast<int>(f.integer("--threads", 0, 0, 1024));
+    opts.scan.strict = f.boolean("--strict-data");
+    opts.scan.max_pixels = f.integer("--max-pixels", opts.scan.max_pixels, 1, LONG_MAX);
+    opts.scan.log = [](const std::string& line) { std::cerr << line << "\n"; };
+    opts.progress = ::isatty(2) != 0;
+    if (fs::is_directory(out)) throw UsageError("--out " + out + ": is a directory");
+    const PackStats st = pack_dataset(data, out, opts);
+    std::cout << "pack: " << out << ": Train " << st.images[0] << ", Validation " << st.images[1]
+              << ", Test " << st.images[2] << " images at " << opts.image_size << "x" << opts.image_size
+              << " (" << st.skipped << " skipped)\n";
+    return 0;
+  });
+}
+
+}  // namespace rd::data
