@@ -1,0 +1,16 @@
+// Entry points of the resnet_ddp subcommands owned by the trainer. Each returns
+// the process exit status: 0 success, 1 runtime failure, 2 bad usage/input
+// (rd::dist::kPeerLostExitCode when a peer rank died).
+#pragma once
+
+#include "resnet_ddp/train/cli.h"
+
+namespace rd::train {
+
+// Initialises MPI (argc/argv go to MPI_Init), trains, finalises MPI.
+int train_main(const TrainOptions& opts, int& argc, char**& argv);
+// One process, no MPI.
+int predict_main(const PredictOptions& opts);
+int info_main(const InfoOptions& opts);
+
+}  // namespace rd::train

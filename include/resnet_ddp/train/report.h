@@ -1,0 +1,76 @@
+// Output helpers of the trainer: Python-style number formatting (the reference
+// lines print Python floats), preemption signals, the per-epoch metrics CSV and
+// the progress display.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace rd::train {
+
+// repr() of a Python float: shortest round-trip digits, "1.0" not "1",
+// scientific below 1e-4 / from 1e16 ("1e-05", "1.5e+16"), "nan", "inf".
+std::string py_float(double x);
+
+// ---- preemption signals ------------------------------------------------------------
+// SIGTERM, SIGUSR1 and SIGINT: the first sets a flag the training loop polls (every
+// rank agrees through a small all-reduce each step); a second one ends the process
+// at once with status 128 + signal.
+void install_preemption_handlers();
+// The signal received so far (0 = none).
+int preemption_signal();
+// For tests: forget a received signal.
+void reset_preemption();
+
+// ---- metrics CSV -----------------------------------------------------------------
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based
+  double time_s = 0;
+  double train_loss = 0, train_acc = 0;
+  double val_loss = 0, val_acc = 0;
+  double best_val_acc = 0;
+  double lr = 0;
+  double images_per_s = 0, images_per_s_per_rank = 0;
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0;
+  int64_t world_size = 1;
+  int64_t global_step = 0;
+};
+
+class MetricsCsv {
+ public:
+  // append: keep earlier rows (resume) and drop rows for epochs >= first_epoch
+  // (re-run after a preemption); otherwise start a new file.
+  MetricsCsv(const std::string& path, bool append, int64_t first_epoch);
+  void write(const EpochMetrics& m);
+  const std::string& path() const { return path_; }
+  static const char* header();
+
+ private:
+  std::string path_;
+};
+
+// ---- progress --------------------------------------------------------------------
+// A live bar (TTY) or plain lines every `every` steps; only rank 0 makes one.
+class Progress {
+ public:
+  enum class Mode { Bar, Lines, None };
+  // mode_flag: auto | bar | lines | none (auto = bar on a terminal, else lines).
+  Progress(const std::string& mode_flag, int64_t every);
+  Mode mode() const { return mode_; }
+  void start_epoch(int64_t epoch, int64_t epochs, int64_t total_steps);
+  // After each optimizer step: running averages and throughput so far.
+  void step(int64_t step, double avg_loss, double avg_acc, double images_per_s);
+  void end_epoch();
+
+ private:
+  Mode mode_;
+  int64_t every_;
+  int64_t epoch_ = 0, epochs_ = 0, total_ = 0;
+  std::chrono::steady_clock::time_point last_draw_{};
+  bool drawn_ = false;
+};
+
+}  // namespace rd::train

@@ -1,0 +1,183 @@
+#include "resnet_ddp/train/report.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "resnet_ddp/errors.h"
+
+namespace rd::train {
+
+std::string py_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (x == 0.0) return std::signbit(x) ? "-0.0" : "0.0";
+  // Shortest round-trip digits in scientific form, then laid out as Python's repr.
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);
+  std::string sign;
+  if (sci[0] == '-') {
+    sign = "-";
+    sci.erase(0, 1);
+  }
+  const size_t e = sci.find('e');
+  const int exp10 = std::stoi(sci.substr(e + 1));
+  std::string digits;
+  for (size_t i = 0; i < e; ++i)
+    if (sci[i] != '.') digits += sci[i];
+  const int decpt = exp10 + 1;  // position of the decimal point relative to the digits
+  if (decpt > -4 && decpt <= 16) {
+    std::string out;
+    if (decpt <= 0) {
+      out = "0." + std::string(static_cast<size_t>(-decpt), '0') + digits;
+    } else if (static_cast<size_t>(decpt) >= digits.size()) {
+      out = digits + std::string(static_cast<size_t>(decpt) - digits.size(), '0') + ".0";
+    } else {
+      out = digits.substr(0, static_cast<size_t>(decpt)) + "." + digits.substr(static_cast<size_t>(decpt));
+    }
+    return sign + out;
+  }
+  std::string mant = digits.substr(0, 1);
+  if (digits.size() > 1) mant += "." + digits.substr(1);
+  const int ex = decpt - 1;
+  char exbuf[16];
+  std::snprintf(exbuf, sizeof exbuf, "e%c%02d", ex < 0 ? '-' : '+', std::abs(ex));
+  return sign + mant + exbuf;
+}
+
+// ---- signals ---------------------------------------------------------------------
+
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_count = 0;
+
+void on_signal(int sig) {
+  g_count = g_count + 1;
+  if (g_count >= 2) {
+    static const char msg[] = "resnet_ddp: second signal received, exiting immediately\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    ::_exit(128 + sig);
+  }
+  g_signal = sig;
+}
+}  // namespace
+
+void install_preemption_handlers() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking reads/MPI polls continue; the loop checks the flag
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+}
+
+int preemption_signal() { return g_signal; }
+void reset_preemption() {
+  g_signal = 0;
+  g_count = 0;
+}
+
+// ---- metrics CSV ---------------------------------------------------------------------
+
+const char* MetricsCsv::header() {
+  return "epoch,time_s,train_loss,train_acc,val_loss,val_acc,best_val_acc,lr,images_per_s,"
+         "images_per_s_per_rank,data_ms,forward_ms,backward_ms,comm_ms,optimizer_ms,world_size,"
+         "global_step";
+}
+
+MetricsCsv::MetricsCsv(const std::string& path, bool append, int64_t first_epoch) : path_(path) {
+  std::vector<std::string> keep;
+  if (append) {
+    std::ifstream in(path);
+    std::string line;
+    bool first = true;
+    while (std::getline(in, line)) {
+      if (first) {
+        first = false;
+        if (line == header()) continue;
+      }
+      if (line.empty()) continue;
+      const int64_t e = std::atoll(line.c_str());
+      if (e >= 1 && e < first_epoch) keep.push_back(line);
+    }
+  }
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw Error("--metrics: cannot write '" + path + "': " + std::strerror(errno));
+  out << header() << "\n";
+  for (const auto& l : keep) out << l << "\n";
+  if (!out.flush()) throw Error("--metrics: cannot write '" + path + "': " + std::strerror(errno));
+}
+
+void MetricsCsv::write(const EpochMetrics& m) {
+  std::ofstream out(path_, std::ios::app);
+  out << m.epoch << ',' << py_float(m.time_s) << ',' << py_float(m.train_loss) << ',' << py_float(m.train_acc)
+      << ',' << py_float(m.val_loss) << ',' << py_float(m.val_acc) << ',' << py_float(m.best_val_acc) << ','
+      << py_float(m.lr) << ',' << py_float(m.images_per_s) << ',' << py_float(m.images_per_s_per_rank) << ','
+      << py_float(m.data_ms) << ',' << py_float(m.forward_ms) << ',' << py_float(m.backward_ms) << ','
+      << py_float(m.comm_ms) << ',' << py_float(m.optimizer_ms) << ',' << m.world_size << ',' << m.global_step
+      << "\n";
+  if (!out.flush()) throw Error("--metrics: cannot append to '" + path_ + "': " + std::strerror(errno));
+}
+
+// ---- progress --------------------------------------------------------------------------
+
+Progress::Progress(const std::string& mode_flag, int64_t every) : every_(every) {
+  if (mode_flag == "bar") mode_ = Mode::Bar;
+  else if (mode_flag == "lines") mode_ = Mode::Lines;
+  else if (mode_flag == "none") mode_ = Mode::None;
+  else mode_ = ::isatty(1) ? Mode::Bar : Mode::Lines;
+  if (mode_ == Mode::Lines && every_ <= 0) mode_ = Mode::None;
+}
+
+void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t total_steps) {
+  epoch_ = epoch;
+  epochs_ = epochs;
+  total_ = total_steps;
+  drawn_ = false;
+}
+
+void Progress::step(int64_t step, double avg_loss, double avg_acc, double images_per_s) {
+  if (mode_ == Mode::None) return;
+  char line[256];
+  if (mode_ == Mode::Lines) {
+    if (step % every_ != 0 && step != total_) return;
+    std::snprintf(line, sizeof line, "(Epoch %lld/%lld) step %lld/%lld loss %.4f acc %.4f %.1f img/s\n",
+                  static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
+                  static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+    return;
+  }
+  // Redraw at most 10 times a second, and always at the end.
+  const auto now = std::chrono::steady_clock::now();
+  if (drawn_ && step != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
+  drawn_ = true;
+  const int width = 30;
+  const double frac = total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 1.0;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar += std::string(static_cast<size_t>(width - filled), '.');
+  std::snprintf(line, sizeof line, "\r(Epoch %lld/%lld) [%s] %lld/%lld loss %.4f acc %.4f %.1f img/s\033[K",
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
+                static_cast<long long>(step), static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
+  std::fputs(line, stdout);
+  std::fflush(stdout);
+}
+
+void Progress::end_epoch() {
+  if (mode_ == Mode::Bar && drawn_) {
+    std::fputs("\r\033[K", stdout);
+    std::fflush(stdout);
+  }
+  drawn_ = false;
+}
+
+}  // namespace rd::train

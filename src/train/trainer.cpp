@@ -1,0 +1,800 @@
+// The training program: device and communicator set-up, datasets and loaders,
+// resume / --init, the epoch loop with exact global metrics, checkpoints,
+// preemption and the final evaluation of the best checkpoint.
+#include <omp.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/loader.h"
+#include "resnet_ddp/data/sampler.h"
+#include "resnet_ddp/data/transforms.h"
+#include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/dist/ddp.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/report.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace rd::train {
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Thrown on every rank once the ranks agreed to stop with this exit status (the
+// message was already printed by the rank that owns it).
+struct CollectiveExit {
+  int code;
+};
+
+// Everything rank 0 decides about the starting state, broadcast to all ranks.
+struct StartState {
+  int64_t resumed = 0;         // 1 when continuing from a checkpoint
+  int64_t epoch = 0;           // completed epochs
+  int64_t step_in_epoch = 0;   // steps already done in the next epoch
+  int64_t global_step = 0;
+  int64_t optimizer_steps = 0;
+  int64_t num_batches_tracked = 0;
+  int64_t world_size = 0;      // of the run that wrote the checkpoint
+  int64_t partial_correct = 0;
+  int64_t partial_count = 0;
+  int64_t scheduler_last_epoch = 0;
+  int64_t has_optimizer_state = 0;
+  int64_t has_scheduler_state = 0;
+  double best_val_acc = -1.0;
+  double best_val_loss = 0.0;
+  double lr = 0.0;
+  double partial_loss_sum = 0.0;
+  PlateauState plateau;
+  CosineState cosine;
+};
+
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainOptions& opts, const dist::ProcessEnv& env) : o_(opts), env_(env) {}
+  int run();
+
+ private:
+  bool rank0() const { return env_.rank == 0; }
+  void say(const std::string& line) const {
+    if (!rank0()) return;
+    std::fputs(line.c_str(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+  void notice(const std::string& line) const { say("Notice: " + line); }
+
+  // Runs `fn` on the ranks where `participate` is true; if it throws anywhere,
+  // every rank learns it and leaves with the same status. The failing rank prints
+  // (rank 0's message wins when rank 0 failed too, so one message appears).
+  template <class F>
+  void agree(F&& fn, bool participate = true);
+
+  void setup_device();
+  void setup_data();
+  void setup_model();
+  void check_output_space();
+  void load_start_state();
+  void broadcast_start_state(bool rank0_loaded);
+  void train_epochs();
+  // Returns false when preempted (checkpoint written, caller exits 0).
+  bool train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct, int64_t& seen, StepTimes& times,
+                       int64_t& steps_done, double& train_seconds);
+  void validate(double& val_loss, double& val_acc);
+  void save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
+            double partial_loss = 0, int64_t partial_correct = 0, int64_t partial_count = 0);
+  void evaluate_best();
+  // Per-step agreement: any rank preempted / any rank saw a non-finite loss.
+  void step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite);
+  std::string epoch_tag(int64_t e) const {
+    return "(Epoch " + std::to_string(e + 1) + "/" + std::to_string(o_.epochs) + ")";
+  }
+  CheckpointMeta base_meta() const;
+
+  const TrainOptions& o_;
+  dist::ProcessEnv env_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<dist::Comm> ctrl_;  // host communicator: flags, metrics, metadata
+  std::unique_ptr<dist::Comm> grad_;  // gradients and model state (device memory)
+  std::unique_ptr<data::Dataset> train_set_, val_set_;
+  std::optional<data::TransformPipeline> train_tf_, val_tf_;
+  std::unique_ptr<data::Loader> train_loader_, val_loader_;
+  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<ResNet> model_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<dist::GradientBucketer> bucketer_;
+  std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
+  std::vector<std::string> class_names_;
+  const float* norm_mean_ = nullptr;
+  const float* norm_std_ = nullptr;
+  bool fp16_ = false;
+  double loss_scale_ = 65536.0;
+  int64_t good_steps_ = 0;
+  StartState start_;
+  std::string resume_path_;
+  std::unique_ptr<MetricsCsv> metrics_;
+  std::unique_ptr<Progress> progress_;
+  Tensor dlogits_;
+  std::string last_path_, best_path_;
+};
+
+template <class F>
+void Trainer::agree(F&& fn, bool participate) {
+  int code = 0;
+  std::string msg;
+  if (participate) {
+    try {
+      fn();
+    } catch (const UsageError& e) {
+      code = 2;
+      msg = e.what();
+    } catch (const std::exception& e) {
+      code = 1;
+      msg = e.what();
+    }
+  }
+  int64_t votes[3] = {code == 2, code == 1, rank0() && code != 0};
+  ctrl_->allreduce(votes, 3, dist::ReduceOp::Sum);
+  if (votes[0] + votes[1] == 0) return;
+  if (code != 0 && (rank0() || votes[2] == 0)) {
+    std::string prefix = rank0() ? "" : "rank " + std::to_string(env_.rank) + ": ";
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", prefix.c_str(), msg.c_str());
+    std::fflush(stderr);
+  }
+  throw CollectiveExit{votes[0] > 0 ? 2 : 1};
+}
+
+void Trainer::setup_device() {
+  ctrl_ = dist::make_mpi_comm(MPI_COMM_WORLD);
+  std::string device = o_.device;
+  if (device == "auto") {
+    if (cuda_backend_available()) {
+      device = "cuda";
+    } else {
+      device = "cpu";
+      notice("no CUDA device available (or CUDA backend not built); using the CPU backend");
+    }
+  }
+  agree([&] {
+    if (o_.precision == "fp16" && device == "cpu")
+      throw UsageError("--precision: fp16 needs a GPU; the CPU backend supports fp32 and bf16");
+    if (o_.deterministic && device != "cpu")
+      throw UsageError("--deterministic: only supported on the CPU backend");
+    BackendOptions bo;
+    bo.threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+    bo.precision = o_.precision == "tf32" ? Precision::TF32
+                   : o_.precision == "fp16" ? Precision::FP16
+                   : o_.precision == "bf16" ? Precision::BF16
+                                            : Precision::FP32;
+    bo.device_index = env_.local_rank;
+    if (o_.deterministic) omp_set_dynamic(0);
+    backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+  });
+  fp16_ = o_.precision == "fp16";
+#ifdef RESNET_DDP_HAVE_CUDA
+  if (backend_->device() == DeviceKind::CUDA) {
+    agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, env_.local_rank); });
+  }
+#endif
+  if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
+  dist::print_startup_lines(env_, backend_->name());
+}
+
+void Trainer::setup_data() {
+  data::ScanOptions scan;
+  scan.strict = o_.strict_data;
+  scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
+  scan.threads = std::max(1, dist::default_threads_per_rank(env_));
+  if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  agree([&] {
+    train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
+    val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
+  });
+  class_names_ = train_set_->class_names();
+  data::TransformConfig tc;
+  tc.image_size = o_.image_size;
+  tc.augment = data::parse_augment(o_.augment);
+  train_tf_.emplace(tc, true);
+  data::TransformConfig vc = tc;
+  vc.augment = data::TransformConfig::Augment::None;
+  val_tf_.emplace(vc, false);
+  if (o_.normalize == "imagenet") {
+    norm_mean_ = data::kImagenetMean;
+    norm_std_ = data::kImagenetStd;
+  }
+  sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+                                                        static_cast<uint64_t>(o_.seed), false);
+  data::LoaderOptions lo;
+  lo.batch_size = o_.batch_size;
+  lo.workers = o_.workers;
+  lo.seed = static_cast<uint64_t>(o_.seed);
+  if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  data::LoaderOptions vo = lo;
+  vo.batch_size = o_.effective_val_batch();
+  vo.workers = o_.workers;
+  val_loader_ = std::make_unique<data::Loader>(*val_set_, *val_tf_, vo, std::vector<int64_t>{}, 0);
+}
+
+void Trainer::setup_model() {
+  ResNetConfig mc;
+  mc.arch = o_.arch;
+  mc.head = parse_head(o_.head);
+  mc.num_classes = static_cast<int>(class_names_.size());
+  mc.init_seed = static_cast<uint64_t>(o_.seed);
+  agree([&] {
+    model_ = std::make_unique<ResNet>(*backend_, mc);
+    model_->init_parameters(static_cast<uint64_t>(o_.seed));
+  });
+  model_->train(true);
+  if (o_.sync_bn && env_.world > 1) {
+    sync_bn_ = std::make_unique<dist::SyncBatchNormReducer>(*grad_);
+    model_->set_batchnorm_reducer(sync_bn_.get());
+  }
+  OptimizerConfig oc;
+  oc.type = o_.optimizer;
+  oc.lr = o_.lr;
+  oc.weight_decay = o_.weight_decay;
+  if (o_.optimizer == "sgd") {
+    oc.momentum = o_.momentum;
+    oc.nesterov = o_.nesterov;
+  }
+  opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
+  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
+  dist::BucketOptions bo;
+  bo.bucket_mb = o_.bucket_mb;
+  bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
+}
+
+void Trainer::check_output_space() {
+  if (o_.eval_only) return;
+  agree(
+      [&] {
+        const double per_copy = static_cast<double>(model_->params().bytes()) * (1.0 + opt_->state_count()) +
+                                static_cast<double>(model_->buffers().bytes());
+        const double needed = per_copy * 1.05 + 1e6;  // the temp file sits next to the old one
+        struct statvfs st {};
+        if (::statvfs(o_.output_dir.c_str(), &st) != 0) return;  // probed writable before MPI
+        const double free_bytes = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+        if (free_bytes < needed) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf, "only %.1f MB free in '%s', a checkpoint needs about %.1f MB",
+                        free_bytes / 1e6, o_.output_dir.c_str(), needed / 1e6);
+          throw UsageError(std::string("--output-dir: ") + buf);
+        }
+      },
+      rank0());
+}
+
+CheckpointMeta Trainer::base_meta() const {
+  CheckpointMeta m;
+  m.arch = o_.arch;
+  m.head = o_.head;
+  m.num_classes = static_cast<int64_t>(class_names_.size());
+  m.image_size = o_.image_size;
+  m.world_size = env_.world;
+  m.batch_size = o_.batch_size;
+  m.seed = o_.seed;
+  m.args = o_.command_line;
+  m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
+  m.normalize = o_.normalize;
+  m.class_names = class_names_;
+  return m;
+}
+
+void Trainer::load_start_state() {
+  last_path_ = (fs::path(o_.output_dir) / "last.h5").string();
+  best_path_ = (fs::path(o_.output_dir) / "best_model.h5").string();
+  start_.lr = o_.lr;
+  bool loaded = false;
+  agree(
+      [&] {
+        std::string path;
+        if (o_.resume == "auto") {
+          std::error_code ec;
+          if (fs::exists(last_path_, ec)) path = last_path_;
+        } else if (o_.resume != "none") {
+          path = o_.resume;
+        }
+        if (!path.empty()) {
+          Snapshot snap = read_checkpoint(path, false);
+          check_compatible(snap, *model_, class_names_, path);
+          restore_model(snap, *model_, false, path);
+          const CheckpointMeta& m = snap.meta;
+          start_.resumed = 1;
+          start_.epoch = m.epoch;
+          start_.step_in_epoch = m.step_in_epoch;
+          start_.global_step = m.global_step;
+          start_.num_batches_tracked = model_->num_batches_tracked();
+          start_.world_size = m.world_size;
+          start_.best_val_acc = m.best_val_acc;
+          start_.best_val_loss = m.best_val_loss;
+          start_.partial_loss_sum = m.partial_train_loss_sum;
+          start_.partial_correct = m.partial_train_correct;
+          start_.partial_count = m.partial_train_count;
+          if (!o_.eval_only) {
+            restore_optimizer(snap, *model_, *opt_, path);
+            start_.has_optimizer_state = 1;
+            start_.optimizer_steps = opt_->steps();
+            start_.lr = opt_->lr();
+            if (snap.scheduler.present && snap.scheduler.type == sched_->type()) {
+              restore_scheduler(snap, *sched_);
+              start_.has_scheduler_state = 1;
+              start_.scheduler_last_epoch = sched_->last_epoch();
+              start_.plateau = sched_->plateau;
+              start_.cosine = sched_->cosine;
+            } else if (snap.scheduler.present) {
+              notice("checkpoint used --scheduler " + snap.scheduler.type + "; starting a fresh " + o_.scheduler +
+                     " schedule");
+            }
+          }
+          resume_path_ = path;
+          loaded = true;
+          if (!o_.init.empty()) notice("resuming from " + path + "; --init " + o_.init + " is ignored");
+        } else if (!o_.init.empty()) {
+          Snapshot snap = read_checkpoint(o_.init, true);
+          if (!snap.meta.arch.empty() && snap.meta.arch != o_.arch)
+            throw UsageError("--init: '" + o_.init + "' holds " + snap.meta.arch + " weights, this run uses --arch " +
+                             o_.arch);
+          auto skipped = restore_model(snap, *model_, true, o_.init);
+          start_.num_batches_tracked = model_->num_batches_tracked();
+          loaded = true;
+          if (!skipped.empty())
+            notice("--init: the head in " + o_.init + " does not fit " + std::to_string(class_names_.size()) +
+                   " classes / --head " + o_.head + "; it keeps its fresh initialisation");
+          say("Initialised weights from " + o_.init);
+        } else if (o_.eval_only) {
+          throw UsageError("--eval-only: no checkpoint found (" + last_path_ + " does not exist)");
+        }
+      },
+      rank0());
+  broadcast_start_state(loaded);
+}
+
+void Trainer::broadcast_start_state(bool rank0_loaded) {
+  ctrl_->broadcast(&start_, sizeof start_, 0);
+  int64_t loaded = rank0_loaded ? 1 : 0;
+  ctrl_->broadcast(&loaded, sizeof loaded, 0);
+  // Rank 0's weights everywhere (a fresh init too: one source of truth).
+  dist::broadcast_model(*grad_, model_->params(), model_->buffers());
+  model_->set_num_batches_tracked(start_.num_batches_tracked);
+  if (start_.has_optimizer_state) {
+    for (size_t k = 0; k < opt_->state_count(); ++k)
+      grad_->broadcast(opt_->state(k), model_->params().bytes(), 0);
+    opt_->set_steps(start_.optimizer_steps);
+    opt_->set_lr(start_.lr);
+  }
+  if (start_.has_scheduler_state) {
+    sched_->set_last_epoch(start_.scheduler_last_epoch);
+    sched_->plateau = start_.plateau;
+    sched_->cosine = start_.cosine;
+  }
+  if (start_.resumed) {
+    std::string where = start_.step_in_epoch > 0
+                            ? "epoch " + std::to_string(start_.epoch + 1) + " step " + std::to_string(start_.step_in_epoch)
+                            : "epoch " + std::to_string(start_.epoch + 1);
+    if (!o_.eval_only) say("Resuming from " + resume_path_ + " at " + where);
+    if (start_.world_size != env_.world && start_.world_size > 0) {
+      notice("checkpoint was trained on " + std::to_string(start_.world_size) + " ranks, this run has " +
+             std::to_string(env_.world) + ": per-rank batch " + std::to_string(o_.batch_size) +
+             " kept (global batch " + std::to_string(start_.world_size * o_.batch_size) + " -> " +
+             std::to_string(env_.world * o_.batch_size) + "), sampler re-sharded");
+      if (start_.step_in_epoch > 0) {
+        notice("the interrupted epoch restarts from its first step (its position depends on the world size)");
+        start_.step_in_epoch = 0;
+        start_.partial_loss_sum = 0;
+        start_.partial_correct = start_.partial_count = 0;
+      }
+    }
+  }
+}
+
+void Trainer::step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite) {
+  int64_t flags[2] = {preemption_signal() != 0 ? 1 : 0, nonfinite ? 1 : 0};
+  ctrl_->allreduce(flags, 2, dist::ReduceOp::Sum);
+  preempt = flags[0] > 0;
+  any_nonfinite = flags[1] > 0;
+}
+
+void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
+                   double partial_loss, int64_t partial_correct, int64_t partial_count) {
+  agree(
+      [&] {
+        CheckpointMeta m = base_meta();
+        m.epoch = epoch;
+        m.step_in_epoch = step_in_epoch;
+        m.global_step = start_.global_step;
+        m.best_val_acc = start_.best_val_acc;
+        m.best_val_loss = start_.best_val_loss;
+        m.val_acc = val_acc;
+        m.val_loss = val_loss;
+        m.partial_train_loss_sum = partial_loss;
+        m.partial_train_correct = partial_correct;
+        m.partial_train_count = partial_count;
+        write_checkpoint(path, snapshot_model(*model_, opt_.get(), sched_.get(), m));
+      },
+      rank0());
+}
+
+bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct, int64_t& seen, StepTimes& times,
+                              int64_t& steps_done, double& train_seconds) {
+  const auto t_start = Clock::now();
+  sampler_->set_epoch(epoch);
+  std::vector<int64_t> indices = sampler_->indices();
+  const int64_t per_step = static_cast<int64_t>(o_.batch_size) * o_.accum_steps;
+  const int64_t micro_total = (static_cast<int64_t>(indices.size()) + o_.batch_size - 1) / o_.batch_size;
+  int64_t steps_total = (micro_total + o_.accum_steps - 1) / o_.accum_steps;
+  if (o_.max_steps > 0) steps_total = std::min(steps_total, o_.max_steps);
+  int64_t step = 0;
+  if (epoch == start_.epoch && start_.step_in_epoch > 0) {
+    // Continue an interrupted epoch: the same permutation, minus what was consumed.
+    step = std::min(start_.step_in_epoch, steps_total);
+    const size_t skip = std::min(indices.size(), static_cast<size_t>(step * per_step));
+    indices.erase(indices.begin(), indices.begin() + static_cast<long>(skip));
+    if (rank0()) {
+      loss_sum += start_.partial_loss_sum;
+      correct += start_.partial_correct;
+      seen += start_.partial_count;
+    }
+  }
+  train_loader_->restart(std::move(indices), epoch);
+  model_->train(true);
+  if (progress_) progress_->start_epoch(epoch + 1, o_.epochs, steps_total);
+
+  const int K = static_cast<int>(class_names_.size());
+  std::vector<int32_t> preds;
+  data::Batch batch;
+  double local_loss = 0;  // this rank's running sums for the progress display
+  int64_t local_correct = 0, local_seen = 0;
+  bool loader_done = false;
+  while (step < steps_total && !loader_done) {
+    bool nonfinite = false;
+    int micro = 0;
+    // A step is accum_steps micro-batches (fewer at the end of the epoch).
+    const int64_t remaining_micro = micro_total - step * o_.accum_steps;
+    const int group = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(o_.accum_steps, remaining_micro)));
+    for (; micro < group; ++micro) {
+      auto t0 = Clock::now();
+      if (!train_loader_->next(batch)) {
+        loader_done = true;
+        break;
+      }
+      Tensor& input = model_->input_buffer(batch.n, batch.h, batch.w);
+      backend_->images_u8_to_activation(batch.images, input, norm_mean_, norm_std_);
+      backend_->synchronize();
+      auto t1 = Clock::now();
+      times.data += std::chrono::duration<double>(t1 - t0).count();
+
+      const Tensor& logits = model_->forward(input);
+      if (!dlogits_.defined() || dlogits_.shape[0] != batch.n) dlogits_ = backend_->matrix(batch.n, K);
+      preds.resize(static_cast<size_t>(batch.n));
+      const float scale = static_cast<float>((fp16_ ? loss_scale_ : 1.0) / group);
+      const double l = backend_->softmax_xent(logits, batch.labels.data(), static_cast<float>(o_.label_smoothing),
+                                              scale, &dlogits_, preds.data());
+      if (!std::isfinite(l)) nonfinite = true;
+      int64_t c = 0;
+      for (int i = 0; i < batch.n; ++i) c += preds[static_cast<size_t>(i)] == batch.labels[static_cast<size_t>(i)];
+      loss_sum += l;
+      correct += c;
+      seen += batch.n;
+      local_loss += l;
+      local_correct += c;
+      local_seen += batch.n;
+      auto t2 = Clock::now();
+      times.forward += std::chrono::duration<double>(t2 - t1).count();
+
+      const bool last_micro = micro == group - 1;
+      bucketer_->set_sync(last_micro);
+      const double comm_before = bucketer_->stats().exposed_comm_s;
+      bucketer_->begin_backward();
+      model_->backward(dlogits_, micro > 0, bucketer_.get());
+      backend_->synchronize();
+      auto t3 = Clock::now();
+      bucketer_->finish();
+      backend_->synchronize();
+      auto t4 = Clock::now();
+      const double comm = bucketer_->stats().exposed_comm_s - comm_before;
+      times.backward += std::chrono::duration<double>(t3 - t2).count();
+      times.comm += std::max(comm, std::chrono::duration<double>(t4 - t3).count());
+    }
+    if (micro < group) {
+      // The loader ran dry inside a group: every rank has the same batch count,
+      // so all ranks get here together. Finish the partial group's communication.
+      if (micro == 0) break;
+      bucketer_->set_sync(true);
+      bucketer_->begin_backward();
+      bucketer_->finish();
+    }
+    bool preempt = false, any_nonfinite = false;
+    step_flags(nonfinite, preempt, any_nonfinite);
+    auto t5 = Clock::now();
+    bool skip_step = false;
+    if (fp16_) {
+      // AMP's GradScaler: skip steps with overflowing gradients and back off.
+      const bool finite = !any_nonfinite && backend_->all_finite(model_->grads().data(), model_->grads().size());
+      if (!finite) {
+        skip_step = true;
+        loss_scale_ = std::max(loss_scale_ * 0.5, 1.0);
+        good_steps_ = 0;
+      } else {
+        backend_->scale(model_->grads().data(), static_cast<float>(1.0 / loss_scale_), model_->grads().size());
+        if (++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
+      }
+    } else if (any_nonfinite) {
+      if (rank0())
+        std::fprintf(stderr,
+                     "resnet_ddp: error: the training loss became NaN or Inf at epoch %lld step %lld (global step "
+                     "%lld); stopping without saving. Try a lower --lr, --precision fp32, or check the data.\n",
+                     static_cast<long long>(epoch + 1), static_cast<long long>(step + 1),
+                     static_cast<long long>(start_.global_step + 1));
+      throw CollectiveExit{1};
+    }
+    if (!skip_step) opt_->step();
+    backend_->synchronize();
+    times.optimizer += seconds_since(t5);
+    ++step;
+    ++start_.global_step;
+    ++steps_done;
+    if (progress_) {
+      const double elapsed = seconds_since(t_start);
+      progress_->step(step, local_seen ? local_loss / static_cast<double>(local_seen) : 0.0,
+                      local_seen ? static_cast<double>(local_correct) / static_cast<double>(local_seen) : 0.0,
+                      elapsed > 0 ? static_cast<double>(local_seen) * env_.world / elapsed : 0.0);
+    }
+    if (preempt) {
+      if (progress_) progress_->end_epoch();
+      train_seconds += seconds_since(t_start);
+      double sums[1] = {loss_sum};
+      int64_t counts[2] = {correct, seen};
+      ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
+      ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+      save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
+      say("Preempted at epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step) +
+          "; checkpoint saved to " + fs::absolute(last_path_).string());
+      return false;
+    }
+  }
+  if (progress_) progress_->end_epoch();
+  train_seconds += seconds_since(t_start);
+  return true;
+}
+
+void Trainer::validate(double& val_loss, double& val_acc) {
+  model_->train(false);
+  val_loader_->restart(data::shard_exact(val_set_->size(), env_.world, env_.rank), 0);
+  std::vector<int32_t> preds;
+  data::Batch batch;
+  double loss = 0;
+  int64_t counts[2] = {0, 0};
+  while (val_loader_->next(batch)) {
+    Tensor& input = model_->input_buffer(batch.n, batch.h, batch.w);
+    backend_->images_u8_to_activation(batch.images, input, norm_mean_, norm_std_);
+    const Tensor& logits = model_->forward(input);
+    preds.resize(static_cast<size_t>(batch.n));
+    loss += backend_->softmax_xent(logits, batch.labels.data(), static_cast<float>(o_.label_smoothing), 1.f, nullptr,
+                                   preds.data());
+    for (int i = 0; i < batch.n; ++i) counts[0] += preds[static_cast<size_t>(i)] == batch.labels[static_cast<size_t>(i)];
+    counts[1] += batch.n;
+  }
+  // Global and exact: every validation sample counted once across ranks.
+  ctrl_->allreduce(&loss, 1, dist::ReduceOp::Sum);
+  ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+  val_loss = counts[1] ? loss / static_cast<double>(counts[1]) : 0.0;
+  val_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
+  model_->train(true);
+}
+
+void Trainer::evaluate_best() {
+  int64_t have_best = 0;
+  if (rank0()) {
+    std::error_code ec;
+    have_best = fs::exists(best_path_, ec) ? 1 : 0;
+  }
+  ctrl_->broadcast(&have_best, sizeof have_best, 0);
+  if (!have_best) return;
+  agree(
+      [&] {
+        Snapshot snap = read_checkpoint(best_path_, false);
+        check_compatible(snap, *model_, class_names_, best_path_);
+        restore_model(snap, *model_, false, best_path_);
+      },
+      rank0());
+  int64_t nbt = model_->num_batches_tracked();
+  ctrl_->broadcast(&nbt, sizeof nbt, 0);
+  dist::broadcast_model(*grad_, model_->params(), model_->buffers());
+  model_->set_num_batches_tracked(nbt);
+  double loss = 0, acc = 0;
+  validate(loss, acc);
+  say("Best model (val loss: " + py_float(loss) + ", val accuracy: " + py_float(acc) + ") has been saved to " +
+      fs::absolute(best_path_).string());
+}
+
+void Trainer::train_epochs() {
+  agree(
+      [&] { metrics_ = std::make_unique<MetricsCsv>(o_.metrics_path(), start_.resumed != 0, start_.epoch + 1); },
+      rank0());
+  if (rank0()) progress_ = std::make_unique<Progress>(o_.progress, o_.log_every);
+  say("");
+  for (int64_t epoch = start_.epoch; epoch < o_.epochs; ++epoch) {
+    const auto t0 = Clock::now();
+    double loss_sum = 0, train_seconds = 0;
+    int64_t correct = 0, seen = 0, steps_done = 0;
+    StepTimes times;
+    const double lr_used = opt_->lr();
+    if (!train_one_epoch(epoch, loss_sum, correct, seen, times, steps_done, train_seconds)) throw CollectiveExit{0};
+    start_.step_in_epoch = 0;
+    double sums[1] = {loss_sum};
+    int64_t counts[2] = {correct, seen};
+    ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
+    ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+    const double train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
+    const double train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
+    double val_loss = 0, val_acc = 0;
+    validate(val_loss, val_acc);
+    const double epoch_seconds = seconds_since(t0);
+
+    const bool improved = val_acc > start_.best_val_acc;
+    if (improved) {
+      start_.best_val_acc = val_acc;
+      start_.best_val_loss = val_loss;
+    }
+    opt_->set_lr(sched_->step(opt_->lr(), val_loss));
+
+    const std::string tag = epoch_tag(epoch);
+    say(tag + " Time: " + std::to_string(static_cast<long long>(epoch_seconds)) + "s");
+    say(tag + " Average train loss: " + py_float(train_loss) + ", Average train accuracy: " + py_float(train_acc));
+    say(tag + " Val loss: " + py_float(val_loss) + ", Val accuracy: " + py_float(val_acc));
+    say(tag + " Current best val acc: " + py_float(start_.best_val_acc));
+    // Images this epoch actually trained on (all ranks), over the training time.
+    const double images = static_cast<double>(counts[1]) - (epoch == start_.epoch ? static_cast<double>(start_.partial_count) : 0.0);
+    const double ips = train_seconds > 0 ? images / train_seconds : 0.0;
+    const double steps = std::max<int64_t>(steps_done, 1);
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%s Throughput: %.1f img/s total, %.1f img/s per rank (%d ranks)", tag.c_str(), ips,
+                  ips / env_.world, env_.world);
+    say(buf);
+    std::snprintf(buf, sizeof buf,
+                  "%s Step time: %.1f ms = data wait %.1f + forward %.1f + backward %.1f + exposed comm %.1f + "
+                  "optimizer %.1f ms",
+                  tag.c_str(), 1e3 * (times.data + times.forward + times.backward + times.comm + times.optimizer) / steps,
+                  1e3 * times.data / steps, 1e3 * times.forward / steps, 1e3 * times.backward / steps,
+                  1e3 * times.comm / steps, 1e3 * times.optimizer / steps);
+    say(buf);
+    say("");
+    say("");
+
+    if (improved) save(best_path_, epoch + 1, 0, val_loss, val_acc);
+    save(last_path_, epoch + 1, 0, val_loss, val_acc);
+    if (metrics_) {
+      EpochMetrics m;
+      m.epoch = epoch + 1;
+      m.time_s = epoch_seconds;
+      m.train_loss = train_loss;
+      m.train_acc = train_acc;
+      m.val_loss = val_loss;
+      m.val_acc = val_acc;
+      m.best_val_acc = start_.best_val_acc;
+      m.lr = lr_used;
+      m.images_per_s = ips;
+      m.images_per_s_per_rank = ips / env_.world;
+      m.data_ms = 1e3 * times.data / steps;
+      m.forward_ms = 1e3 * times.forward / steps;
+      m.backward_ms = 1e3 * times.backward / steps;
+      m.comm_ms = 1e3 * times.comm / steps;
+      m.optimizer_ms = 1e3 * times.optimizer / steps;
+      m.world_size = env_.world;
+      m.global_step = start_.global_step;
+      try {
+        metrics_->write(m);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "resnet_ddp: warning: %s\n", e.what());
+      }
+    }
+    start_.partial_count = 0;
+    bool preempt = false, unused = false;
+    step_flags(false, preempt, unused);
+    if (preempt && epoch + 1 < o_.epochs) {
+      say("Preempted at epoch " + std::to_string(epoch + 1) + " step " + std::to_string(steps_done) +
+          "; checkpoint saved to " + fs::absolute(last_path_).string());
+      throw CollectiveExit{0};
+    }
+  }
+}
+
+int Trainer::run() {
+  setup_device();
+  setup_data();
+  say("Train set size: " + std::to_string(train_set_->size()) +
+      ", Validation set size: " + std::to_string(val_set_->size()));
+  setup_model();
+  check_output_space();
+  load_start_state();
+  if (o_.eval_only) {
+    double loss = 0, acc = 0;
+    validate(loss, acc);
+    say("");
+    say("Evaluated " + resume_path_ + (resume_path_.empty() ? o_.init : "") + " on " +
+        std::to_string(val_set_->size()) + " validation images");
+    say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
+    return 0;
+  }
+  if (rank0()) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
+                  "batch %d, %s lr %s, scheduler %s",
+                  o_.arch.c_str(), o_.head.c_str(), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, o_.optimizer.c_str(),
+                  py_float(opt_->lr()).c_str(), o_.scheduler.c_str());
+    say(buf);
+  }
+  if (start_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(start_.epoch) +
+                                        " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
+  train_epochs();
+  evaluate_best();
+  return 0;
+}
+
+}  // namespace
+
+int train_main(const TrainOptions& opts, int& argc, char**& argv) {
+  install_preemption_handlers();
+  dist::ProcessEnv env;
+  try {
+    env = dist::init_process(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet_ddp: error: cannot initialise MPI: %s\n", e.what());
+    return 1;
+  }
+  int code = 0;
+  try {
+    Trainer t(opts, env);
+    code = t.run();
+  } catch (const CollectiveExit& e) {
+    code = e.code;
+  } catch (const std::exception& e) {
+    // An error only this rank saw: the others may be waiting in a collective, so
+    // end the whole job rather than leave them hanging.
+    std::fprintf(stderr, "resnet_ddp: error: rank %d: %s\n", env.rank, e.what());
+    std::fflush(stderr);
+    dist::abort_job(1);
+  }
+  if (code == 0 && env.rank == 0) {
+    std::printf("\nCleaning up the distributed environment...\n");
+    std::fflush(stdout);
+  }
+  try {
+    dist::finalize_process();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet_ddp: error: rank %d: while shutting down MPI: %s\n", env.rank, e.what());
+    return code ? code : 1;
+  }
+  if (code == 0 && env.rank == 0) {
+    std::printf("Distributed environment has been properly closed\n");
+    std::fflush(stdout);
+  }
+  return code;
+}
+
+}  // namespace rd::train
