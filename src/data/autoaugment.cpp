@@ -2,6 +2,8 @@
 // AutoAugment has on PIL images: the enhance ops are PIL's ImageEnhance blends,
 // the LUT ops are PIL's ImageOps, and the geometric ops are PIL's affine
 // transform with nearest-neighbour sampling (16.16 fixed point) and fill 0.
+#include "data/exact_fp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -104,24 +106,25 @@ void simple_lut(Image& img, int op, float magnitude) {
 }
 
 // ---- ImageEnhance: blend(degenerate, image, factor) -------------------------------
-// PIL's Image.blend: interpolation truncates the double result; extrapolation goes
-// through float and clips.
-inline uint8_t blend_px(int degenerate, int image, double alpha, bool interpolate) {
-  const double v = degenerate + alpha * (image - degenerate);
-  if (interpolate) return static_cast<uint8_t>(v);
-  const float t = static_cast<float>(v);
+// PIL's ImagingBlend takes alpha as float: interpolation truncates the float result,
+// extrapolation clips it.
+inline uint8_t blend_px(int degenerate, int image, float alpha, bool interpolate) {
+  const float t = static_cast<float>(degenerate) + alpha * static_cast<float>(image - degenerate);
+  if (interpolate) return static_cast<uint8_t>(t);
   if (t <= 0.0f) return 0;
   if (t >= 255.0f) return 255;
   return static_cast<uint8_t>(t);
 }
 
-void blend_with(Image& img, const uint8_t* degenerate, double alpha) {
+void blend_with(Image& img, const uint8_t* degenerate, double alpha_in) {
+  const float alpha = static_cast<float>(alpha_in);
   const bool interpolate = alpha >= 0.0 && alpha <= 1.0;
   uint8_t* p = img.data();
   for (size_t i = 0; i < img.bytes(); ++i) p[i] = blend_px(degenerate[i], p[i], alpha, interpolate);
 }
 
-void blend_with_constant(Image& img, int degenerate, double alpha) {
+void blend_with_constant(Image& img, int degenerate, double alpha_in) {
+  const float alpha = static_cast<float>(alpha_in);
   const bool interpolate = alpha >= 0.0 && alpha <= 1.0;
   uint8_t lut[256];
   for (int v = 0; v < 256; ++v) lut[v] = blend_px(degenerate, v, alpha, interpolate);
