@@ -184,11 +184,27 @@ rd_run_command() {
   return "$status"
 }
 
+# rd_has_flag FLAG ARGS...: whether ARGS contain FLAG (as "FLAG VALUE" or "FLAG=VALUE").
+rd_has_flag() {
+  local flag=$1 arg
+  shift
+  for arg in "$@"; do
+    [[ $arg == "$flag" || $arg == "$flag="* ]] && return 0
+  done
+  return 1
+}
+
 # rd_train DATA_SRC_DEFAULT [RESNET_DDP_ARGS...]: stage the data on every node, run
-# resnet_ddp on it through the launcher, remove the staged copy at exit.
+# resnet_ddp on it through the launcher, remove the staged copy at exit. With
+# RD_PASS_THREADS=1 the threads per rank go to resnet_ddp as --threads (its own default
+# counts every core of the node, not the ones Slurm granted), unless ARGS set --threads.
 rd_train() {
   local src=${RESNET_DDP_DATA_SRC:-$1} dest=${RESNET_DDP_STAGE_DIR:-/tmp} bin data
   shift
+  local defaults=()
+  if [[ ${RD_PASS_THREADS:-0} == 1 ]] && ! rd_has_flag --threads "$@"; then
+    defaults=(--threads "$OMP_NUM_THREADS")
+  fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
   local program=("$bin")
@@ -206,5 +222,5 @@ rd_train() {
       program=("$RD_JOBS_DIR/on_node.sh" "$bin")
     fi
   fi
-  rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" "$@"
+  rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" ${defaults[@]+"${defaults[@]}"} "$@"
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# jobs/cpu.slurm trains on 2 emulated nodes x 1 rank: the data are staged on both nodes,
+# each rank reads its own node's copy, training completes with the reference output, only
+# rank 0 writes checkpoints, and the staged copies are gone afterwards. Then a job whose
+# training fails (an unknown flag) still removes the staged copies, and reports the failure.
+set -euo pipefail
+# shellcheck source=tests/slurm/harness.sh
+source "$(dirname "$0")/harness.sh"
+# shellcheck source=tests/slurm/train_common.sh
+source "$(dirname "$0")/train_common.sh"
+rd_slurm_start 170
+rd_make_dataset 24 12 40x40
+out=$RD_SLURM_DIR/out
+
+cd "$RD_SLURM_DIR/jobs"
+# The output folder holds %n as well, so a checkpoint written by the rank on the second
+# node would show up under out/c001-002.
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 3 "$RD_REPO/jobs/cpu.slurm" \
+  --arch resnet_tiny --image-size 32 --batch-size 4 --epochs 2 --workers 1 --augment none \
+  --output-dir "$out/%n")
+result=$(rd_slurm_wait "$job" 120)
+[[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "training job $job ended $result"; }
+rd_expect_log "$job" "^Training command: mpirun -np 2 $RD_REPO/jobs/on_node.sh $RESNET_DDP_BIN --data $RD_STAGE/%n/Dataset_2 --threads 1 --arch resnet_tiny .* --output-dir $out/%n\$" 1
+rd_expect_log "$job" "^stage_data.sh: every node holds 24 files, [0-9]+ bytes at" 1
+rd_expect_log "$job" "^Train set size: 24, Validation set size: 12\$" 1
+rd_expect_log "$job" "^\\(Epoch 2/2\\) Val loss: " 1
+rd_expect_log "$job" "^Best model \\(val loss: .*\\) has been saved to " 1
+rd_expect_log "$job" "^Distributed environment has been properly closed\$" 1
+[[ -f $out/c001-001/last.h5 && -f $out/c001-001/best_model.h5 ]] ||
+  rd_fail "rank 0 wrote no checkpoints: $(ls -la "$out/c001-001" 2>&1)"
+h5_on_node2=$(find "$out/c001-002" -name '*.h5' 2>/dev/null)
+[[ -z $h5_on_node2 ]] || rd_fail "rank 1 wrote checkpoints too: $h5_on_node2"
+rd_expect_staged_and_removed "$job"
+rd_log "training job passed"
+
+# Training fails: the job fails with the program's status, and still cleans up.
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 3 "$RD_REPO/jobs/cpu.slurm" --no-such-flag)
+result=$(rd_slurm_wait "$job" 60)
+[[ $result == FAILED* && $result != *" 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "failing job $job ended $result"; }
+rd_expect_log "$job" "--no-such-flag" 
+rd_expect_log "$job" "^cpu.slurm: removing the staged data from every node\$" 1
+rd_expect_staged_and_removed "$job"
+rd_log "PASS: CPU training on 2 nodes, rank-0 checkpoints, staging and clean-up on success and failure"
