@@ -1,0 +1,323 @@
+// Every CUDA backend op, forward and backward, against the float64 reference
+// (tests/reference) through the backend-generic checks of tests/kernel, in
+// every precision/layout the GPU supports: fp32 NCHW and NHWC (also against
+// finite differences), tf32, fp16 and bf16 (tolerances per precision). Plus
+// SyncBatchNorm's all-reduce path, the fused unscale+check, and argument
+// errors. Exits 77 (skipped) when no CUDA device is visible.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "kernel/backend_checks.h"
+#include "resnet_ddp/errors.h"
+
+using namespace rd;
+using namespace rd::test;
+
+namespace {
+
+void skip_without_gpu() {
+  if (cuda_device_count() == 0) {
+    std::printf("no CUDA device visible: skipped\n");
+    std::exit(77);
+  }
+}
+
+struct GpuConfig {
+  std::unique_ptr<Backend> backend;
+  std::string label;
+  Tol tol;                  // for convolutions, BN and pooling results
+  bool exact_copies;        // F32 storage: copies and elementwise ops are exact
+  bool finite_differences;  // only meaningful in fp32
+};
+
+int compute_capability_major() {
+  cudaDeviceProp p{};
+  return cudaGetDeviceProperties(&p, 0) == cudaSuccess ? p.major : 0;
+}
+
+std::vector<GpuConfig> gpu_configs() {
+  skip_without_gpu();
+  const bool ampere = compute_capability_major() >= 8;
+  struct Spec {
+    Precision p;
+    Layout l;
+    const char* label;
+    Tol tol;
+    bool exact, fd;
+  };
+  std::vector<Spec> specs{
+      {Precision::FP32, Layout::NCHW, "fp32 NCHW", {1e-3, 1e-4}, true, true},
+      {Precision::FP32, Layout::NHWC, "fp32 NHWC", {1e-3, 1e-4}, true, true},
+      {Precision::FP16, Layout::NHWC, "fp16 NHWC", {2e-2, 1e-2}, false, false},
+      {Precision::FP16, Layout::NCHW, "fp16 NCHW", {2e-2, 1e-2}, false, false},
+  };
+  if (ampere) {
+    specs.push_back({Precision::TF32, Layout::NHWC, "tf32 NHWC", {1e-2, 5e-3}, true, false});
+    specs.push_back({Precision::BF16, Layout::NHWC, "bf16 NHWC", {6e-2, 3e-2}, false, false});
+  }
+  std::vector<GpuConfig> all;
+  for (const Spec& s : specs) {
+    BackendOptions o;
+    o.precision = s.p;
+    o.layout = s.l;
+    all.push_back({make_cuda_backend(o), s.label, s.tol, s.exact, s.fd});
+  }
+  return all;
+}
+
+// Sums in place over two identical "ranks": every statistic doubles, so the
+// synchronised result must equal the local one. Runs on the backend's own
+// stream (scale), as an NCCL reducer's collective would be ordered.
+struct TwoIdenticalRanks : ChannelReducer {
+  Backend& be;
+  int calls = 0;
+  explicit TwoIdenticalRanks(Backend& b) : be(b) {}
+  void allreduce_sum(float* data, size_t count) override {
+    be.scale(data, 2.f, count);
+    ++calls;
+  }
+};
+
+// fp16/bf16 storage: finite differences are meaningless, so compare with the
+// reference applied to the values as stored (read back after the upload).
+void check_reduced_precision_elementwise(Backend& be, const Dims& d) {
+  INFO("reduced-precision relu/add/accumulate/pooling " << d.str() << " on " << be.name());
+  Tensor a = upload_activation(be, random_floats(d.numel(), 601), d.n, d.c, d.h, d.w);
+  Tensor b = upload_activation(be, random_floats(d.numel(), 602), d.n, d.c, d.h, d.w);
+  const auto ah = download_activation(be, a), bh = download_activation(be, b);
+  const ref::Act ar = to_act(ah, d.n, d.c, d.h, d.w), br = to_act(bh, d.n, d.c, d.h, d.w);
+  const Tol storage{1e-2, 1e-2};  // one rounding of the result
+  Tensor y = be.activation(d.n, d.c, d.h, d.w);
+  be.relu_forward(a, y);
+  RD_CHECK_CLOSE("relu", download_activation(be, y), ref::relu_forward(ar).v, storage);
+  Tensor dx = be.activation(d.n, d.c, d.h, d.w);
+  be.relu_backward(y, b, dx);
+  RD_CHECK_CLOSE("relu backward", download_activation(be, dx), ref::relu_backward(ref::relu_forward(ar), br).v, storage);
+  be.add_forward(a, b, true, y);
+  const ref::Act sum = ref::add_forward(ar, br, true);
+  RD_CHECK_CLOSE("add+relu", download_activation(be, y), sum.v, storage);
+  be.add_backward(y, b, true, dx);
+  RD_CHECK_CLOSE("add+relu backward", download_activation(be, dx), ref::add_backward(sum, br, true).v, storage);
+  be.accumulate(a, b);
+  RD_CHECK_CLOSE("accumulate", download_activation(be, b), ref::add_forward(ar, br, false).v, storage);
+  const int64_t oh = conv_out_size(d.h, 3, 2, 1), ow = conv_out_size(d.w, 3, 2, 1);
+  Tensor p = be.activation(d.n, d.c, oh, ow);
+  auto ws = be.allocate(be.maxpool_workspace_bytes(p));
+  be.maxpool_forward(a, p, 3, 2, 1, ws.get());
+  RD_CHECK_CLOSE("maxpool", download_activation(be, p), ref::maxpool_forward(ar, 3, 2, 1).y.v, storage);
+  Tensor m = be.matrix(d.n, d.c);
+  be.global_avgpool_forward(a, m);
+  RD_CHECK_CLOSE("global avgpool", download_rowmajor(be, m), ref::global_avgpool_forward(ar).v, storage);
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: device discovery and names", "[gpu]") {
+  skip_without_gpu();
+  CHECK(cuda_backend_available());
+  auto be = make_cuda_backend();
+  CHECK(be->device() == DeviceKind::CUDA);
+  CHECK(be->activation_layout() == Layout::NHWC);
+  CHECK(be->name().find("cuda") == 0);
+  std::printf("%s\n", be->name().c_str());
+  BackendOptions bad;
+  bad.device_index = 1000;
+  bool usage_error = false;
+  try {
+    make_cuda_backend(bad);
+  } catch (const rd::UsageError&) {
+    usage_error = true;
+  }
+  CHECK(usage_error);
+}
+
+TEST_CASE("cuda backend: NCHW copies round-trip", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    if (g.exact_copies)
+      for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 2}, Dims{3, 32, 1, 1}}) check_copy_roundtrip(*g.backend, d);
+  }
+}
+
+TEST_CASE("cuda backend: conv2d forward/backward vs reference", "[gpu]") {
+  const std::vector<ConvCase> cases{
+      {2, 3, 7, 7, 4, 3, 1, 1},    {1, 5, 9, 8, 6, 3, 2, 1},   {2, 8, 6, 6, 16, 1, 2, 0},
+      {1, 3, 17, 15, 8, 7, 2, 3},  {3, 16, 5, 5, 16, 3, 1, 1}, {2, 17, 4, 5, 3, 3, 1, 0},
+      {1, 4, 3, 3, 5, 3, 2, 1},    {2, 64, 8, 8, 64, 3, 1, 1},
+  };
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    for (const ConvCase& c : cases) check_conv2d(*g.backend, c, g.tol, g.finite_differences);
+  }
+}
+
+TEST_CASE("cuda backend: batch norm train/eval/backward vs reference", "[gpu]") {
+  const std::vector<BnCase> cases{
+      {2, 5, 3, 3, false}, {2, 5, 3, 3, true},  {1, 7, 5, 4, true},
+      {4, 16, 2, 2, false}, {3, 20, 3, 5, true}, {8, 3, 1, 1, true}, {4, 70, 6, 6, true},
+  };
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    for (const BnCase& c : cases) check_batchnorm(*g.backend, c, g.tol, g.finite_differences);
+    check_batchnorm_running_stats(*g.backend, BnCase{4, 6, 3, 3, true}, 5, g.tol);
+  }
+}
+
+TEST_CASE("cuda backend: SyncBatchNorm path equals local BN for identical ranks", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    Backend& be = *g.backend;
+    const int64_t n = 3, c = 9, h = 4, w = 5;
+    const size_t C = static_cast<size_t>(c);
+    const auto xh = random_floats(static_cast<size_t>(n * c * h * w), 501, -1.f, 2.f);
+    const auto dyh = random_floats(xh.size(), 502);
+    Tensor x = upload_activation(be, xh, n, c, h, w), dy = upload_activation(be, dyh, n, c, h, w);
+    DeviceVector gamma(be, random_floats(C, 503, 0.5f, 1.5f)), beta(be, random_floats(C, 504));
+    std::vector<std::vector<float>> out;
+    for (bool synced : {false, true}) {
+      TwoIdenticalRanks reducer(be);
+      DeviceVector rm(be, filled(C, 0.f)), rv(be, filled(C, 1.f)), sm(be, filled(C, 0.f)), si(be, filled(C, 0.f));
+      DeviceVector dg(be, filled(C, 0.f)), db(be, filled(C, 0.f));
+      BatchNormSaved saved;
+      saved.mean = sm.ptr();
+      saved.invstd = si.ptr();
+      Tensor y = be.activation(n, c, h, w), dx = be.activation(n, c, h, w);
+      be.batchnorm_forward_train(x, gamma.ptr(), beta.ptr(), rm.ptr(), rv.ptr(), 0.1f, 1e-5f, true, y, saved,
+                                 synced ? &reducer : nullptr);
+      be.batchnorm_backward(x, y, dy, gamma.ptr(), saved, true, dx, dg.ptr(), db.ptr(), false,
+                            synced ? &reducer : nullptr);
+      if (synced) {
+        CHECK(reducer.calls == 2);
+        CHECK(saved.count == Approx(2.0 * static_cast<double>(n * h * w)));
+      }
+      out.push_back(download_activation(be, y));
+      out.push_back(download_activation(be, dx));
+      out.push_back(rm.host());
+      out.push_back(dg.host());
+    }
+    // Running variance differs (unbiased with twice the count), everything else matches.
+    RD_CHECK_CLOSE("sync y", out[4], to_double(out[0]), (Tol{1e-5, 1e-5}));
+    RD_CHECK_CLOSE("sync dx", out[5], to_double(out[1]), (Tol{1e-4, 1e-5}));
+    RD_CHECK_CLOSE("sync running mean", out[6], to_double(out[2]), (Tol{1e-5, 1e-6}));
+    RD_CHECK_CLOSE("sync dgamma (local)", out[7], to_double(out[3]), (Tol{1e-5, 1e-6}));
+  }
+}
+
+TEST_CASE("cuda backend: relu, residual add, accumulate", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    if (g.exact_copies) {
+      for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 3}, Dims{2, 32, 2, 2}}) {
+        check_relu(*g.backend, d);
+        check_add(*g.backend, d, false);
+        check_add(*g.backend, d, true);
+        check_accumulate(*g.backend, d);
+      }
+    } else {
+      check_reduced_precision_elementwise(*g.backend, Dims{2, 17, 3, 5});
+    }
+  }
+}
+
+TEST_CASE("cuda backend: max pool and global average pool", "[gpu]") {
+  const std::vector<PoolCase> cases{{2, 3, 8, 8}, {1, 5, 7, 9}, {2, 17, 5, 5}, {1, 2, 1, 1}, {1, 4, 6, 6, 2, 2, 0}};
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    if (!g.exact_copies) continue;  // finite differences need f32 storage; fp16/bf16: model test
+    for (const PoolCase& c : cases)
+      for (const char* values : {"distinct", "ties", "negative"}) check_maxpool(*g.backend, c, values);
+    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}}) check_global_avgpool(*g.backend, d);
+  }
+}
+
+TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    Backend& be = *g.backend;
+    // Matrices stay f32 in every precision; TF32 GEMMs need the looser tolerance.
+    const Tol lin = g.label.rfind("fp32", 0) == 0 ? Tol{1e-4, 1e-5} : Tol{1e-2, 5e-3};
+    for (LinearCase c : {LinearCase{2, 5, 3}, LinearCase{1, 17, 10}, LinearCase{5, 64, 7}, LinearCase{16, 512, 512}})
+      check_linear(be, c, lin);
+    check_softmax_xent(be, 4, 3, 0.f, 1.f);
+    check_softmax_xent(be, 5, 10, 0.1f, 1.f);
+    check_softmax_xent(be, 3, 1000, 0.1f, 0.5f);
+    check_softmax_xent(be, 16, 3, 0.1f, 65536.f);
+    for (size_t count : {size_t{1}, size_t{37}, size_t{100003}}) {
+      check_adam(be, count, 0.f, 3);
+      check_adam(be, count, 0.01f, 3);
+      check_sgd(be, count, 0.9f, 0.f, 0.f, false, 3);
+      check_sgd(be, count, 0.9f, 0.1f, 1e-4f, false, 3);
+      check_sgd(be, count, 0.9f, 0.f, 1e-4f, true, 3);
+      check_sgd(be, count, 0.f, 0.f, 0.f, false, 2);
+      check_fill_scale_finite(be, count);
+    }
+    if (g.exact_copies) {
+      check_images_u8(be, Dims{2, 3, 5, 7}, false);
+      check_images_u8(be, Dims{1, 3, 4, 4}, true);
+    }
+  }
+}
+
+TEST_CASE("cuda backend: fused unscale + inf/nan check and accuracy count", "[gpu]") {
+  skip_without_gpu();
+  cuda::CudaBackend be(BackendOptions{});
+  std::vector<float> h(4099, 2.f);
+  DeviceVector v(be, h);
+  CHECK(be.unscale_and_check(v.ptr(), 0.5f, h.size()));
+  CHECK(v.host() == filled(h.size(), 1.f));
+  h[4098] = INFINITY;
+  DeviceVector bad(be, h);
+  CHECK_FALSE(be.unscale_and_check(bad.ptr(), 0.5f, h.size()));
+  const std::vector<float> logits{0.f, 2.f, 1.f, 5.f, 1.f, 1.f, 0.f, 0.f, 3.f};
+  Tensor z = upload_rowmajor(be, logits, Shape{3, 3});
+  const std::vector<int32_t> labels{1, 0, 0};
+  CHECK(be.count_correct(z, labels.data()) == 2);
+}
+
+TEST_CASE("cuda backend: bad arguments are clear errors", "[gpu]") {
+  skip_without_gpu();
+  auto be = make_cuda_backend();
+  Tensor x = be->activation(1, 4, 5, 5);
+  Tensor wrong = be->tensor(Shape{1, 4, 5, 5}, Layout::NCHW);  // not the backend's NHWC
+  Tensor w = upload_rowmajor(*be, filled(4 * 4 * 9, 0.1f), Shape{4, 4, 3, 3});
+  Tensor y = be->activation(1, 4, 5, 5);
+  bool threw = false;
+  try {
+    be->conv2d_forward(wrong, w, y, ConvGeometry{});
+  } catch (const rd::Error& e) {
+    threw = std::string(e.what()).find("conv2d_forward") != std::string::npos;
+  }
+  CHECK(threw);
+  threw = false;
+  try {
+    Tensor y_bad = be->activation(1, 4, 4, 4);
+    be->conv2d_forward(x, w, y_bad, ConvGeometry{});
+  } catch (const rd::Error& e) {
+    threw = std::string(e.what()).find("expected") != std::string::npos;
+  }
+  CHECK(threw);
+  const std::vector<int32_t> labels{7};
+  Tensor z = be->matrix(1, 3);
+  threw = false;
+  try {
+    be->softmax_xent(z, labels.data(), 0.f, 1.f, nullptr, nullptr);
+  } catch (const rd::Error& e) {
+    threw = std::string(e.what()).find("label 7") != std::string::npos;
+  }
+  CHECK(threw);
+  // Out of memory names what was asked and what is free.
+  threw = false;
+  try {
+    be->allocate(size_t{1} << 50);
+  } catch (const rd::Error& e) {
+    const std::string m = e.what();
+    threw = m.find("asked") != std::string::npos && m.find("free") != std::string::npos;
+  }
+  CHECK(threw);
+}
