@@ -1,0 +1,140 @@
+// `resnet_ddp info FILE.h5`: a checkpoint's metadata, without loading a model.
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/train/report.h"
+
+namespace rd::train {
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double x) {
+  // JSON has no NaN/Inf: null keeps the document valid.
+  return std::isfinite(x) ? py_float(x) : "null";
+}
+
+int64_t count_params(const Snapshot& s) {
+  int64_t n = 0;
+  for (const auto& t : s.state_dict)
+    if (!t.is_int64_scalar && t.name.find("running_") == std::string::npos) n += static_cast<int64_t>(t.values.size());
+  return n;
+}
+
+}  // namespace
+
+int info_main(const InfoOptions& o) {
+  Snapshot s;
+  bool weights_only = false;
+  try {
+    s = read_checkpoint(o.checkpoint, false);
+  } catch (const UsageError& full_error) {
+    try {
+      s = read_checkpoint(o.checkpoint, true);
+      weights_only = true;
+    } catch (const UsageError&) {
+      std::fprintf(stderr, "resnet_ddp: error: %s\n", full_error.what());
+      return 2;
+    }
+  }
+  const CheckpointMeta& m = s.meta;
+  std::ostringstream out;
+  if (o.json) {
+    out << "{\n  \"file\": " << json_string(o.checkpoint) << ",\n  \"kind\": "
+        << json_string(weights_only ? "weights" : "checkpoint") << ",\n  \"format_version\": " << m.format_version
+        << ",\n  \"arch\": " << json_string(m.arch) << ",\n  \"head\": " << json_string(m.head)
+        << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
+    for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
+    out << "],\n  \"image_size\": " << m.image_size << ",\n  \"normalize\": " << json_string(m.normalize)
+        << ",\n  \"epoch\": " << m.epoch << ",\n  \"step_in_epoch\": " << m.step_in_epoch
+        << ",\n  \"global_step\": " << m.global_step << ",\n  \"best_val_acc\": " << json_number(m.best_val_acc)
+        << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
+        << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
+        << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
+        << ",\n  \"parameters\": " << count_params(s) << ",\n  \"tensors\": " << s.state_dict.size()
+        << ",\n  \"optimizer\": " << json_string(s.optimizer.present ? s.optimizer.type : "")
+        << ",\n  \"optimizer_step\": " << s.optimizer.step << ",\n  \"lr\": " << json_number(s.optimizer.lr)
+        << ",\n  \"scheduler\": " << json_string(s.scheduler.present ? s.scheduler.type : "")
+        << ",\n  \"args\": " << json_string(m.args) << ",\n  \"created_by\": " << json_string(m.created_by);
+    if (o.tensors) {
+      out << ",\n  \"state_dict\": {";
+      for (size_t i = 0; i < s.state_dict.size(); ++i) {
+        const auto& t = s.state_dict[i];
+        out << (i ? ", " : "") << json_string(t.name) << ": [";
+        for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
+        out << "]";
+      }
+      out << "}";
+    }
+    out << "\n}\n";
+  } else {
+    out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
+    if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
+    if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
+    out << "parameters:      " << count_params(s) << " in " << s.state_dict.size() << " state_dict tensors\n";
+    if (!weights_only) {
+      out << "classes (" << m.num_classes << "):    ";
+      for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
+      out << "\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
+      out << "epoch:           " << m.epoch << " completed";
+      if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
+      out << "\nglobal step:     " << m.global_step << "\n";
+      if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
+      out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
+      out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
+      if (s.optimizer.present)
+        out << "optimizer:       " << s.optimizer.type << ", step " << s.optimizer.step << ", lr "
+            << py_float(s.optimizer.lr) << " (initial " << py_float(s.optimizer.initial_lr) << ")\n";
+      if (s.scheduler.present) {
+        out << "scheduler:       " << s.scheduler.type;
+        if (s.scheduler.type == "plateau")
+          out << " (best " << py_float(s.scheduler.plateau.best) << ", bad epochs " << s.scheduler.plateau.num_bad_epochs
+              << "/" << s.scheduler.plateau.patience << ")";
+        out << "\n";
+      }
+      out << "command line:    " << m.args << "\n";
+    }
+    if (o.tensors) {
+      out << "tensors:\n";
+      for (const auto& t : s.state_dict) {
+        out << "  " << t.name << "  ";
+        if (t.is_int64_scalar) {
+          out << "int64 = " << t.int_value;
+        } else {
+          out << "float32 [";
+          for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
+          out << "]";
+        }
+        out << "\n";
+      }
+    }
+  }
+  std::fputs(out.str().c_str(), stdout);
+  return 0;
+}
+
+}  // namespace rd::train
