@@ -104,6 +104,8 @@ class Backend {
                                       const float* running_mean, const float* running_var,
                                       float eps, bool relu, Tensor& y) = 0;
   // `y` is the forward output (its sign gives the ReLU mask when relu is fused).
+  // With `sync`, dx uses the all-reduced sums, but dgamma/dbeta stay this rank's
+  // local sums (DDP averages them with the other gradients).
   virtual void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
                                   const float* gamma, const BatchNormSaved& saved, bool relu,
                                   Tensor& dx, float* dgamma, float* dbeta, bool accumulate,

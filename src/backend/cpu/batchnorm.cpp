@@ -225,12 +225,16 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
     red[c] = static_cast<float>(sum_dy[c]);
     red[C + c] = static_cast<float>(sum_dy_xmu[c] * saved.invstd[c]);
   }
+  // dgamma/dbeta are this rank's own sums: DDP averages them like every other
+  // gradient (taking them after the all-reduce would scale them by the world size).
+  for (int64_t c = 0; c < C; ++c) {
+    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + red[c] : red[c];
+    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + red[C + c] : red[C + c];
+  }
   if (sync) sync->allreduce_sum(red, static_cast<size_t>(2 * C));
   float* mean_dy = red + 2 * C;
   float* mean_dy_xhat = mean_dy + C;
   for (int64_t c = 0; c < C; ++c) {
-    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + red[c] : red[c];
-    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + red[C + c] : red[C + c];
     mean_dy[c] = static_cast<float>(red[c] / saved.count);
     mean_dy_xhat[c] = static_cast<float>(red[C + c] / saved.count);
   }
