@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -132,7 +133,13 @@ Progress::Progress(const std::string& mode_flag, int64_t every) : every_(every) 
   if (mode_flag == "bar") mode_ = Mode::Bar;
   else if (mode_flag == "lines") mode_ = Mode::Lines;
   else if (mode_flag == "none") mode_ = Mode::None;
-  else mode_ = ::isatty(1) ? Mode::Bar : Mode::Lines;
+  else {
+    // Open MPI hands every rank a pseudo-terminal even when mpirun's own output goes
+    // to a file, so under a launcher only --progress bar asks for the bar.
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                          std::getenv("PMIX_RANK") || std::getenv("SLURM_STEP_ID");
+    mode_ = ::isatty(1) && !launched ? Mode::Bar : Mode::Lines;
+  }
   if (mode_ == Mode::Lines && every_ <= 0) mode_ = Mode::None;
 }
 

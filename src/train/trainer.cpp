@@ -101,6 +101,7 @@ class Trainer {
   bool train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct, int64_t& seen, StepTimes& times,
                        int64_t& steps_done, double& train_seconds);
   void validate(double& val_loss, double& val_acc);
+  void sync_buffers();
   void save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
             double partial_loss = 0, int64_t partial_correct = 0, int64_t partial_count = 0);
   void evaluate_best();
@@ -482,6 +483,7 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
       }
       Tensor& input = model_->input_buffer(batch.n, batch.h, batch.w);
       backend_->images_u8_to_activation(batch.images, input, norm_mean_, norm_std_);
+      if (micro == 0) sync_buffers();
       backend_->synchronize();
       auto t1 = Clock::now();
       times.data += std::chrono::duration<double>(t1 - t0).count();
@@ -580,7 +582,14 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
   return true;
 }
 
+void Trainer::sync_buffers() {
+  // DDP's broadcast_buffers: without SyncBatchNorm each rank's running statistics
+  // drift apart; rank 0's are the model (they are what the checkpoint holds).
+  if (env_.world > 1 && !sync_bn_) grad_->broadcast(model_->buffers().data(), model_->buffers().bytes(), 0);
+}
+
 void Trainer::validate(double& val_loss, double& val_acc) {
+  sync_buffers();
   model_->train(false);
   val_loader_->restart(data::shard_exact(val_set_->size(), env_.world, env_.rank), 0);
   std::vector<int32_t> preds;
