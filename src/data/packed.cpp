@@ -126,6 +126,7 @@ bool read_strings(hid_t parent, const char* name, std::vector<std::string>& out)
   H5Sget_simple_extent_dims(space.get(), &n, nullptr);
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);  // HDF5 does not convert between ASCII and UTF-8
   std::vector<char*> ptrs(n, nullptr);
   if (n > 0 && H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0) return false;
   out.clear();

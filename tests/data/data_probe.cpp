@@ -7,8 +7,6 @@
 //   randperm <n> <seed>                         prints torch_randperm
 //   sampler <n> <world> <rank> <shuffle> <seed> <epoch> <drop_last>
 // Replies one line per command ("ok", numbers, or "error: ...").
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#define STB_IMAGE_WRITE_STATIC
 #include <stb/stb_image_write.h>
 
 #include <iostream>
