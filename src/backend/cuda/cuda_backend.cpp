@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -238,6 +240,25 @@ void* CudaBackend::workspace(size_t bytes) {
   return workspace_.get(bytes, "cuDNN convolution workspace");
 }
 
+// ---- compute-stream registry (for NcclComm) -------------------------------------------
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<int, cudaStream_t>& registry() {
+  static std::map<int, cudaStream_t> r;
+  return r;
+}
+}  // namespace
+
+cudaStream_t registered_compute_stream(int device) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(device);
+  return it == registry().end() ? nullptr : it->second;
+}
+
 // ---- construction -----------------------------------------------------------------------
 
 CudaBackend::CudaBackend(const BackendOptions& opts)
@@ -275,9 +296,16 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
   RD_CUBLAS(cublasSetStream(cublas_, compute_));
   RD_CUBLAS(cublasSetMathMode(cublas_, precision_ == Precision::FP32 ? CUBLAS_DEFAULT_MATH
                                                                      : CUBLAS_TF32_TENSOR_OP_MATH));
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[device_] = compute_;
 }
 
 CudaBackend::~CudaBackend() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(device_);
+    if (it != registry().end() && it->second == compute_) registry().erase(it);
+  }
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(copy_);
   plans_.clear();

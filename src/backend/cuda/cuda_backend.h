@@ -50,6 +50,10 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
+// Compute stream of the CudaBackend living on `device` (null when none):
+// NcclComm orders its collectives against it. The newest backend per device wins.
+cudaStream_t registered_compute_stream(int device);
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opts);

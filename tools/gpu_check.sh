@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One-call GPU check for a bare GPU host (CUDA toolkit + PyTorch + Python, no
+# MPI/oneDNN/HDF5/Catch2/CMake needed, no package access). From the repository
+# root:   tools/gpu_check.sh [--quick]
+#
+#  1. finds nvcc, cuDNN and cuBLAS (the toolkit's, else PyTorch's nvidia-* wheels)
+#  2. builds, for this GPU's architecture only, with nvcc + g++ in parallel:
+#     src/core, src/nn, src/backend/cuda (not NcclComm: it needs MPI), kernels/,
+#     tests/gpu/test_cuda_backend.cpp (against tests/gpu/catch_shim) and
+#     tests/gpu/gpu_train_bench.cpp            -> build-gpu-check/
+#  3. runs the GPU op tests (every op vs the float64 reference, all precisions)
+#  4. benchmarks the training step (ResNet-34 @244 batch 16, fp32/tf32/fp16/bf16,
+#     NHWC) against PyTorch on the same GPU, and prints a table.
+# Everything is printed; the exit status is the op tests'. --quick: fewer steps.
+# Environment: RD_GPU_ARCH=90 overrides the detected architecture,
+#              RD_GPU_PYTHON picks the Python that has torch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$ROOT/build-gpu-check
+STEPS=20 WARMUP=5
+[[ "${1:-}" == "--quick" ]] && STEPS=8 WARMUP=3
+JOBS=$(nproc 2>/dev/null || echo 4)
+T0=$(date +%s)
+say() { printf '\n== %s (t=%ss)\n' "$*" "$(( $(date +%s) - T0 ))"; }
+die() { echo "gpu_check.sh: $*" >&2; exit 2; }
+
+say "host"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -3
+PY=${RD_GPU_PYTHON:-}
+if [[ -z "$PY" ]]; then
+  for p in python3 python /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c "import torch" 2>/dev/null; then PY=$p; break; fi
+  done
+fi
+[[ -n "$PY" ]] && echo "python with torch: $PY ($("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'))"
+
+NVCC=$(command -v nvcc || true)
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+[[ -z "$NVCC" ]] && die "nvcc not found (PATH, /usr/local/cuda/bin): the CUDA toolkit is needed to build"
+CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
+"$NVCC" --version | tail -1
+CXX=${CXX:-g++}
+command -v "$CXX" >/dev/null || die "no host C++ compiler ($CXX)"
+
+ARCH=${RD_GPU_ARCH:-}
+if [[ -z "$ARCH" ]]; then
+  ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+fi
+[[ -z "$ARCH" && -n "$PY" ]] && ARCH=$("$PY" -c 'import torch;a,b=torch.cuda.get_device_capability();print(f"{a}{b}")' 2>/dev/null)
+[[ -z "$ARCH" ]] && ARCH=90
+echo "building for sm_$ARCH"
+
+# Header + library directories: the toolkit first, then PyTorch's nvidia wheels.
+INC=(-I"$CUDA_HOME/include") LIBDIRS=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
+if [[ -n "$PY" ]]; then
+  NV=$("$PY" -c 'import nvidia,os;print(os.path.dirname(list(nvidia.__path__)[0]+"/x"))' 2>/dev/null || true)
+  for sub in cudnn cublas cuda_runtime nccl; do
+    [[ -d "$NV/$sub/include" ]] && INC+=(-I"$NV/$sub/include")
+    [[ -d "$NV/$sub/lib" ]] && LIBDIRS+=("$NV/$sub/lib")
+  done
+fi
+mkdir -p "$OUT/obj" "$OUT/lib"
+find_lib() {  # find_lib cudnn -> links $OUT/lib/libcudnn.so to the first match
+  for d in "${LIBDIRS[@]}"; do
+    for f in "$d/lib$1.so" "$d"/lib$1.so.[0-9]*; do
+      if [[ -e "$f" ]]; then ln -sf "$f" "$OUT/lib/lib$1.so"; echo "lib$1: $f"; return 0; fi
+    done
+  done
+  die "lib$1 not found in ${LIBDIRS[*]}"
+}
+find_lib cudnn; find_lib cublas; find_lib cublasLt
+HDR=""
+for i in "${INC[@]}"; do [[ -f "${i#-I}/cudnn.h" ]] && HDR=${i#-I}; done
+[[ -z "$HDR" ]] && die "cudnn.h not found in ${INC[*]#-I}"
+echo "cudnn.h: $HDR"
+LD_DIRS=$(printf '%s:' "${LIBDIRS[@]}")
+export LD_LIBRARY_PATH="$OUT/lib:${LD_DIRS}${LD_LIBRARY_PATH:-}"
+
+say "build"
+COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/kernels" -I"$ROOT/tests" "${INC[@]}")
+CMDS=$OUT/compile_cmds.txt
+: > "$CMDS"
+OBJS=()
+for f in kernels/*.cu; do
+  o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
+  echo "$NVCC -std=c++17 -gencode arch=compute_$ARCH,code=sm_$ARCH --expt-relaxed-constexpr ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
+done
+for f in src/core/*.cpp src/nn/*.cpp src/backend/cuda/*.cpp; do
+  [[ "$f" == *nccl_comm* ]] && continue  # needs MPI, which bare GPU hosts lack
+  o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
+  echo "$CXX -std=c++20 -fPIC ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
+done
+echo "$CXX -std=c++20 ${COMMON[*]} -I$ROOT/tests/gpu/catch_shim -DRD_CATCH_SHIM_MAIN -c $ROOT/tests/gpu/test_cuda_backend.cpp -o $OUT/obj/test.o" >> "$CMDS"
+echo "$CXX -std=c++20 ${COMMON[*]} -c $ROOT/tests/gpu/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
+if ! xargs -P "$JOBS" -I{} sh -c '{} || exit 255' < "$CMDS" > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" -A3 "$OUT/build.log" | head -60
+  die "build failed (full log: $OUT/build.log)"
+fi
+LIBS=(-L"$OUT/lib" -L"$CUDA_HOME/lib64" -lcudnn -lcublas -lcublasLt -lcudart -lpthread -ldl -lrt)
+"$CXX" -o "$OUT/test_cuda_backend" "$OUT/obj/test.o" "${OBJS[@]}" "${LIBS[@]}" || die "link of test_cuda_backend failed"
+"$CXX" -o "$OUT/gpu_train_bench" "$OUT/obj/bench.o" "${OBJS[@]}" "${LIBS[@]}" || die "link of gpu_train_bench failed"
+grep -c warning "$OUT/build.log" | sed 's/^/compiler warnings: /'
+
+say "GPU op tests (tests/gpu/test_cuda_backend.cpp)"
+timeout 300 "$OUT/test_cuda_backend"
+TEST_RC=$?
+echo "op tests exit status: $TEST_RC"
+
+say "training-step benchmark: ResNet-34 @244, batch 16, NHWC (resnet_ddp) vs PyTorch"
+RES=$OUT/bench.jsonl
+: > "$RES"
+for prec in fp32 tf32 fp16 bf16; do
+  timeout 120 "$OUT/gpu_train_bench" --arch resnet34 --size 244 --batch 16 --precision "$prec" \
+    --layout nhwc --steps "$STEPS" --warmup "$WARMUP" | tee -a "$RES"
+done
+if [[ -n "$PY" ]]; then
+  timeout 200 "$PY" "$ROOT/tests/gpu/torch_gpu_bench.py" --arch resnet34 --size 244 --batch 16 \
+    --channels-last --steps "$STEPS" --warmup "$WARMUP" | tee -a "$RES"
+else
+  echo "no Python with torch: PyTorch comparison skipped"
+fi
+
+say "summary"
+"${PY:-python3}" - "$RES" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+ours = {r["precision"]: r for r in rows if r["framework"] == "resnet_ddp"}
+ref = {r["precision"]: r for r in rows if r["framework"] == "pytorch"}
+print(f"{'precision':9} {'resnet_ddp img/s':>17} {'pytorch img/s':>14} {'ratio':>6} {'ours MiB':>9} {'torch MiB':>10}")
+for p in ("fp32", "tf32", "fp16", "bf16"):
+    a, b = ours.get(p), ref.get(p)
+    ra = f"{a['img_per_s']:.1f}" if a else "-"
+    rb = f"{b['img_per_s']:.1f}" if b else "-"
+    ratio = f"{a['img_per_s'] / b['img_per_s']:.2f}" if a and b else "-"
+    ma = f"{a['memory_used_mib']:.0f}" if a else "-"
+    mb = f"{b['peak_memory_mib']}" if b else "-"
+    print(f"{p:9} {ra:>17} {rb:>14} {ratio:>6} {ma:>9} {mb:>10}")
+PYEOF
+say "done (op tests exit $TEST_RC)"
+exit "$TEST_RC"
