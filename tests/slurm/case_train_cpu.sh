@@ -21,14 +21,13 @@ job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 3 "$RD_REPO/jobs/cpu.slurm" \
 result=$(rd_slurm_wait "$job" 120)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "training job $job ended $result"; }
 rd_expect_log "$job" "^Training command: mpirun -np 2 $RD_REPO/jobs/on_node.sh $RESNET_DDP_BIN --data $RD_STAGE/%n/Dataset_2 --threads 1 --arch resnet_tiny .* --output-dir $out/%n\$" 1
-rd_expect_log "$job" "^stage_data.sh: every node holds 24 files, [0-9]+ bytes at" 1
+rd_expect_log "$job" "^stage_data.sh: every node holds 36 files, [0-9]+ bytes at" 1
 rd_expect_log "$job" "^Train set size: 24, Validation set size: 12\$" 1
 rd_expect_log "$job" "^\\(Epoch 2/2\\) Val loss: " 1
 rd_expect_log "$job" "^Best model \\(val loss: .*\\) has been saved to " 1
-rd_expect_log "$job" "^Distributed environment has been properly closed\$" 1
 [[ -f $out/c001-001/last.h5 && -f $out/c001-001/best_model.h5 ]] ||
   rd_fail "rank 0 wrote no checkpoints: $(ls -la "$out/c001-001" 2>&1)"
-h5_on_node2=$(find "$out/c001-002" -name '*.h5' 2>/dev/null)
+h5_on_node2=$(find "$out/c001-002" -name '*.h5' 2>/dev/null || true)
 [[ -z $h5_on_node2 ]] || rd_fail "rank 1 wrote checkpoints too: $h5_on_node2"
 rd_expect_staged_and_removed "$job"
 rd_log "training job passed"

@@ -30,22 +30,30 @@ RD_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 rd_slurm_check_prereqs() {
   local missing=() tool
-  for tool in munged mungekey slurmctld slurmd sbatch srun scontrol sinfo squeue scancel ss; do
+  for tool in munged mungekey slurmctld slurmd sbatch srun scontrol sinfo squeue scancel; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
   done
   ((${#missing[@]} == 0)) ||
-    rd_skip "missing ${missing[*]} (Debian packages slurm-wlm, munge, iproute2)"
+    rd_skip "missing ${missing[*]} (Debian packages slurm-wlm, munge)"
   # slurmd starts job steps as the submitting user, which only root may do.
   [[ $(id -u) == 0 ]] || rd_skip "a private slurmd needs root (running as $(id -un))"
 }
 
-# A TCP port nobody listens on now. A race with another process is possible; the start-up
+# Whether some socket is bound to TCP port $1 (read from /proc: no iproute2 needed).
+rd_port_in_use() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  awk -v port=":$hex" 'FNR > 1 && substr($2, length($2) - 4) == port { found = 1 } END { exit !found }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# A TCP port nobody uses now. A race with another process is possible; the start-up
 # retries with fresh ports when a daemon cannot bind.
 rd_free_port() {
   local port
   while :; do
     port=$((20000 + RANDOM % 40000))
-    if [[ -z $(ss -Htln "sport = :$port" 2>/dev/null) ]]; then
+    if ! rd_port_in_use "$port"; then
       echo "$port"
       return
     fi
@@ -58,7 +66,8 @@ rd_write_slurm_conf() {
   cat >"$dir/slurm.conf" <<EOF
 # Private test cluster written by tests/slurm/harness.sh
 ClusterName=rdtest
-SlurmctldHost=$host
+# The address in brackets: clients need not resolve the host name (chroots, containers).
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge/socket
@@ -71,6 +80,7 @@ SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$dir/run/slurmd.%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.%n.log
+MailProg=/bin/true
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$dir/plugstack.conf
@@ -122,6 +132,9 @@ rd_slurm_start() {
   done
   RD_SLURM_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rd-slurm.XXXXXX")
   trap rd_slurm_teardown EXIT
+  # A failing command under `set -e` names itself instead of ending the case silently.
+  set -E
+  trap 'rd_log "FAIL: \`$BASH_COMMAND\` failed (status $?) at ${BASH_SOURCE[0]}:$LINENO"' ERR
   trap 'rd_log "interrupted"; exit 130' INT
   trap 'rd_log "terminated (time budget or ctest timeout)"; exit 143' TERM
   local main_pid=$$
@@ -141,7 +154,11 @@ rd_slurm_start() {
   export OMP_NUM_THREADS=1
 
   local d=$RD_SLURM_DIR
-  mkdir -p "$d/munge" "$d/state" "$d/spool" "$d/run" "$d/log" "$d/jobs"
+  mkdir -p "$d/munge" "$d/state" "$d/run" "$d/log" "$d/jobs"
+  local node
+  for node in "${RD_SLURM_NODES[@]}"; do
+    mkdir -p "$d/spool/$node"
+  done
   chmod 755 "$d" "$d/munge"
   mungekey -c -k "$d/munge/munge.key" >/dev/null
   rd_spawn "$d/log/munged.out" munged -F --force --socket="$d/munge/socket" \
@@ -158,7 +175,7 @@ rd_slurm_start() {
     ctld_port=$(rd_free_port)
     node_port=$(rd_free_port)
     # Two consecutive free ports for the two slurmd daemons.
-    while [[ -n $(ss -Htln "sport = :$((node_port + 1))") || $node_port == "$ctld_port" ||
+    while rd_port_in_use $((node_port + 1)) || [[ $node_port == "$ctld_port" ||
       $((node_port + 1)) == "$ctld_port" ]]; do
       node_port=$(rd_free_port)
     done
@@ -218,7 +235,7 @@ rd_harness_stragglers() {
 
 rd_slurm_teardown() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM ERR
   [[ -n ${RD_SLURM_WATCHDOG:-} ]] && kill "$RD_SLURM_WATCHDOG" 2>/dev/null
   if [[ -n $RD_SLURM_DIR && -d $RD_SLURM_DIR ]]; then
     if ((rc != 0 && rc != 77)); then

@@ -2,6 +2,7 @@
 # Shared by the training cases: a small synthetic dataset packed like the reference
 # data.tar.gz (one Dataset_2/ folder), staged into per-node folders.
 : "${RESNET_DDP_BIN:?set it to the resnet_ddp program}"
+[[ -x $RESNET_DDP_BIN ]] || rd_fail "RESNET_DDP_BIN=$RESNET_DDP_BIN is not an executable (build the resnet_ddp target)"
 export RESNET_DDP_BIN
 
 # rd_make_dataset TRAIN VAL SIZE: writes $RD_SLURM_DIR/data/data.tar.gz and exports the
@@ -28,6 +29,6 @@ rd_expect_staged_and_removed() {
     rd_expect_log "$job" "^stage_data.sh: node $node: staged data.tar.gz to $RD_STAGE/$node/Dataset_2 " 1
     rd_expect_log "$job" "^stage_data.sh: node $node: removed $RD_STAGE/$node/Dataset_2\$" 1
   done
-  leftover=$(find "$RD_STAGE" -mindepth 2 2>/dev/null)
+  leftover=$(find "$RD_STAGE" -mindepth 2 2>/dev/null || true)
   [[ -z $leftover ]] || rd_fail "staged data left behind after job $job: $leftover"
 }
