@@ -34,6 +34,7 @@ struct GradCheckOptions {
   double threshold = 0.0;    // 0: 1e-6 for double, 1e-2 for float
   double scale_floor = 1.0;  // below this magnitude the threshold is absolute
   size_t max_checks = 0;     // 0: every element; otherwise a seeded random sample
+  std::vector<size_t> indices;  // when given: exactly these elements (overrides max_checks)
   uint64_t seed = 1;
   bool skip_kinks = false;
   double max_skip_fraction = 0.2;
@@ -106,7 +107,13 @@ GradCheckResult check_gradient(const std::function<double(const std::vector<T>&)
     return std::fabs(a - n) / std::max({std::fabs(a), std::fabs(n), opt.scale_floor});
   };
 
-  for (size_t i : sample_indices(x.size(), opt.max_checks, opt.seed)) {
+  const std::vector<size_t> chosen =
+      opt.indices.empty() ? sample_indices(x.size(), opt.max_checks, opt.seed) : opt.indices;
+  for (size_t i : chosen) {
+    if (i >= x.size()) {
+      ++r.failures;
+      continue;
+    }
     const double numeric = central(i, h);
     const double a = analytic[i];
     double err = scaled_error(a, numeric);
