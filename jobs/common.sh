@@ -195,14 +195,14 @@ rd_has_flag() {
 }
 
 # rd_train DATA_SRC_DEFAULT [RESNET_DDP_ARGS...]: stage the data on every node, run
-# resnet_ddp on it through the launcher, remove the staged copy at exit. With
-# RD_PASS_THREADS=1 the threads per rank go to resnet_ddp as --threads (its own default
-# counts every core of the node, not the ones Slurm granted), unless ARGS set --threads.
+# resnet_ddp on it through the launcher, remove the staged copy at exit. The threads per
+# rank go to resnet_ddp as --threads (its own default counts every core of the node, not
+# the ones Slurm granted), unless ARGS set --threads.
 rd_train() {
   local src=${RESNET_DDP_DATA_SRC:-$1} dest=${RESNET_DDP_STAGE_DIR:-/tmp} bin data
   shift
   local defaults=()
-  if [[ ${RD_PASS_THREADS:-0} == 1 ]] && ! rd_has_flag --threads "$@"; then
+  if ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
@@ -222,5 +222,6 @@ rd_train() {
       program=("$RD_JOBS_DIR/on_node.sh" "$bin")
     fi
   fi
+  # ${a[@]+...}: bash before 4.4 (CentOS 7 login nodes) calls an empty array unbound.
   rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" ${defaults[@]+"${defaults[@]}"} "$@"
 }

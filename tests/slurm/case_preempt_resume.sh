@@ -20,6 +20,7 @@ rd_wait_for_log "$job" '^\(Epoch 1/1000\) Time: ' 90
 timeout 10 scancel --batch --signal=USR1 "$job"
 result=$(rd_slurm_wait "$job" 60)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "preempted job $job ended $result"; }
+rd_expect_log "$job" "^Training command: mpirun -np 2 .*/resnet_ddp --data $RD_STAGE/%n/Dataset_2 --threads 1 --arch resnet_tiny .* --epochs 1000\$" 1
 rd_expect_log "$job" "^frontera_rtx.slurm: got SIGUSR1: passing it to the launcher" 1
 rd_expect_log "$job" "^Preempted at epoch [0-9]+ step [0-9]+; checkpoint saved to $out/last.h5\$" 1
 [[ -f $out/last.h5 ]] || rd_fail "no $out/last.h5 after preemption"
@@ -35,5 +36,6 @@ result=$(rd_slurm_wait "$job" 120)
 rd_expect_log "$job" "^Resuming from $out/last.h5 at epoch ($epoch|$((epoch + 1)))( step [0-9]+)?$" 1
 rd_expect_log "$job" "^\\(Epoch 1/$total\\) " 0
 rd_expect_log "$job" "^\\(Epoch $total/$total\\) Val loss: " 1
+rd_expect_log "$job" "^Distributed environment has been properly closed\$" 1
 rd_expect_staged_and_removed "$job"
 rd_log "PASS: USR1 preemption saved last.h5; the resubmitted job resumed in epoch $epoch and finished"

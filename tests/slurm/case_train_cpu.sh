@@ -25,6 +25,7 @@ rd_expect_log "$job" "^stage_data.sh: every node holds 36 files, [0-9]+ bytes at
 rd_expect_log "$job" "^Train set size: 24, Validation set size: 12\$" 1
 rd_expect_log "$job" "^\\(Epoch 2/2\\) Val loss: " 1
 rd_expect_log "$job" "^Best model \\(val loss: .*\\) has been saved to " 1
+rd_expect_log "$job" "^Distributed environment has been properly closed\$" 1
 [[ -f $out/c001-001/last.h5 && -f $out/c001-001/best_model.h5 ]] ||
   rd_fail "rank 0 wrote no checkpoints: $(ls -la "$out/c001-001" 2>&1)"
 h5_on_node2=$(find "$out/c001-002" -name '*.h5' 2>/dev/null || true)
