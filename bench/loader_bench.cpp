@@ -1,0 +1,126 @@
+// Loader throughput (not a test): img/s and img/s per worker core for a JPEG
+// ImageFolder and for its packed .h5, with AutoAugment + Resize(S), optionally
+// side by side with torchvision's ImageFolder + DataLoader (same transforms and
+// worker count) through bench/torchvision_loader_bench.py.
+//   loader_bench [--data DIR] [--workers W] [--images N] [--image-size S]
+//                [--batch-size B] [--torchvision]
+// Without --data a synthetic JPEG set (synth, 256x256) is generated in /tmp.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "resnet_ddp/data/commands.h"
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/loader.h"
+#include "resnet_ddp/data/pack.h"
+#include "resnet_ddp/data/sampler.h"
+
+using namespace rd::data;
+namespace fs = std::filesystem;
+
+namespace {
+double measure(const Dataset& ds, const TransformPipeline& tf, int workers, int batch, size_t images) {
+  LoaderOptions o;
+  o.batch_size = batch;
+  o.workers = workers;
+  o.seed = 1;
+  DistributedSampler s(ds.size(), 1, 0, true, 0);
+  std::vector<int64_t> idx;
+  while (idx.size() < images) {
+    s.set_epoch(static_cast<int64_t>(idx.size()));
+    for (auto i : s.indices()) idx.push_back(i);
+  }
+  idx.resize(images);
+  Loader loader(ds, tf, o, idx, 0);
+  Batch b;
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t n = 0;
+  while (loader.next(b)) n += static_cast<size_t>(b.n);
+  return static_cast<double>(n) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string data;
+  int workers = 1, size = 244, batch = 32;
+  size_t images = 256;
+  bool torchvision = false;
+  bool generated = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "loader_bench: " << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--data") data = value();
+    else if (a == "--workers") workers = std::atoi(value().c_str());
+    else if (a == "--images") images = static_cast<size_t>(std::atol(value().c_str()));
+    else if (a == "--image-size") size = std::atoi(value().c_str());
+    else if (a == "--batch-size") batch = std::atoi(value().c_str());
+    else if (a == "--torchvision") torchvision = true;
+    else {
+      std::cerr << "loader_bench: unknown flag " << a << "\n";
+      return 2;
+    }
+  }
+  if (workers < 1 || images < 1 || batch < 1 || size < 8) {
+    std::cerr << "loader_bench: --workers, --images, --batch-size must be >= 1, --image-size >= 8\n";
+    return 2;
+  }
+  try {
+    if (data.empty()) {
+      data = "/tmp/rd_loader_bench_" + std::to_string(::getpid());
+      std::string o = "--out", t = "--train", tn = "600", v = "--val", vn = "50", s = "--size", sv = "256x256", nm = "synth";
+      char* args[] = {nm.data(), o.data(), data.data(), t.data(), tn.data(), v.data(), vn.data(), s.data(), sv.data()};
+      if (synth_main(9, args) != 0) return 1;
+      generated = true;
+    }
+    const std::string h5 = data + (data.back() == '/' ? "bench.h5" : ".bench.h5");
+    PackOptions po;
+    po.image_size = size;
+    pack_dataset(data, h5, po);
+    TransformPipeline tf({size, TransformConfig::Augment::AutoAugment}, true);
+    ScanOptions so;
+    so.verify = ScanOptions::Verify::Header;
+    auto folder = open_dataset(data, Split::Train, so);
+    auto packed = open_dataset(h5, Split::Train);
+    measure(*folder, tf, workers, batch, std::min<size_t>(images, 64));  // warm the page cache
+    const double jpeg = measure(*folder, tf, workers, batch, images);
+    const double h5rate = measure(*packed, tf, workers, batch, images);
+    std::printf("resnet_ddp loader, AutoAugment + Resize(%d), %d worker(s), %zu images\n", size, workers, images);
+    std::printf("  ImageFolder (%s): %8.1f img/s  %8.1f img/s per core\n", data.c_str(), jpeg, jpeg / workers);
+    std::printf("  HDF5 packed      : %8.1f img/s  %8.1f img/s per core\n", h5rate, h5rate / workers);
+    if (torchvision) {
+      const std::string script = fs::path(__FILE__).parent_path().string() + "/torchvision_loader_bench.py";
+      const std::string cmd = "/usr/bin/python3 " + script + " --data " + data + " --workers " +
+                              std::to_string(workers) + " --images " + std::to_string(images) +
+                              " --image-size " + std::to_string(size) + " --batch-size " + std::to_string(batch);
+      FILE* p = ::popen(cmd.c_str(), "r");
+      double tv = 0;
+      char line[512];
+      while (p && std::fgets(line, sizeof line, p))
+        if (std::sscanf(line, "IMG_PER_S %lf", &tv) != 1) std::fputs(line, stdout);
+      if (p) ::pclose(p);
+      if (tv > 0) {
+        std::printf("  torchvision      : %8.1f img/s  %8.1f img/s per core\n", tv, tv / workers);
+        std::printf("  ratio vs torchvision: JPEG %.2fx, .h5 %.2fx (targets >= 2x, >= 10x)\n", jpeg / tv, h5rate / tv);
+      } else {
+        std::printf("  torchvision: not measured (python3-torchvision missing?)\n");
+      }
+    }
+    std::remove(h5.c_str());
+    if (generated) fs::remove_all(data);
+  } catch (const std::exception& e) {
+    std::cerr << "loader_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
