@@ -237,7 +237,7 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
             "network depth (resnet_tiny: a 2-block test model)");
   fs.choice("--head", &o.head, {"mlp", "fc"},
             "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
-  fs.integer("--image-size", &o.image_size, 8, "square input size after Resize", 4096);
+  fs.integer("--image-size", &o.image_size, 32, "square input size after Resize", 4096);
   fs.integer("--batch-size", &o.batch_size, 1, "images per rank per step", 65536);
   fs.integer("--val-batch-size", &o.val_batch_size, 0, "images per rank per validation batch (0 = --batch-size)", 65536);
   fs.integer("--epochs", &o.epochs, 1, "number of epochs", 1000000);

@@ -1,0 +1,574 @@
+// Trainer building blocks without MPI: CLI parsing, number formatting, LR
+// schedulers and optimizers against PyTorch, checkpoint round trips and the
+// rejection of damaged or mismatched files.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "common/compare.h"
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/report.h"
+
+namespace fs = std::filesystem;
+using namespace rd;
+using namespace rd::train;
+
+namespace {
+
+ParsedCommand parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "resnet_ddp");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A fresh directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("rd_train_test_" + std::to_string(getpid()) + "_" +
+                                        std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<float> host(Backend& be, const float* p, size_t n) {
+  std::vector<float> v(n);
+  be.copy_to_host(v.data(), p, n * sizeof(float));
+  return v;
+}
+
+// Slice-by-slice equality (the arena's alignment padding is not state).
+bool same_slices(Backend& be, const Arena& layout, const float* a, const float* b) {
+  for (const auto& s : layout.slices())
+    if (host(be, a + s.offset, s.count) != host(be, b + s.offset, s.count)) {
+      UNSCOPED_INFO("slice " << s.name << " differs");
+      return false;
+    }
+  return true;
+}
+
+// A tiny model that has seen one training batch, so BN buffers and
+// num_batches_tracked are not at their initial values.
+std::unique_ptr<ResNet> trained_tiny(Backend& be, HeadKind head, int classes, uint64_t seed) {
+  ResNetConfig cfg;
+  cfg.arch = "resnet_tiny";
+  cfg.head = head;
+  cfg.num_classes = classes;
+  auto m = std::make_unique<ResNet>(be, cfg);
+  m->init_parameters(seed);
+  m->train(true);
+  Tensor& in = m->input_buffer(4, 32, 32);
+  std::vector<float> x = rd::test::random_floats(static_cast<size_t>(4 * 3 * 32 * 32), seed + 1);
+  be.copy_from_host_nchw(x.data(), in);
+  m->forward(in);
+  return m;
+}
+
+std::vector<float> eval_logits(ResNet& m, uint64_t seed) {
+  Backend& be = m.backend();
+  m.train(false);
+  Tensor& in = m.input_buffer(2, 32, 32);
+  std::vector<float> x = rd::test::random_floats(static_cast<size_t>(2 * 3 * 32 * 32), seed);
+  be.copy_from_host_nchw(x.data(), in);
+  const Tensor& y = m.forward(in);
+  std::vector<float> out(static_cast<size_t>(y.numel()));
+  be.copy_to_host(out.data(), y.data, out.size() * sizeof(float));
+  return out;
+}
+
+CheckpointMeta tiny_meta(const std::string& head, int classes) {
+  CheckpointMeta m;
+  m.arch = "resnet_tiny";
+  m.head = head;
+  m.num_classes = classes;
+  m.image_size = 32;
+  m.epoch = 3;
+  m.global_step = 42;
+  m.best_val_acc = 0.75;
+  m.best_val_loss = 0.5;
+  m.val_acc = 0.625;
+  m.val_loss = 0.6;
+  m.world_size = 2;
+  m.batch_size = 4;
+  m.seed = 7;
+  m.args = "resnet_ddp --data 'a b'";
+  m.created_by = "test";
+  for (int i = 0; i < classes; ++i) m.class_names.push_back("class_" + std::to_string(i));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("py_float prints like Python's repr", "[train]") {
+  CHECK(py_float(0.1) == "0.1");
+  CHECK(py_float(1.0) == "1.0");
+  CHECK(py_float(100.0) == "100.0");
+  CHECK(py_float(0.875) == "0.875");
+  CHECK(py_float(-0.3) == "-0.3");
+  CHECK(py_float(0.0001) == "0.0001");
+  CHECK(py_float(1e-05) == "1e-05");
+  CHECK(py_float(1.0000000000000002e-06) == "1.0000000000000002e-06");
+  CHECK(py_float(1e16) == "1e+16");
+  CHECK(py_float(1234567890123456.0) == "1234567890123456.0");
+  CHECK(py_float(static_cast<double>(0.5654761791229248f)) == "0.5654761791229248");
+  CHECK(py_float(2.0 / 3.0) == "0.6666666666666666");
+  CHECK(py_float(0.0) == "0.0");
+  CHECK(py_float(NAN) == "nan");
+}
+
+TEST_CASE("train defaults are the reference recipe", "[train]") {
+  ParsedCommand pc = parse({"--data", "/tmp/Dataset_2"});
+  REQUIRE(pc.command == Command::Train);
+  const TrainOptions& t = pc.train;
+  CHECK(t.data == "/tmp/Dataset_2");
+  CHECK(t.arch == "resnet34");
+  CHECK(t.head == "mlp");
+  CHECK(t.image_size == 244);
+  CHECK(t.batch_size == 16);
+  CHECK(t.epochs == 5);
+  CHECK(t.lr == 1e-4);
+  CHECK(t.optimizer == "adam");
+  CHECK(t.weight_decay == 0.0);
+  CHECK(t.label_smoothing == 0.1);
+  CHECK(t.scheduler == "plateau");
+  CHECK(t.output_dir == "output_model");
+  CHECK(t.resume == "auto");
+  CHECK(t.precision == "fp32");
+  CHECK(t.device == "auto");
+  CHECK(t.accum_steps == 1);
+  CHECK(t.metrics_path() == "output_model/metrics.csv");
+  CHECK(t.command_line == "resnet_ddp --data /tmp/Dataset_2");
+}
+
+TEST_CASE("train flags parse in both spellings", "[train]") {
+  ParsedCommand pc = parse({"train", "--data=/d", "--arch", "resnet18", "--head=fc", "--batch-size", "8",
+                            "--lr", "3e-3", "--optimizer", "sgd", "--momentum", "0.8", "--nesterov", "--sync-bn",
+                            "--scheduler", "cosine", "--max-steps", "5", "--deterministic", "--resume", "none",
+                            "--metrics", "m.csv", "--precision", "bf16"});
+  const TrainOptions& t = pc.train;
+  CHECK(t.data == "/d");
+  CHECK(t.arch == "resnet18");
+  CHECK(t.head == "fc");
+  CHECK(t.batch_size == 8);
+  CHECK(t.lr == 3e-3);
+  CHECK(t.optimizer == "sgd");
+  CHECK(t.momentum == 0.8);
+  CHECK(t.nesterov);
+  CHECK(t.sync_bn);
+  CHECK(t.scheduler == "cosine");
+  CHECK(t.max_steps == 5);
+  CHECK(t.deterministic);
+  CHECK(t.resume == "none");
+  CHECK(t.metrics_path() == "m.csv");
+  CHECK(t.precision == "bf16");
+}
+
+TEST_CASE("CLI errors name the flag", "[train]") {
+  CHECK_THAT(usage_error({"--data", "x", "--lrr", "1"}), Catch::Contains("--lrr") && Catch::Contains("--lr?"));
+  CHECK_THAT(usage_error({"--data", "x", "--lr", "abc"}), Catch::Contains("--lr") && Catch::Contains("abc"));
+  CHECK_THAT(usage_error({"--data", "x", "--lr", "-1"}), Catch::Contains("--lr"));
+  CHECK_THAT(usage_error({"--data", "x", "--batch-size", "0"}), Catch::Contains("--batch-size"));
+  CHECK_THAT(usage_error({"--data", "x", "--epochs", "2.5"}), Catch::Contains("--epochs"));
+  CHECK_THAT(usage_error({"--data", "x", "--arch", "resnet99"}), Catch::Contains("--arch") && Catch::Contains("resnet18"));
+  CHECK_THAT(usage_error({"--data", "x", "--optimizer", "lion"}), Catch::Contains("--optimizer"));
+  CHECK_THAT(usage_error({"--data", "x", "--precision", "fp8"}), Catch::Contains("--precision"));
+  CHECK_THAT(usage_error({"--data"}), Catch::Contains("--data") && Catch::Contains("missing value"));
+  CHECK_THAT(usage_error({"--epochs", "3"}), Catch::Contains("--data") && Catch::Contains("required"));
+  CHECK_THAT(usage_error({"--data", "x", "stray"}), Catch::Contains("stray"));
+  CHECK_THAT(usage_error({"--data", "x", "--sync-bn=yes"}), Catch::Contains("--sync-bn"));
+  CHECK_THAT(usage_error({"--data", "x", "--nesterov"}), Catch::Contains("--nesterov"));
+  CHECK_THAT(usage_error({"frobnicate"}), Catch::Contains("frobnicate"));
+  CHECK_THAT(usage_error({"predict", "img.png"}), Catch::Contains("--checkpoint"));
+  CHECK_THAT(usage_error({"predict", "--checkpoint", "c.h5"}), Catch::Contains("no input"));
+  CHECK_THAT(usage_error({"info"}), Catch::Contains("checkpoint"));
+  CHECK_THAT(usage_error({}), Catch::Contains("--data"));
+}
+
+TEST_CASE("every subcommand has --help", "[train]") {
+  for (const char* cmd : {"train", "predict", "info"}) {
+    ParsedCommand pc = parse({cmd, "--help"});
+    CHECK(pc.command == Command::Help);
+    CHECK_THAT(pc.help_text, Catch::Contains(std::string("resnet_ddp ") + (std::string(cmd) == "train" ? "" : cmd)));
+  }
+  ParsedCommand top = parse({"--help"});
+  CHECK(top.command == Command::Help);
+  CHECK_THAT(top.help_text, Catch::Contains("predict") && Catch::Contains("synth"));
+  CHECK_THAT(train_help(), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
+                               Catch::Contains("--label-smoothing") && Catch::Contains("--resume"));
+  ParsedCommand synth = parse({"synth", "--help"});
+  CHECK(synth.command == Command::Synth);
+  CHECK(synth.passthrough == std::vector<std::string>{"synth", "--help"});
+}
+
+TEST_CASE("shell quoting round-trips awkward arguments", "[train]") {
+  CHECK(shell_quote("--lr") == "--lr");
+  CHECK(shell_quote("a b") == "'a b'");
+  CHECK(shell_quote("it's") == "'it'\\''s'");
+  CHECK(shell_quote("") == "''");
+}
+
+TEST_CASE("ReduceLROnPlateau matches torch 1.13", "[train]") {
+  // lr after each step(loss), from torch.optim.lr_scheduler.ReduceLROnPlateau(Adam(lr=1e-4),
+  // mode='min', factor=0.1, patience=5, min_lr=1e-8) on these losses (torch 1.13.1).
+  const std::vector<double> losses = {1.0, 0.9, 0.95, 0.9, 0.8999, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.5, 0.6, 0.6, 0.6,
+                                      0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6};
+  const std::vector<double> torch_lr = {
+      0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001,
+      1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1.0000000000000002e-06, 1.0000000000000002e-06,
+      1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06,
+      1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07,
+      1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000004e-08};
+  Scheduler s("plateau", 1e-4, 5);
+  double lr = 1e-4;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    lr = s.step(lr, losses[i]);
+    INFO("step " << i + 1);
+    CHECK(lr == torch_lr[i]);
+  }
+  // min_lr is a floor and changes smaller than eps are not applied.
+  for (int i = 0; i < 20; ++i) lr = s.step(lr, 0.6);
+  CHECK(lr == Approx(1e-8).epsilon(1e-6));
+}
+
+TEST_CASE("CosineAnnealingLR matches torch 1.13", "[train]") {
+  // CosineAnnealingLR(Adam(lr=0.1), T_max=5), lr after each step (torch 1.13.1),
+  // including the restart beyond T_max.
+  const std::vector<double> torch_lr = {0.09045084971874738, 0.06545084971874737, 0.03454915028125263,
+                                        0.009549150281252633, 0.0, 0.009549150281252628, 0.03454915028125265,
+                                        0.06545084971874741, 0.09045084971874744, 0.10000000000000006,
+                                        0.09045084971874746, 0.06545084971874743};
+  Scheduler s("cosine", 0.1, 5);
+  double lr = 0.1;
+  for (size_t i = 0; i < torch_lr.size(); ++i) {
+    lr = s.step(lr, 0.0);
+    INFO("step " << i + 1);
+    CHECK(lr == Approx(torch_lr[i]).margin(1e-15));
+  }
+  Scheduler none("none", 0.1, 5);
+  CHECK(none.step(0.1, 1.0) == 0.1);
+}
+
+TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]") {
+  auto be = make_cpu_backend({});
+  Arena params, grads;
+  params.add("a", Shape{3});
+  params.add("b", Shape{2, 2});
+  grads.add("a", Shape{3});
+  grads.add("b", Shape{2, 2});
+  params.allocate(*be);
+  grads.allocate(*be);
+  std::vector<float> p0 = {0.5f, -1.f, 2.f, 0.1f, 0.2f, -0.3f, 0.4f};
+
+  auto load = [&](const std::vector<float>& v, Arena& a) {
+    be->copy_from_host(a.ptr(0), v.data(), 3 * sizeof(float));
+    be->copy_from_host(a.ptr(1), v.data() + 3, 4 * sizeof(float));
+  };
+  auto read = [&](Arena& a) {
+    std::vector<float> v = host(*be, a.ptr(0), 3), w = host(*be, a.ptr(1), 4);
+    v.insert(v.end(), w.begin(), w.end());
+    return v;
+  };
+  const std::vector<std::vector<float>> g = {{0.1f, -0.2f, 0.3f, 0.05f, 0.0f, -0.4f, 1.0f},
+                                             {-0.3f, 0.1f, 0.2f, 0.5f, 0.25f, 0.1f, -1.0f},
+                                             {0.2f, 0.2f, -0.1f, -0.05f, 0.3f, 0.2f, 0.5f}};
+
+  SECTION("adam with weight decay") {
+    load(p0, params);
+    OptimizerConfig cfg;
+    cfg.lr = 0.01;
+    cfg.weight_decay = 0.1;
+    Optimizer opt(*be, params, grads, cfg);
+    std::vector<double> p(p0.begin(), p0.end()), m(7, 0.0), v(7, 0.0);
+    for (int t = 1; t <= 3; ++t) {
+      load(g[static_cast<size_t>(t - 1)], grads);
+      opt.step();
+      for (size_t i = 0; i < 7; ++i) {
+        const double gi = g[static_cast<size_t>(t - 1)][i] + 0.1 * p[i];
+        m[i] = 0.9 * m[i] + 0.1 * gi;
+        v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+        const double denom = std::sqrt(v[i]) / std::sqrt(1 - std::pow(0.999, t)) + 1e-8;
+        p[i] -= 0.01 / (1 - std::pow(0.9, t)) * m[i] / denom;
+      }
+    }
+    CHECK(opt.steps() == 3);
+    std::vector<float> got = read(params);
+    for (size_t i = 0; i < 7; ++i) CHECK(got[i] == Approx(p[i]).epsilon(1e-5));
+  }
+  SECTION("sgd with momentum seeds the buffer with the first gradient") {
+    load(p0, params);
+    OptimizerConfig cfg;
+    cfg.type = "sgd";
+    cfg.lr = 0.1;
+    cfg.momentum = 0.9;
+    Optimizer opt(*be, params, grads, cfg);
+    REQUIRE(opt.state_count() == 1);
+    std::vector<double> p(p0.begin(), p0.end()), buf(7, 0.0);
+    for (int t = 1; t <= 3; ++t) {
+      load(g[static_cast<size_t>(t - 1)], grads);
+      opt.step();
+      for (size_t i = 0; i < 7; ++i) {
+        const double gi = g[static_cast<size_t>(t - 1)][i];
+        buf[i] = t == 1 ? gi : 0.9 * buf[i] + gi;
+        p[i] -= 0.1 * buf[i];
+      }
+    }
+    std::vector<float> got = read(params);
+    for (size_t i = 0; i < 7; ++i) CHECK(got[i] == Approx(p[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("checkpoint round trip restores the exact training state", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 11);
+  OptimizerConfig oc;
+  oc.lr = 1e-3;
+  Optimizer opt(*be, model->params(), model->grads(), oc);
+  // Non-trivial optimizer state: one step on pseudo-random gradients.
+  std::vector<float> gr = rd::test::random_floats(model->grads().size(), 5);
+  be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
+  opt.step();
+  opt.set_lr(3e-4);
+  Scheduler sched("plateau", 1e-3, 5);
+  sched.step(1e-3, 0.8);
+  sched.step(1e-3, 0.9);
+
+  const std::string path = dir.file("last.h5");
+  write_checkpoint(path, snapshot_model(*model, &opt, &sched, tiny_meta("mlp", 3)));
+  REQUIRE(fs::exists(path));
+  for (const auto& e : fs::directory_iterator(dir.path))  // no temp file left behind
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+
+  Snapshot snap = read_checkpoint(path);
+  const CheckpointMeta& m = snap.meta;
+  CHECK(m.arch == "resnet_tiny");
+  CHECK(m.head == "mlp");
+  CHECK(m.num_classes == 3);
+  CHECK(m.epoch == 3);
+  CHECK(m.global_step == 42);
+  CHECK(m.best_val_acc == 0.75);
+  CHECK(m.world_size == 2);
+  CHECK(m.args == "resnet_ddp --data 'a b'");
+  CHECK(m.class_names == std::vector<std::string>{"class_0", "class_1", "class_2"});
+  // torchvision state_dict order: a BN's buffers right after its weight and bias.
+  REQUIRE(snap.state_dict.size() > 5);
+  CHECK(snap.state_dict[0].name == "conv1.weight");
+  CHECK(snap.state_dict[1].name == "bn1.weight");
+  CHECK(snap.state_dict[2].name == "bn1.bias");
+  CHECK(snap.state_dict[3].name == "bn1.running_mean");
+  CHECK(snap.state_dict[4].name == "bn1.running_var");
+  CHECK(snap.state_dict[5].name == "bn1.num_batches_tracked");
+  CHECK(snap.state_dict[5].is_int64_scalar);
+  CHECK(snap.state_dict[5].int_value == 1);
+  CHECK(snap.state_dict.back().name == "fc.2.bias");
+
+  ResNetConfig cfg = model->config();
+  ResNet other(*be, cfg);
+  other.init_parameters(99);
+  Optimizer opt2(*be, other.params(), other.grads(), oc);
+  Scheduler sched2("plateau", 1e-3, 5);
+  check_compatible(snap, other, m.class_names, path);
+  CHECK(restore_model(snap, other, false, path).empty());
+  restore_optimizer(snap, other, opt2, path);
+  restore_scheduler(snap, sched2);
+
+  CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
+  CHECK(same_slices(*be, model->buffers(), other.buffers().data(), model->buffers().data()));
+  CHECK(other.num_batches_tracked() == model->num_batches_tracked());
+  CHECK(opt2.steps() == 1);
+  CHECK(opt2.lr() == 3e-4);
+  for (size_t k = 0; k < 2; ++k)
+    CHECK(same_slices(*be, model->params(), opt2.state(k), opt.state(k)));
+  CHECK(sched2.last_epoch() == 2);
+  CHECK(sched2.plateau.best == 0.8);
+  CHECK(sched2.plateau.num_bad_epochs == 1);
+  CHECK(eval_logits(other, 3) == eval_logits(*model, 3));
+  CHECK(read_checkpoint_meta(path).global_step == 42);
+}
+
+TEST_CASE("damaged checkpoints are rejected with the file named", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const std::string good = dir.file("good.h5");
+  write_checkpoint(good, snapshot_model(*model, nullptr, nullptr, tiny_meta("fc", 3)));
+  const auto size = fs::file_size(good);
+
+  SECTION("truncated") {
+    const std::string p = dir.file("truncated.h5");
+    fs::copy_file(good, p);
+    fs::resize_file(p, size / 2);
+    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains(p));
+  }
+  SECTION("not HDF5 at all") {
+    const std::string p = dir.file("garbage.h5");
+    std::ofstream(p) << "this is not a checkpoint\n";
+    CHECK_THROWS_AS(read_checkpoint(p), UsageError);
+    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains("not an HDF5 file") && Catch::Contains(p));
+  }
+  SECTION("flipped bytes inside tensor data fail the checksum") {
+    // Find the stored bytes of the largest tensor and corrupt them in place.
+    Snapshot s = read_checkpoint(good);
+    const HostTensor* big = &s.state_dict[0];
+    for (const auto& t : s.state_dict)
+      if (t.values.size() > big->values.size()) big = &t;
+    std::string bytes;
+    {
+      std::ifstream in(good, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string needle(reinterpret_cast<const char*>(big->values.data()), 64);
+    const size_t at = bytes.find(needle);
+    REQUIRE(at != std::string::npos);
+    bytes[at + 10] = static_cast<char>(bytes[at + 10] ^ 0x5a);
+    const std::string p = dir.file("flipped.h5");
+    std::ofstream(p, std::ios::binary) << bytes;
+    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains(p) && Catch::Contains(big->name));
+  }
+  SECTION("missing file") {
+    CHECK_THROWS_WITH(read_checkpoint(dir.file("missing.h5")), Catch::Contains("no such file"));
+  }
+}
+
+TEST_CASE("checkpoints of another arch, head or class set do not fit", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto fc3 = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const std::string path = dir.file("fc3.h5");
+  write_checkpoint(path, snapshot_model(*fc3, nullptr, nullptr, tiny_meta("fc", 3)));
+  Snapshot snap = read_checkpoint(path);
+  const auto names = snap.meta.class_names;
+
+  auto mlp3 = trained_tiny(*be, HeadKind::Mlp, 3, 2);
+  CHECK_THROWS_WITH(check_compatible(snap, *mlp3, names, path), Catch::Contains("--head") && Catch::Contains(path));
+  auto fc4 = trained_tiny(*be, HeadKind::Fc, 4, 2);
+  CHECK_THROWS_WITH(check_compatible(snap, *fc4, {}, path), Catch::Contains("classes"));
+  CHECK_THROWS_WITH(check_compatible(snap, *fc3, {"x", "y", "z"}, path), Catch::Contains("class names"));
+  CHECK_THROWS_AS(restore_model(snap, *fc4, false, path), UsageError);
+  ResNetConfig r18;
+  r18.arch = "resnet18";
+  r18.head = HeadKind::Fc;
+  r18.num_classes = 3;
+  ResNet big(*be, r18);
+  CHECK_THROWS_WITH(check_compatible(snap, big, names, path), Catch::Contains("--arch"));
+
+  // --init semantics: the backbone loads, a head of the wrong size keeps its init.
+  const std::vector<float> head_before = host(*be, fc4->params().ptr(static_cast<size_t>(fc4->params().find("fc.weight"))),
+                                              fc4->params().slice(static_cast<size_t>(fc4->params().find("fc.weight"))).count);
+  Snapshot weights = read_checkpoint(path, true);
+  auto skipped = restore_model(weights, *fc4, true, path);
+  CHECK(skipped == std::vector<std::string>{"fc.weight", "fc.bias"});
+  const size_t conv1 = static_cast<size_t>(fc4->params().find("conv1.weight"));
+  CHECK(host(*be, fc4->params().ptr(conv1), fc4->params().slice(conv1).count) ==
+        host(*be, fc3->params().ptr(conv1), fc3->params().slice(conv1).count));
+  CHECK(host(*be, fc4->params().ptr(static_cast<size_t>(fc4->params().find("fc.weight"))), head_before.size()) ==
+        head_before);
+}
+
+TEST_CASE("a failed write keeps the previous checkpoint", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const std::string path = dir.file("last.h5");
+  CheckpointMeta meta = tiny_meta("fc", 3);
+  write_checkpoint(path, snapshot_model(*model, nullptr, nullptr, meta));
+  const auto before = fs::file_size(path);
+
+  // A file-size limit makes the next write fail part-way, like a full disk.
+  struct rlimit old {};
+  getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  meta.epoch = 4;
+  std::string error;
+  try {
+    write_checkpoint(path, snapshot_model(*model, nullptr, nullptr, meta));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK_THAT(error, Catch::Contains(path) && Catch::Contains("unchanged"));
+  CHECK(fs::file_size(path) == before);
+  CHECK(read_checkpoint_meta(path).epoch == 3);
+  for (const auto& e : fs::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+
+  CHECK_THROWS_WITH(write_checkpoint(dir.file("no/such/dir/x.h5"), snapshot_model(*model, nullptr, nullptr, meta)),
+                    Catch::Contains("x.h5"));
+}
+
+TEST_CASE("metrics CSV keeps earlier epochs on resume", "[train]") {
+  TempDir dir;
+  const std::string p = dir.file("metrics.csv");
+  {
+    MetricsCsv csv(p, false, 1);
+    for (int e = 1; e <= 3; ++e) {
+      EpochMetrics m;
+      m.epoch = e;
+      m.val_acc = 0.5;
+      csv.write(m);
+    }
+  }
+  MetricsCsv resumed(p, true, 3);  // epoch 3 is re-run after a preemption
+  EpochMetrics m;
+  m.epoch = 3;
+  resumed.write(m);
+  std::ifstream in(p);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0] == MetricsCsv::header());
+  CHECK(lines[1].rfind("1,", 0) == 0);
+  CHECK(lines[2].rfind("2,", 0) == 0);
+  CHECK(lines[3].rfind("3,", 0) == 0);
+}
+
+TEST_CASE("path checks run before MPI and name the flag", "[train]") {
+  TempDir dir;
+  TrainOptions o;
+  o.data = dir.file("nope");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--data"));
+  o.data = dir.path.string();
+  o.init = dir.file("missing.h5");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--init"));
+  o.init.clear();
+  o.resume = dir.file("missing.h5");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--resume"));
+  o.resume = "auto";
+  std::ofstream(dir.file("plainfile")) << "x";
+  o.output_dir = dir.file("plainfile") + "/sub";
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--output-dir"));
+  o.output_dir = dir.file("out");
+  CHECK_NOTHROW(check_train_paths(o, true));
+  CHECK(fs::is_directory(dir.file("out")));
+}
