@@ -236,6 +236,8 @@ rd_harness_stragglers() {
 rd_slurm_teardown() {
   local rc=$?
   trap - EXIT INT TERM ERR
+  # Best effort from here on: one failing step must not skip the rest.
+  set +e
   [[ -n ${RD_SLURM_WATCHDOG:-} ]] && kill "$RD_SLURM_WATCHDOG" 2>/dev/null
   if [[ -n $RD_SLURM_DIR && -d $RD_SLURM_DIR ]]; then
     if ((rc != 0 && rc != 77)); then
