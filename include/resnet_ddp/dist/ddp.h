@@ -28,9 +28,10 @@ struct BucketOptions {
   double first_bucket_mb = 1.0;  // small first bucket: communication starts early
   bool overlap = true;           // false: all-reduce everything in finish()
   // A thread that drives MPI progress while buckets are in flight (Open MPI does
-  // not progress in the background). Off by default: poll() between layers
-  // already does it without taking a core away from compute.
-  bool progress_thread = false;
+  // not progress in the background, and poll() between layers advances a
+  // multi-round all-reduce only one round per layer). It sleeps when nothing is
+  // in flight. Measured on 2 ranks, ResNet-18: exposed comm ~210 ms -> ~40 ms.
+  bool progress_thread = true;
 };
 
 // Parses a --bucket-mb value: finite and > 0, else UsageError naming the flag.
