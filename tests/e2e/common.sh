@@ -1,0 +1,58 @@
+# Shared set-up for the end-to-end tests: sourced by each case with
+#   $1 = resnet_ddp binary, $2 = mpiexec, $3 = repository root.
+# Every case runs in its own temporary directory, removed on exit.
+set -euo pipefail
+
+RD_BIN=$1
+RD_MPIEXEC=$2
+RD_ROOT=$3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+# Fail fast if a peer disappears (the defaults suit real clusters).
+export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-10}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_e2e.XXXXXX")
+cleanup() { rm -rf "$WORK"; }
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+note() { echo "--- $*"; }
+
+# mpi NP ARGS...: resnet_ddp on NP ranks (oversubscribed: CI has 2 cores).
+mpi() {
+  local np=$1
+  shift
+  "$RD_MPIEXEC" --oversubscribe --bind-to none -np "$np" "$RD_BIN" "$@"
+}
+
+# Tiny-model settings every training case shares: 1 compute thread per rank.
+TINY=(--arch resnet_tiny --image-size 32 --threads 1 --workers 1 --log-every 0)
+
+# synth_data DIR TRAIN VAL: a small procedurally generated ImageFolder tree.
+synth_data() {
+  "$RD_BIN" synth --out "$1" --train "$2" --val "$3" --size 32x32 --format png --threads 1 >/dev/null
+}
+
+# fashion_data DIR: 5 classes of real Fashion-MNIST images (some easy, some
+# confusable), or exit 77 (skip) when the Debian dataset is not installed.
+fashion_data() {
+  local py=/usr/bin/python3
+  [ -x "$py" ] || py=python3
+  if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    echo "SKIP: dataset-fashion-mnist is not installed" >&2
+    exit 77
+  fi
+  "$py" "$RD_ROOT/data/fashion_mnist_to_imagefolder.py" --out "$1" --train-per-class 120 \
+    --val-per-class 40 --classes T-shirt_top,Pullover,Coat,Shirt,Bag >/dev/null
+}
+
+# value_after TEXT PREFIX: the number following PREFIX on the first matching line.
+value_after() {
+  grep -o -- "$2[-0-9.e+]*" <<<"$1" | head -n 1 | sed "s/^$2//"
+}
+
+# Float comparison through awk (bash has none).
+float_lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
