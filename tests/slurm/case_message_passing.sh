@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # jobs/message_passing.slurm across the two emulated nodes (1 rank each) prints the
-# tutorial's lines, and the ranks really ran on different nodes.
+# tutorial's lines; with srun --mpi=pmix as launcher and a `module` command present too;
+# a launcher that does not exist fails the job with a message naming it.
 set -euo pipefail
 # shellcheck source=tests/slurm/harness.sh
 source "$(dirname "$0")/harness.sh"
@@ -17,4 +18,25 @@ rd_expect_log "$job" '^Training command: mpirun -np 2 .*/message_passing$' 1
 rd_expect_log "$job" '^worker_0 sent data to Rank 1$' 1
 rd_expect_log "$job" '^worker_1 has received data from rank 0$' 1
 rd_expect_log "$job" '^message_passing.slurm: 2 rank\(s\) on 2 node\(s\) \(1 per node\)' 1
-rd_log "PASS: message_passing over 2 emulated nodes"
+
+# Launcher override, modules through a stand-in `module` command, and the script submitted
+# by a relative path from another directory.
+module() { echo "stand-in module command: $*"; }
+export -f module
+export RESNET_DDP_LAUNCHER="srun --mpi=pmix" RESNET_DDP_MODULES="gcc/12 openmpi/4.1"
+cd "$(dirname "$RD_REPO")"
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 2 "$(basename "$RD_REPO")/jobs/message_passing.slurm")
+result=$(rd_slurm_wait "$job" 60)
+[[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "job $job ended $result"; }
+rd_expect_log "$job" "^message_passing.slurm: job [0-9]+ \\(message_passing\\) on c001-001 c001-002 from $RD_REPO/jobs\$" 1
+rd_expect_log "$job" '^stand-in module command: load gcc/12 openmpi/4.1$' 1
+rd_expect_log "$job" '^Training command: srun --mpi=pmix .*/message_passing$' 1
+rd_expect_log "$job" '^worker_0 sent data to Rank 1$' 1
+rd_expect_log "$job" '^worker_1 has received data from rank 0$' 1
+
+export RESNET_DDP_LAUNCHER="no-such-launcher -n 2"
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 2 "$RD_REPO/jobs/message_passing.slurm")
+result=$(rd_slurm_wait "$job" 60)
+[[ $result == "FAILED 1:0" ]] || { rd_job_log "$job" >&2; rd_fail "job $job ended $result, expected FAILED 1:0"; }
+rd_expect_log "$job" "^message_passing.slurm: error: launcher 'no-such-launcher' not found" 1
+rd_log "PASS: message_passing over 2 emulated nodes with mpirun and srun --mpi=pmix"

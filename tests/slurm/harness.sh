@@ -81,6 +81,10 @@ SlurmdPidFile=$dir/run/slurmd.%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.%n.log
 MailProg=/bin/true
+# Per-node scratch (srun --mpi=pmix puts its client dirs there): the nodes share /tmp.
+TmpFS=$dir/tmpfs/%n
+# Job ids unlike another private cluster's, should two run at once.
+FirstJobId=$((1000 + RANDOM * 10))
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$dir/plugstack.conf
@@ -157,7 +161,7 @@ rd_slurm_start() {
   mkdir -p "$d/munge" "$d/state" "$d/run" "$d/log" "$d/jobs"
   local node
   for node in "${RD_SLURM_NODES[@]}"; do
-    mkdir -p "$d/spool/$node"
+    mkdir -p "$d/spool/$node" "$d/tmpfs/$node"
   done
   chmod 755 "$d" "$d/munge"
   mungekey -c -k "$d/munge/munge.key" >/dev/null
