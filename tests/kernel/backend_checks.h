@@ -341,6 +341,70 @@ inline void check_batchnorm_running_stats(Backend& be, const BnCase& c, int step
   RD_CHECK_CLOSE("running_var after steps", rvar.host(), rv, tol);
 }
 
+// SyncBatchNorm seam: a reducer standing for `replicas` ranks that all hold this
+// very batch (it multiplies every per-channel sum by the rank count). The result
+// must equal batch norm over the batch repeated `replicas` times: the same y and
+// dx, running_var unbiased with the global count, saved.count global, and
+// dgamma/dbeta this rank's own share (DDP averages them later).
+struct ReplicaReducer : ChannelReducer {
+  Backend* backend;
+  float replicas;
+  int calls = 0;
+  ReplicaReducer(Backend& be, int r) : backend(&be), replicas(static_cast<float>(r)) {}
+  void allreduce_sum(float* data, size_t count) override {
+    ++calls;
+    backend->scale(data, replicas, count);
+  }
+};
+
+inline void check_batchnorm_sync(Backend& be, const BnCase& c, int replicas, Tol tol = {}) {
+  INFO(c.str() << " synchronised over " << replicas << " identical ranks on " << be.name() << " layout "
+                << layout_name(be.activation_layout()));
+  const size_t C = static_cast<size_t>(c.c), n_local = static_cast<size_t>(c.n * c.c * c.h * c.w);
+  const auto xh = random_floats(n_local, 161, -1.f, 2.f);
+  const auto gh = random_floats(C, 162, 0.5f, 1.5f), bh = random_floats(C, 163);
+  const auto dyh = to_float(projection_weights(n_local, 164));
+  DeviceVector gamma(be, gh), beta(be, bh), rmean(be, filled(C, 0.f)), rvar(be, filled(C, 1.f));
+  DeviceVector sm(be, filled(C, 0.f)), si(be, filled(C, 0.f)), dgamma(be, filled(C, 0.f)), dbeta(be, filled(C, 0.f));
+  BatchNormSaved saved;
+  saved.mean = sm.ptr();
+  saved.invstd = si.ptr();
+  Tensor x = upload_activation(be, xh, c.n, c.c, c.h, c.w);
+  Tensor y = be.activation(c.n, c.c, c.h, c.w);
+  ReplicaReducer reducer(be, replicas);
+  be.batchnorm_forward_train(x, gamma.ptr(), beta.ptr(), rmean.ptr(), rvar.ptr(), 0.1f, 1e-5f, c.relu, y, saved,
+                             &reducer);
+  CHECK(reducer.calls >= 1);
+  CHECK(saved.count == Approx(static_cast<double>(replicas * c.n * c.h * c.w)));
+  Tensor dy = upload_activation(be, dyh, c.n, c.c, c.h, c.w);
+  Tensor dx = be.activation(c.n, c.c, c.h, c.w);
+  const int forward_calls = reducer.calls;
+  be.batchnorm_backward(x, y, dy, gamma.ptr(), saved, c.relu, dx, dgamma.ptr(), dbeta.ptr(), false, &reducer);
+  CHECK(reducer.calls > forward_calls);
+
+  // Reference: the batch repeated `replicas` times along N.
+  ref::Act xr(c.n * replicas, c.c, c.h, c.w), dyr(c.n * replicas, c.c, c.h, c.w);
+  for (int r = 0; r < replicas; ++r)
+    for (size_t i = 0; i < n_local; ++i) {
+      xr.v[r * n_local + i] = xh[i];
+      dyr.v[r * n_local + i] = dyh[i];
+    }
+  ref::Vec rm(C, 0.0), rv(C, 1.0);
+  const auto fr = ref::batchnorm_forward_train(xr, to_double(gh), to_double(bh), rm, rv, 0.1, 1e-5, c.relu);
+  const auto gr = ref::batchnorm_backward(xr, dyr, to_double(gh), 1e-5, c.relu, to_double(bh));
+  auto first_replica = [&](const ref::Vec& v) { return ref::Vec(v.begin(), v.begin() + static_cast<long>(n_local)); };
+  auto per_rank = [&](ref::Vec v) {
+    for (double& e : v) e /= replicas;
+    return v;
+  };
+  RD_CHECK_CLOSE("sync bn y", download_activation(be, y), first_replica(fr.y.v), tol);
+  RD_CHECK_CLOSE("sync bn running_mean", rmean.host(), rm, tol);
+  RD_CHECK_CLOSE("sync bn running_var (global unbiased count)", rvar.host(), rv, tol);
+  RD_CHECK_CLOSE("sync bn dx", download_activation(be, dx), first_replica(gr.dx.v), tol);
+  RD_CHECK_CLOSE("sync bn dgamma (this rank's share)", dgamma.host(), per_rank(gr.dgamma), tol);
+  RD_CHECK_CLOSE("sync bn dbeta (this rank's share)", dbeta.host(), per_rank(gr.dbeta), tol);
+}
+
 // ---- elementwise ---------------------------------------------------------------------------
 
 struct Dims {

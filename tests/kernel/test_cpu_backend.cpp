@@ -82,6 +82,13 @@ TEST_CASE("cpu backend: batch-norm running statistics over several steps", "[ker
   }
 }
 
+TEST_CASE("cpu backend: batch norm through the SyncBatchNorm reducer seam", "[kernel]") {
+  for (auto& be : cpu_backends()) {
+    check_batchnorm_sync(*be, BnCase{2, 5, 3, 3, true}, 2);
+    check_batchnorm_sync(*be, BnCase{1, 18, 2, 3, false}, 3);
+  }
+}
+
 TEST_CASE("cpu backend: relu, residual add, accumulate", "[kernel]") {
   for (auto& be : cpu_backends())
     for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 3}, Dims{2, 32, 2, 2}}) {
