@@ -113,11 +113,15 @@ rd_set_threads() {
 # Slurm's --signal=B:USR1@T (and scancel --batch --signal=USR1) reach only this shell; pass
 # the signal to the launcher, which forwards it to every rank (mpirun and srun both do).
 # resnet_ddp then finishes its step, rank 0 writes last.h5, and all ranks exit 0.
+# SIGTERM is not passed on: Slurm sends it to every process of the job itself (time limit,
+# scancel), and a second one makes resnet_ddp exit without its checkpoint.
 rd_on_signal() {
   local sig=$1
   RD_SIGNALLED=1
   RD_PREEMPT_SIGNAL=$sig
-  if [[ -n $RD_CHILD ]] && kill -0 "$RD_CHILD" 2>/dev/null; then
+  if [[ $sig == TERM && -n $RD_CHILD ]]; then
+    rd_note "got SIGTERM: Slurm is ending the job and signals every rank itself; waiting for the launcher"
+  elif [[ -n $RD_CHILD ]] && kill -0 "$RD_CHILD" 2>/dev/null; then
     rd_note "got SIG$sig: passing it to the launcher (pid $RD_CHILD) so training checkpoints and stops"
     kill -s "$sig" "$RD_CHILD" 2>/dev/null || true
   elif [[ $sig == TERM || $sig == INT ]]; then
