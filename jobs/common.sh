@@ -37,10 +37,8 @@ rd_quote() {
   echo "${out# }"
 }
 
-rd_require_slurm_job() {
-  [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NTASKS:-} && -n ${SLURM_NNODES:-} ]] ||
-    rd_die "not inside a Slurm job with tasks: submit it with \`sbatch $RD_SCRIPT_NAME\` (or run it inside \`salloc\`)"
-}
+RD_PREFLIGHT=0
+rd_in_slurm_job() { [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NTASKS:-} && -n ${SLURM_NNODES:-} ]]; }
 
 # rd_load_modules DEFAULT_LIST: RESNET_DDP_MODULES overrides the list (set it empty for none).
 rd_load_modules() {
@@ -82,11 +80,15 @@ rd_find_program() {
 
 # Fills RD_LAUNCH from RESNET_DDP_LAUNCHER (default: mpirun with one rank per Slurm task).
 rd_set_launcher() {
-  local spec=${RESNET_DDP_LAUNCHER:-mpirun -np $SLURM_NTASKS}
+  local spec=${RESNET_DDP_LAUNCHER:-mpirun -np ${SLURM_NTASKS:-NTASKS}}
   read -r -a RD_LAUNCH <<<"$spec"
   ((${#RD_LAUNCH[@]} > 0)) || rd_die "RESNET_DDP_LAUNCHER is blank"
-  command -v "${RD_LAUNCH[0]}" >/dev/null 2>&1 ||
-    rd_die "launcher '${RD_LAUNCH[0]}' not found (RESNET_DDP_LAUNCHER=\"$spec\"); load the MPI module or choose e.g. \"srun --mpi=pmix\""
+  if ! command -v "${RD_LAUNCH[0]}" >/dev/null 2>&1; then
+    local problem="launcher '${RD_LAUNCH[0]}' not found (RESNET_DDP_LAUNCHER=\"$spec\"); load the MPI module or choose e.g. \"srun --mpi=pmix\""
+    # On a login node the MPI module may simply not be loaded yet.
+    ((RD_PREFLIGHT)) && rd_note "warning: $problem" && return 0
+    rd_die "$problem"
+  fi
 }
 
 # Threads per rank from what Slurm granted on this node, unless RESNET_DDP_THREADS says.
@@ -148,8 +150,17 @@ rd_on_exit() {
 }
 
 # rd_setup DEFAULT_MODULES: checks, modules, launcher, threads, traps.
+#
+# Run outside Slurm (`bash jobs/X.slurm ARGS` on a login node), it only checks what a job
+# would need — program, dataset, launcher — and prints the command: a queue wait is too
+# expensive to find a typo.
 rd_setup() {
-  rd_require_slurm_job
+  if ! rd_in_slurm_job; then
+    RD_PREFLIGHT=1
+    rd_note "not inside a Slurm job: checking the set-up only"
+    rd_set_launcher
+    return 0
+  fi
   trap rd_on_exit EXIT
   trap 'rd_on_signal USR1' USR1
   trap 'rd_on_signal TERM' TERM
@@ -164,6 +175,10 @@ rd_setup() {
 # background so that signals reach rd_on_signal while it runs. Returns its status.
 rd_run_command() {
   echo "Training command: $(rd_quote "$@")"
+  if ((RD_PREFLIGHT)); then
+    rd_note "set-up looks complete; submit it with: sbatch ${RD_SUBMIT_PATH:-$RD_JOBS_DIR/$RD_SCRIPT_NAME} [options]"
+    return 0
+  fi
   if ((RD_SIGNALLED)); then
     rd_note "not starting: a SIG$RD_PREEMPT_SIGNAL arrived during set-up"
     return 0
@@ -206,7 +221,7 @@ rd_train() {
   local src=${RESNET_DDP_DATA_SRC:-$1} dest=${RESNET_DDP_STAGE_DIR:-/tmp} bin data
   shift
   local defaults=()
-  if ! rd_has_flag --threads "$@"; then
+  if ((!RD_PREFLIGHT)) && ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
@@ -214,6 +229,10 @@ rd_train() {
   local program=("$bin")
   if [[ $dest == none ]]; then
     data=$src
+  elif ((RD_PREFLIGHT)); then
+    # Reads the archive's first member: a corrupt or foreign file fails here already.
+    data=$("$RD_JOBS_DIR/stage_data.sh" --path "$src" "$dest")
+    rd_note "the job will stage $src to $dest on every node"
   else
     data=$("$RD_JOBS_DIR/stage_data.sh" --path "$src" "$dest")
     RD_STAGED_SRC=$src

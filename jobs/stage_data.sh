@@ -235,8 +235,12 @@ main() {
   [[ -n $dest ]] || die "DEST is empty"
   [[ -e $src ]] || die "source $src does not exist (node $(node_name))"
   [[ -r $src ]] || die "source $src is not readable (node $(node_name))"
+  local name
   case $mode in
-    path) echo "$(node_dest "$dest")/$(staged_name "$src")" ;;
+    path) # Assigned first: a failure inside $(...) within echo's arguments would be lost.
+      name=$(staged_name "$src")
+      echo "$(node_dest "$dest")/$name"
+      ;;
     stage) stage_everywhere "$src" "$dest" ;;
     remove) remove_everywhere "$src" "$dest" ;;
     node-stage) node_stage "$src" "$dest" ;;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# jobs/cpu.slurm trains on 2 emulated nodes x 1 rank: the data are staged on both nodes,
+# Outside a job, jobs/cpu.slurm only checks the set-up (a missing dataset is an error).
+# Submitted, it trains on 2 emulated nodes x 1 rank: the data are staged on both nodes,
 # each rank reads its own node's copy, training completes with the reference output, only
 # rank 0 writes checkpoints, and the staged copies are gone afterwards. Then a job whose
 # training fails (an unknown flag) still removes the staged copies, and reports the failure.
@@ -11,6 +12,15 @@ source "$(dirname "$0")/train_common.sh"
 rd_slurm_start 170
 rd_make_dataset 24 12 40x40
 out=$RD_SLURM_DIR/out
+
+# Pre-flight outside any job (as on a login node): checks and prints, starts nothing.
+preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --epochs 1 2>&1) || rd_fail "pre-flight failed: $preflight"
+[[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --epochs 1"* &&
+  $preflight == *"set-up looks complete; submit it with: sbatch $RD_REPO/jobs/cpu.slurm"* ]] ||
+  rd_fail "unexpected pre-flight output: $preflight"
+preflight=$(RESNET_DDP_DATA_SRC=$RD_SLURM_DIR/missing.tar.gz bash "$RD_REPO/jobs/cpu.slurm" 2>&1) &&
+  rd_fail "pre-flight accepted a missing dataset: $preflight"
+[[ $preflight == *"dataset $RD_SLURM_DIR/missing.tar.gz does not exist"* ]] || rd_fail "unclear: $preflight"
 
 cd "$RD_SLURM_DIR/jobs"
 # The output folder holds %n as well, so a checkpoint written by the rank on the second
