@@ -210,6 +210,11 @@ Arena& ResNet::grads() { return impl_->grads; }
 Arena& ResNet::buffers() { return impl_->buffers; }
 int64_t ResNet::num_batches_tracked() const { return impl_->num_batches_tracked; }
 void ResNet::set_num_batches_tracked(int64_t n) { impl_->num_batches_tracked = n; }
+size_t ResNet::num_parameters() const {
+  size_t n = 0;
+  for (const ParamSlice& s : impl_->params.slices()) n += s.count;
+  return n;
+}
 void ResNet::train(bool on) { impl_->training = on; }
 bool ResNet::training() const { return impl_->training; }
 void ResNet::set_batchnorm_reducer(ChannelReducer* r) { impl_->reducer = r; }

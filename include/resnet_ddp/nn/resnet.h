@@ -52,7 +52,8 @@ class ResNet {
   Arena& buffers();  // running_mean / running_var of every BN
   int64_t num_batches_tracked() const;
   void set_num_batches_tracked(int64_t n);
-  size_t num_parameters() const { return const_cast<ResNet*>(this)->params().size(); }
+  // Trainable elements (the arena's alignment padding not counted), as PyTorch counts them.
+  size_t num_parameters() const;
 
   // Kaiming-normal (fan_out, relu) convs, BN weight 1 / bias 0, torchvision's
   // Linear init (kaiming-uniform a=sqrt(5), bias U(-1/sqrt(in), 1/sqrt(in))).
