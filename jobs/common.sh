@@ -6,13 +6,14 @@
 #   RESNET_DDP_LAUNCHER   how ranks start: "mpirun -np $SLURM_NTASKS" (default), "ibrun",
 #                         "srun --mpi=pmix", ...
 #   RESNET_DDP_BIN        the resnet_ddp program (default: next to jobs/, install prefix, PATH)
+#   RESNET_DDP_MESSAGE_PASSING_BIN  the same for message_passing
 #   RESNET_DDP_DATA_SRC   the dataset on shared storage: .tar.gz, folder or packed .h5
 #   RESNET_DDP_STAGE_DIR  node-local folder to stage it to (default /tmp; "none": no
 #                         staging, ranks read RESNET_DDP_DATA_SRC directly)
 #   RESNET_DDP_THREADS    threads per rank (default: CPUs Slurm gave the node / ranks per node)
 #   RESNET_DDP_JOBS_DIR   where jobs/ lives, if Slurm cannot tell (script piped to sbatch)
 #
-# Job scripts call rd_setup, then rd_train or rd_launch.
+# Job scripts call rd_setup, then rd_train (stage + resnet_ddp) or rd_run_command.
 
 RD_SCRIPT_NAME=${RD_SCRIPT_NAME:-job}
 RD_STAGED_SRC=""
@@ -21,6 +22,7 @@ RD_CHILD=""
 RD_SIGNALLED=0
 RD_PREEMPT_SIGNAL=""
 RD_LAUNCH=()
+RD_PREFLIGHT=0
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
 rd_die() {
@@ -37,7 +39,6 @@ rd_quote() {
   echo "${out# }"
 }
 
-RD_PREFLIGHT=0
 rd_in_slurm_job() { [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NTASKS:-} && -n ${SLURM_NNODES:-} ]]; }
 
 # rd_load_modules DEFAULT_LIST: RESNET_DDP_MODULES overrides the list (set it empty for none).
