@@ -18,6 +18,9 @@ head -n 1 "$csv" | grep -q '^epoch,time_s,train_loss,train_acc,val_loss,val_acc'
 rows=$(($(wc -l <"$csv") - 1))
 [ "$rows" -ge 1 ] || { echo "plot_metrics: '$csv' has no epochs yet" >&2; exit 2; }
 
+first=$(awk -F, 'NR == 2 { print $1 }' "$csv")
+last=$(tail -n 1 "$csv" | cut -d, -f1)
+
 # pngcairo draws nicer lines; plain png (libgd) is the fallback.
 term=png
 gnuplot -e 'set terminal pngcairo' 2>/dev/null && term=pngcairo
@@ -31,6 +34,7 @@ set multiplot layout 1,2 title 'resnet_ddp: $(basename "$csv") ($rows epochs)'
 set xlabel 'epoch'
 set grid
 set xtics 1
+set xrange [$first - 0.5:$last + 0.5]
 set title 'loss'
 plot '$csv' using 1:3 with linespoints title 'train loss', '' using 1:5 with linespoints title 'val loss'
 set title 'accuracy'
