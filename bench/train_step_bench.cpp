@@ -1,0 +1,239 @@
+// One training step (forward + backward + Adam lr 1e-4, label-smoothed 0.1
+// cross-entropy) of rd::ResNet on the CPU backend, timed as the median of a few
+// steps after warm-up — the same step bench/pytorch_train_step.py times in
+// PyTorch, so bench/train_step_vs_pytorch.sh can print the ratio.
+//
+//   train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]
+//                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]
+//
+// Prints one JSON object (same keys as the PyTorch script) on stdout.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+
+namespace {
+
+struct BenchConfig {
+  std::string arch;
+  int size = 0;
+  int batch = 0;
+};
+
+struct Options {
+  std::vector<BenchConfig> configs;
+  int threads = 0;
+  int warmup = 1;
+  int steps = 3;
+  rd::HeadKind head = rd::HeadKind::Mlp;
+  int num_classes = 3;
+  rd::Layout layout = rd::Layout::NHWC;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "train_step_bench: %s\n(see the comment at the top of bench/train_step_bench.cpp)\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& text, int min_value) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min_value || v > 1000000)
+    usage_error(flag + " '" + text + "': expected an integer >= " + std::to_string(min_value));
+  return static_cast<int>(v);
+}
+
+BenchConfig parse_config(const std::string& text) {
+  const size_t a = text.find(':');
+  const size_t b = a == std::string::npos ? a : text.find(':', a + 1);
+  if (b == std::string::npos) usage_error("--config '" + text + "': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
+  BenchConfig c;
+  c.arch = text.substr(0, a);
+  if (c.arch != "resnet18" && c.arch != "resnet34" && c.arch != "resnet50")
+    usage_error("--config '" + text + "': arch must be resnet18, resnet34 or resnet50");
+  c.size = parse_int("--config size", text.substr(a + 1, b - a - 1), 32);
+  c.batch = parse_int("--config batch", text.substr(b + 1), 1);
+  return c;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
+                  "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]\n"
+                  "default configs: resnet34:244:16 resnet18:64:32\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
+    const std::string value = argv[++i];
+    if (flag == "--config") o.configs.push_back(parse_config(value));
+    else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
+    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
+    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
+    else if (flag == "--num-classes") o.num_classes = parse_int(flag, value, 1);
+    else if (flag == "--head") {
+      if (value == "fc") o.head = rd::HeadKind::Fc;
+      else if (value == "mlp") o.head = rd::HeadKind::Mlp;
+      else usage_error("--head '" + value + "': expected fc or mlp");
+    } else if (flag == "--layout") {
+      if (value == "nhwc") o.layout = rd::Layout::NHWC;
+      else if (value == "nchw") o.layout = rd::Layout::NCHW;
+      else if (value == "nchw16c") o.layout = rd::Layout::NCHW16C;
+      else usage_error("--layout '" + value + "': expected nhwc, nchw or nchw16c");
+    } else {
+      usage_error("unknown flag " + flag);
+    }
+  }
+  if (o.configs.empty()) o.configs = {{"resnet34", 244, 16}, {"resnet18", 64, 32}};
+  if (o.threads == 0) {
+    if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env)
+      o.threads = parse_int("OMP_NUM_THREADS", env, 1);
+    else
+      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return o;
+}
+
+// Multiply-adds of one forward pass through torchvision's ResNet (convolutions and
+// linear layers; BN, ReLU, pooling and adds are memory-bound and not counted).
+double forward_macs(const std::string& arch, int64_t h, int64_t w, rd::HeadKind head, int classes) {
+  double macs = 0;
+  int64_t c = 3;
+  auto conv = [&](int64_t out_c, int k, int stride, int pad) {
+    h = rd::conv_out_size(h, k, stride, pad);
+    w = rd::conv_out_size(w, k, stride, pad);
+    macs += static_cast<double>(h * w) * static_cast<double>(out_c * c * k * k);
+    c = out_c;
+  };
+  conv(64, 7, 2, 3);
+  h = rd::conv_out_size(h, 3, 2, 1);
+  w = rd::conv_out_size(w, 3, 2, 1);
+  const bool bottleneck = arch == "resnet50";
+  const std::vector<int> blocks = arch == "resnet18" ? std::vector<int>{2, 2, 2, 2} : std::vector<int>{3, 4, 6, 3};
+  const int64_t widths[4] = {64, 128, 256, 512};
+  for (int layer = 0; layer < 4; ++layer) {
+    for (int b = 0; b < blocks[static_cast<size_t>(layer)]; ++b) {
+      const int stride = (layer > 0 && b == 0) ? 2 : 1;
+      const int64_t width = widths[layer];
+      const int64_t out_c = bottleneck ? 4 * width : width;
+      const int64_t in_c = c, in_h = h, in_w = w;
+      if (bottleneck) {
+        conv(width, 1, 1, 0);
+        conv(width, 3, stride, 1);
+        conv(out_c, 1, 1, 0);
+      } else {
+        conv(width, 3, stride, 1);
+        conv(width, 3, 1, 1);
+      }
+      if (stride != 1 || in_c != out_c) {  // downsample: 1x1 conv with the block's stride
+        const int64_t dh = rd::conv_out_size(in_h, 1, stride, 0), dw = rd::conv_out_size(in_w, 1, stride, 0);
+        macs += static_cast<double>(dh * dw) * static_cast<double>(out_c * in_c);
+      }
+    }
+  }
+  if (head == rd::HeadKind::Mlp) macs += static_cast<double>(c * c);
+  macs += static_cast<double>(c * classes);
+  return macs;
+}
+
+std::string json_result(const BenchConfig& c, const Options& o, const std::vector<double>& times,
+                        double step_gflop) {
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"arch\": \"%s\", \"image_size\": %d, \"batch\": %d, \"head\": \"%s\", "
+                "\"num_classes\": %d, \"steps\": %d, \"warmup\": %d, \"step_ms_median\": %.2f, "
+                "\"step_ms_min\": %.2f, \"img_per_s\": %.3f, \"gflop_per_step\": %.3f, \"gflops\": %.2f}",
+                c.arch.c_str(), c.size, c.batch, rd::head_name(o.head), o.num_classes, o.steps, o.warmup,
+                median * 1e3, sorted.front() * 1e3, c.batch / median, step_gflop, step_gflop / median);
+  return buf;
+}
+
+std::string run_config(rd::Backend& backend, const BenchConfig& c, const Options& o) {
+  rd::ResNetConfig cfg;
+  cfg.arch = c.arch;
+  cfg.head = o.head;
+  cfg.num_classes = o.num_classes;
+  rd::ResNet model(backend, cfg);
+  model.init_parameters(0);
+  model.train(true);
+
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal;
+  std::vector<float> host(static_cast<size_t>(c.batch) * 3 * c.size * c.size);
+  for (float& v : host) v = normal(rng);
+  std::vector<int32_t> labels(static_cast<size_t>(c.batch));
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % static_cast<size_t>(o.num_classes));
+  rd::Tensor& input = model.input_buffer(c.batch, c.size, c.size);
+  backend.copy_from_host_nchw(host.data(), input);
+
+  rd::Arena& params = model.params();
+  rd::Arena& grads = model.grads();
+  auto m_owner = backend.allocate(params.bytes());
+  auto v_owner = backend.allocate(params.bytes());
+  float* m = static_cast<float*>(m_owner.get());
+  float* v = static_cast<float*>(v_owner.get());
+  rd::Tensor dlogits = backend.matrix(c.batch, o.num_classes);
+  int64_t adam_t = 0;
+
+  auto step = [&] {
+    const rd::Tensor& logits = model.forward(input);
+    backend.softmax_xent(logits, labels.data(), 0.1f, 1.f, &dlogits, nullptr);
+    model.backward(dlogits, false);
+    backend.adam_step(params.data(), grads.data(), m, v, params.size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f,
+                      ++adam_t);
+    backend.synchronize();
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+  std::vector<double> times;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  // Training step = forward + backward (data and weight gradients, about 2x forward).
+  const double step_gflop = 3.0 * 2.0 * c.batch * forward_macs(c.arch, c.size, c.size, o.head, o.num_classes) / 1e9;
+  return json_result(c, o, times, step_gflop);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    rd::BackendOptions bo;
+    bo.threads = o.threads;
+    bo.layout = o.layout;
+    auto backend = rd::make_cpu_backend(bo);
+    std::string results;
+    for (const BenchConfig& c : o.configs) {
+      if (!results.empty()) results += ", ";
+      results += run_config(*backend, c, o);
+    }
+    std::printf("{\"framework\": \"resnet_ddp\", \"version\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
+                "\"precision\": \"fp32\", \"layout\": \"%s\", \"results\": [%s]}\n",
+                RESNET_DDP_VERSION, backend->name().c_str(), o.threads, rd::layout_name(o.layout),
+                results.c_str());
+  } catch (const rd::UsageError& e) {
+    std::fprintf(stderr, "train_step_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
