@@ -11,7 +11,7 @@ CMAKE_ARGS ?=
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
               libstb-dev catch2 libdnnl-dev
 DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
-              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps
+              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 
 .PHONY: all build deps test run demo clean install bench bench-quick
