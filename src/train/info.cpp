@@ -97,9 +97,9 @@ int info_main(const InfoOptions& o) {
     if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
     out << "parameters:      " << count_params(s) << " in " << s.state_dict.size() << " state_dict tensors\n";
     if (!weights_only) {
-      out << "classes (" << m.num_classes << "):    ";
+      out << "classes:         " << m.num_classes << " (";
       for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
-      out << "\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
+      out << ")\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
       out << "epoch:           " << m.epoch << " completed";
       if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
       out << "\nglobal step:     " << m.global_step << "\n";

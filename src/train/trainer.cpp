@@ -721,6 +721,15 @@ void Trainer::train_epochs() {
       }
     }
     start_.partial_count = 0;
+    // DDP keeps replicas identical; a cheap hash per epoch proves it (a mismatch
+    // means a broken all-reduce or a rank that took a different path).
+    const dist::ChecksumReport sums_report = dist::compare_across_ranks(*ctrl_, *backend_, model_->params());
+    if (!sums_report.identical) {
+      if (rank0())
+        std::fprintf(stderr, "resnet_ddp: error: model replicas diverged after epoch %lld: %s\n",
+                     static_cast<long long>(epoch + 1), sums_report.describe().c_str());
+      throw CollectiveExit{1};
+    }
     bool preempt = false, unused = false;
     step_flags(false, preempt, unused);
     if (preempt && epoch + 1 < o_.epochs) {
