@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Checks of tools/torch_to_h5.py and tools/h5_to_torch.py as users run them (ctest
+`parity_converters`): an ImageNet-style .pth (1000-class fc, no num_batches_tracked)
+becomes an --init file with the reference head, a DDP-saved file ('module.' prefix)
+converts, the head kept/replaced/dropped is reported, h5 -> .pth loads strictly into
+torchvision with identical tensors, and every bad input exits non-zero with a message
+naming the file. Exit 77 (ctest skip) when torch/torchvision/h5py are missing.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import h5py
+    import torch
+    import torchvision
+except ImportError as e:
+    print(f"test_converters.py: SKIP: cannot import {e.name}; install Debian's python3-torch, "
+          f"python3-torchvision, python3-h5py and run with /usr/bin/python3")
+    sys.exit(77)
+
+TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAILURES = []
+
+
+def tool(name, *args):
+    proc = subprocess.run([sys.executable, os.path.join(TOOLS, name), *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout
+
+
+def expect(cond, what, output=""):
+    print(f"{'ok  ' if cond else 'FAIL'} {what}")
+    if not cond:
+        FAILURES.append(what)
+        if output:
+            print("     " + output.strip().replace("\n", "\n     "))
+
+
+def mlp_resnet18(num_classes):
+    m = torchvision.models.resnet18(weights=None)
+    m.fc = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, num_classes))
+    return m
+
+
+def main():
+    torch.set_num_threads(1)
+    d = tempfile.mkdtemp(prefix="rd_converters_")
+    torch.manual_seed(1)
+    imagenet = torchvision.models.resnet18(weights=None)
+    zoo = {k: v for k, v in imagenet.state_dict().items() if not k.endswith("num_batches_tracked")}
+    zoo_pth = os.path.join(d, "resnet18_zoo.pth")
+    torch.save(zoo, zoo_pth)
+
+    # ImageNet weights -> reference head for 3 classes.
+    init_h5 = os.path.join(d, "init.h5")
+    rc, out = tool("torch_to_h5.py", zoo_pth, init_h5, "--head", "mlp", "--num-classes", "3")
+    expect(rc == 0, "torch_to_h5: zoo .pth -> mlp head", out)
+    expect("loaded 100 tensors" in out and "fc.0.weight, fc.0.bias, fc.2.weight, fc.2.bias" in out
+           and "dropped (head of the file): fc.weight [1000, 512], fc.bias [1000]" in out
+           and "set to 0 for 20 BN layers" in out, "torch_to_h5 reports loaded / new / dropped keys", out)
+    with h5py.File(init_h5, "r") as f:
+        attrs = {k: (v.decode() if hasattr(v, "decode") else v) for k, v in f.attrs.items()}
+        expect(attrs.get("format") == "resnet_ddp" and attrs.get("format_version") == 1
+               and attrs.get("arch") == "resnet18" and attrs.get("head") == "mlp"
+               and attrs.get("num_classes") == 3, f"init file root attributes ({attrs})")
+        sd = f["state_dict"]
+        expect(sd["conv1.weight"].dtype == "float32" and sd["conv1.weight"].shape == (64, 3, 7, 7)
+               and sd["bn1.num_batches_tracked"].dtype == "int64" and sd["bn1.num_batches_tracked"].shape == ()
+               and sd["fc.2.weight"].shape == (3, 512), "init file dataset types and PyTorch shapes")
+        expect(list(sd)[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"], "datasets in state_dict order")
+        expect(all(torch.equal(torch.from_numpy(sd[k][()]), v) for k, v in zoo.items() if not k.startswith("fc.")),
+               "backbone tensors copied bit-exactly")
+
+    # h5 -> .pth loads strictly into torchvision with the same head; tensors identical.
+    back_pth = os.path.join(d, "back.pth")
+    rc, out = tool("h5_to_torch.py", init_h5, back_pth)
+    expect(rc == 0 and "loads with strict=True" in out, "h5_to_torch: init file -> .pth", out)
+    if rc == 0:
+        model = mlp_resnet18(3)
+        model.load_state_dict(torch.load(back_pth), strict=True)
+        with h5py.File(init_h5, "r") as f:
+            same = all(torch.equal(v, torch.as_tensor(f["state_dict"][k][()]))
+                       for k, v in model.state_dict().items())
+        expect(same, "torchvision model loaded from .pth equals the h5 tensors")
+
+    # A DDP-saved wrapper {'state_dict': {'module.<name>': ...}} with its own fc head kept.
+    ddp_pth = os.path.join(d, "ddp.pth")
+    fc10 = torchvision.models.resnet18(weights=None, num_classes=10)
+    torch.save({"state_dict": {"module." + k: v for k, v in fc10.state_dict().items()}}, ddp_pth)
+    fc_h5 = os.path.join(d, "fc10.h5")
+    rc, out = tool("torch_to_h5.py", ddp_pth, fc_h5)
+    expect(rc == 0 and "resnet18, head fc, 10 classes" in out and "dropped" not in out,
+           "torch_to_h5: DDP 'module.' wrapper, head kept (arch and head inferred)", out)
+
+    # --random for every arch and head.
+    for arch, head in (("resnet34", "fc"), ("resnet50", "mlp")):
+        rc, out = tool("torch_to_h5.py", "--arch", arch, "--random", os.path.join(d, f"{arch}.h5"),
+                       "--head", head, "--num-classes", "4")
+        expect(rc == 0 and f"{arch}, head {head}, 4 classes" in out, f"torch_to_h5 --random {arch} {head}", out)
+
+    # Bad inputs: non-zero exit and a message naming the problem.
+    junk = os.path.join(d, "junk.pth")
+    with open(junk, "w") as f:
+        f.write("not a pickle")
+    r50 = torchvision.models.resnet50(weights=None).state_dict()
+    r50_pth = os.path.join(d, "r50.pth")
+    torch.save(r50, r50_pth)
+    partial_pth = os.path.join(d, "partial.pth")
+    torch.save({k: v for k, v in zoo.items() if not k.startswith("layer4")}, partial_pth)
+    bad_h5 = os.path.join(d, "bad.h5")
+    with h5py.File(bad_h5, "w") as f:
+        f.attrs["format"] = "something_else"
+    cases = [
+        (("torch_to_h5.py", os.path.join(d, "missing.pth"), init_h5), "does not exist"),
+        (("torch_to_h5.py", junk, os.path.join(d, "x.h5")), "cannot read"),
+        (("torch_to_h5.py", r50_pth, os.path.join(d, "x.h5"), "--arch", "resnet18"), "holds a resnet50"),
+        (("torch_to_h5.py", partial_pth, os.path.join(d, "x.h5"), "--arch", "resnet18"), "missing from the file"),
+        (("torch_to_h5.py", zoo_pth, os.path.join(d, "nodir", "x.h5")), "does not exist"),
+        (("torch_to_h5.py", "--random", os.path.join(d, "x.h5")), "--random needs --arch"),
+        (("h5_to_torch.py", os.path.join(d, "missing.h5"), back_pth), "does not exist"),
+        (("h5_to_torch.py", zoo_pth, back_pth), "not an HDF5 file"),
+        (("h5_to_torch.py", bad_h5, back_pth), "not a resnet_ddp checkpoint"),
+    ]
+    for args, message in cases:
+        rc, out = tool(*args)
+        expect(rc != 0 and message in out, f"{args[0]} rejects: {message}", out)
+
+    if FAILURES:
+        print(f"\n{len(FAILURES)} converter check(s) failed: {', '.join(FAILURES)}")
+        sys.exit(1)
+    print("\nall converter checks passed")
+
+
+if __name__ == "__main__":
+    main()
