@@ -77,6 +77,9 @@ void install_preemption_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking reads/MPI polls continue; the loop checks the flag
   for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+  // A file-size limit must fail the write (reported, previous checkpoint kept),
+  // not kill the process.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int preemption_signal() { return g_signal; }

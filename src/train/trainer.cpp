@@ -180,6 +180,11 @@ void Trainer::setup_device() {
   agree([&] {
     if (o_.precision == "fp16" && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU; the CPU backend supports fp32 and bf16");
+    if (device == "cuda" && !cuda_backend_available())
+      throw UsageError("--device cuda: no usable CUDA device (" +
+                       std::string(cuda_device_count() == 0 ? "none visible, or the CUDA backend is not built"
+                                                             : "backend unavailable") +
+                       "); use --device cpu or auto");
     if (o_.deterministic && device != "cpu")
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;

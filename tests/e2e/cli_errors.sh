@@ -73,6 +73,19 @@ mpi 2 "${small[@]}" --output-dir "$OUT" --eval-only >"$WORK/log" 2>&1 || { cat "
 grep -q -E '^Val loss: [0-9.e-]+, Val accuracy: [0-9.e-]+$' "$WORK/log" || { cat "$WORK/log"; fail "--eval-only output"; }
 [ "$(md5sum "$OUT/last.h5" "$OUT/best_model.h5")" = "$sum_before" ] || fail "--eval-only modified checkpoints"
 
+note "a write that fails part-way (file-size limit, like a full disk) keeps the previous checkpoint"
+# Each rank runs under `ulimit -f`; shared-memory transport off, its segment files
+# would hit the limit too.
+rc=0
+OMPI_MCA_btl=self,tcp "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 bash -c \
+  'ulimit -f 1000 && exec "$0" "$@"' "$RD_BIN" "${small[@]}" --output-dir "$OUT" --epochs 2 \
+  >"$WORK/log" 2>&1 || rc=$?
+[ "$rc" != 0 ] || { cat "$WORK/log"; fail "a failed checkpoint write was not reported"; }
+grep -q -F "cannot write checkpoint '$OUT/" "$WORK/log" || { cat "$WORK/log"; fail "write failure message"; }
+grep -q "previous checkpoint (if any) is unchanged" "$WORK/log" || fail "write failure message (kept)"
+[ "$(md5sum "$OUT/last.h5" "$OUT/best_model.h5")" = "$sum_before" ] || fail "a failed write damaged a checkpoint"
+! ls -a "$OUT" | grep -q '\.tmp\.' || fail "temporary file left behind"
+
 note "a diverging loss stops with the step named"
 rc=0
 mpi 2 --data "$WORK/data" "${TINY[@]}" --batch-size 4 --epochs 1 --optimizer sgd --momentum 0 --lr 1e30 \
