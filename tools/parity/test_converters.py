@@ -4,7 +4,8 @@
 becomes an --init file with the reference head, a DDP-saved file ('module.' prefix)
 converts, the head kept/replaced/dropped is reported, h5 -> .pth loads strictly into
 torchvision with identical tensors, and every bad input exits non-zero with a message
-naming the file. Exit 77 (ctest skip) when torch/torchvision/h5py are missing.
+naming the file. With --resnet-ddp BIN also the trainer's path: --init from
+torch_to_h5, one step, last.h5 back to torchvision. Exit 77 (ctest skip) when torch/torchvision/h5py are missing.
 """
 import os
 import subprocess
@@ -42,6 +43,40 @@ def mlp_resnet18(num_classes):
     m = torchvision.models.resnet18(weights=None)
     m.fc = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, num_classes))
     return m
+
+
+def trainer_round_trip(resnet_ddp, d, init_h5):
+    """The user's path through the trainer: --init from torch_to_h5, one training step,
+    last.h5 -> h5_to_torch -> strict torchvision load."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+    def run(*args):
+        proc = subprocess.run([resnet_ddp, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env)
+        return proc.returncode, proc.stdout
+
+    data, out_dir = os.path.join(d, "synth"), os.path.join(d, "trained")
+    rc, out = run("synth", "--out", data, "--train", "16", "--val", "4", "--size", "40x40")
+    expect(rc == 0, "resnet_ddp synth (3 classes)", out)
+    rc, out = run("train", "--data", data, "--arch", "resnet18", "--head", "mlp", "--image-size", "32",
+                  "--batch-size", "8", "--epochs", "1", "--max-steps", "1", "--init", init_h5,
+                  "--output-dir", out_dir, "--threads", "1", "--workers", "1", "--augment", "none",
+                  "--device", "cpu", "--progress", "none", "--resume", "none")
+    expect(rc == 0, "resnet_ddp train --init <torch_to_h5 output>, 1 step", out)
+    pth = os.path.join(d, "trained.pth")
+    rc, out = tool("h5_to_torch.py", os.path.join(out_dir, "last.h5"), pth)
+    expect(rc == 0 and "class names (label order): C0, C2, C4" in out,
+           "h5_to_torch: the trainer's last.h5 -> .pth, class names printed", out)
+    if rc != 0:
+        return
+    model = mlp_resnet18(3)
+    model.load_state_dict(torch.load(pth), strict=True)
+    with h5py.File(init_h5, "r") as f:
+        init_conv1 = torch.from_numpy(f["state_dict"]["conv1.weight"][()])
+    trained = model.state_dict()
+    moved = (trained["conv1.weight"] - init_conv1).abs().max().item()
+    expect(0 < moved < 1e-2 and int(trained["bn1.num_batches_tracked"]) == 1,
+           f"trained weights start from the --init file (conv1 moved {moved:.1e}, 1 batch tracked)")
 
 
 def main():
@@ -126,6 +161,9 @@ def main():
     for args, message in cases:
         rc, out = tool(*args)
         expect(rc != 0 and message in out, f"{args[0]} rejects: {message}", out)
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--resnet-ddp":
+        trainer_round_trip(sys.argv[2], d, init_h5)
 
     if FAILURES:
         print(f"\n{len(FAILURES)} converter check(s) failed: {', '.join(FAILURES)}")
