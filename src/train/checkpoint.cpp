@@ -158,6 +158,7 @@ void write_file_contents(hid_t f, const Snapshot& s) {
   attr_f64(f, "val_loss", m.val_loss);
   attr_i64(f, "world_size", m.world_size);
   attr_i64(f, "batch_size", m.batch_size);
+  attr_i64(f, "accum_steps", m.accum_steps);
   attr_i64(f, "seed", m.seed);
   attr_string(f, "args", m.args);
   attr_string(f, "created_by", m.created_by);
@@ -417,6 +418,7 @@ CheckpointMeta read_meta(const Reader& r, bool weights_only) {
   m.val_acc = r.f64_or(f, "val_acc", -1.0);
   m.val_loss = r.f64_or(f, "val_loss", 0.0);
   m.batch_size = r.i64_or(f, "batch_size", 0);
+  m.accum_steps = r.i64_or(f, "accum_steps", 0);
   m.seed = r.i64_or(f, "seed", 0);
   m.args = r.str_or(f, "args", "");
   m.created_by = r.str_or(f, "created_by", "");

@@ -52,6 +52,8 @@ struct StartState {
   int64_t optimizer_steps = 0;
   int64_t num_batches_tracked = 0;
   int64_t world_size = 0;      // of the run that wrote the checkpoint
+  int64_t batch_size = 0;      // its per-rank batch and accumulation
+  int64_t accum_steps = 0;
   int64_t partial_correct = 0;
   int64_t partial_count = 0;
   int64_t scheduler_last_epoch = 0;
@@ -301,6 +303,7 @@ CheckpointMeta Trainer::base_meta() const {
   m.image_size = o_.image_size;
   m.world_size = env_.world;
   m.batch_size = o_.batch_size;
+  m.accum_steps = o_.accum_steps;
   m.seed = o_.seed;
   m.args = o_.command_line;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
@@ -334,6 +337,8 @@ void Trainer::load_start_state() {
           start_.global_step = m.global_step;
           start_.num_batches_tracked = model_->num_batches_tracked();
           start_.world_size = m.world_size;
+          start_.batch_size = m.batch_size;
+          start_.accum_steps = m.accum_steps;
           start_.best_val_acc = m.best_val_acc;
           start_.best_val_loss = m.best_val_loss;
           start_.partial_loss_sum = m.partial_train_loss_sum;
@@ -397,22 +402,27 @@ void Trainer::broadcast_start_state(bool rank0_loaded) {
     sched_->cosine = start_.cosine;
   }
   if (start_.resumed) {
+    // A mid-epoch position is a count of steps of world x batch x accum samples:
+    // with another shape it does not name the same samples, so redo that epoch.
+    const bool same_shape = start_.world_size == env_.world && start_.batch_size == o_.batch_size &&
+                            (start_.accum_steps == 0 || start_.accum_steps == o_.accum_steps);
+    const bool restart_epoch = start_.step_in_epoch > 0 && !same_shape;
+    if (restart_epoch) {
+      start_.step_in_epoch = 0;
+      start_.partial_loss_sum = 0;
+      start_.partial_correct = start_.partial_count = 0;
+    }
     std::string where = start_.step_in_epoch > 0
                             ? "epoch " + std::to_string(start_.epoch + 1) + " step " + std::to_string(start_.step_in_epoch)
                             : "epoch " + std::to_string(start_.epoch + 1);
     if (!o_.eval_only) say("Resuming from " + resume_path_ + " at " + where);
-    if (start_.world_size != env_.world && start_.world_size > 0) {
+    if (start_.world_size != env_.world && start_.world_size > 0)
       notice("checkpoint was trained on " + std::to_string(start_.world_size) + " ranks, this run has " +
-             std::to_string(env_.world) + ": per-rank batch " + std::to_string(o_.batch_size) +
-             " kept (global batch " + std::to_string(start_.world_size * o_.batch_size) + " -> " +
-             std::to_string(env_.world * o_.batch_size) + "), sampler re-sharded");
-      if (start_.step_in_epoch > 0) {
-        notice("the interrupted epoch restarts from its first step (its position depends on the world size)");
-        start_.step_in_epoch = 0;
-        start_.partial_loss_sum = 0;
-        start_.partial_correct = start_.partial_count = 0;
-      }
-    }
+             std::to_string(env_.world) + ": global batch " + std::to_string(start_.world_size * start_.batch_size) +
+             " -> " + std::to_string(env_.world * o_.batch_size) + " (--batch-size is per rank), sampler re-sharded");
+    if (restart_epoch && !o_.eval_only)
+      notice("ranks, --batch-size or --accum-steps changed since the preemption; epoch " +
+             std::to_string(start_.epoch + 1) + " restarts from its first step");
   }
 }
 

@@ -34,6 +34,7 @@ struct CheckpointMeta {
   double val_loss = 0.0;
   int64_t world_size = 1;
   int64_t batch_size = 0;
+  int64_t accum_steps = 1;
   int64_t seed = 0;
   std::string args;
   std::string created_by;
