@@ -408,7 +408,7 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       if (t.eval_only && t.resume == "none" && t.init.empty())
         throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
       if (t.precision == "fp16" && t.device == "cpu")
-        throw UsageError("--precision: fp16 is a GPU mode; the CPU backend supports fp32 and bf16");
+        throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
       if (t.deterministic && t.device == "cuda")
         throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
       t.command_line = join_command_line(argc, argv);

@@ -181,7 +181,7 @@ void Trainer::setup_device() {
   }
   agree([&] {
     if (o_.precision == "fp16" && device == "cpu")
-      throw UsageError("--precision: fp16 needs a GPU; the CPU backend supports fp32 and bf16");
+      throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
     if (device == "cuda" && !cuda_backend_available())
       throw UsageError("--device cuda: no usable CUDA device (" +
                        std::string(cuda_device_count() == 0 ? "none visible, or the CUDA backend is not built"
@@ -197,7 +197,15 @@ void Trainer::setup_device() {
                                             : Precision::FP32;
     bo.device_index = env_.local_rank;
     if (o_.deterministic) omp_set_dynamic(0);
-    backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+    try {
+      backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      // A precision the backend does not implement is a usage problem (exit 2).
+      if (o_.precision != "fp32") throw UsageError("--precision " + o_.precision + ": " + e.what());
+      throw;
+    }
   });
   fp16_ = o_.precision == "fp16";
 #ifdef RESNET_DDP_HAVE_CUDA
