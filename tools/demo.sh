@@ -5,17 +5,17 @@
 #     ImageFolder tree under data/fashion_mnist/ (10 classes, 400 train and 50
 #     validation images per class);
 #   - 2 MPI ranks x 1 thread, ResNet-18 with the reference MLP head at 32x32,
-#     Adam lr 1e-3, 3 epochs, plateau scheduler, label smoothing 0.1;
+#     Adam lr 3e-4, 4 epochs, plateau scheduler, label smoothing 0.1 (about 80% validation accuracy);
 #   - then predict on the validation split with the best checkpoint, and plot the
 #     metrics if gnuplot is installed.
-# Environment: BUILD_DIR (default build), DEMO_RANKS (2), DEMO_EPOCHS (3),
+# Environment: BUILD_DIR (default build), DEMO_RANKS (2), DEMO_EPOCHS (4),
 # DEMO_OUT (output_model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 RANKS=${DEMO_RANKS:-2}
-EPOCHS=${DEMO_EPOCHS:-3}
+EPOCHS=${DEMO_EPOCHS:-4}
 OUT=${DEMO_OUT:-output_model}
 DATA=data/fashion_mnist
 
@@ -42,7 +42,7 @@ fi
 export OMP_NUM_THREADS=1
 
 cmd=(mpirun --oversubscribe --bind-to none -np "$RANKS" "$bin" --data "$DATA" --arch resnet18 --image-size 32
-  --batch-size 32 --epochs "$EPOCHS" --lr 1e-3 --augment flip --threads 1 --workers 1 --log-every 25
+  --batch-size 32 --epochs "$EPOCHS" --lr 3e-4 --augment flip --threads 1 --workers 1 --log-every 25
   --output-dir "$OUT" --resume none)
 echo "demo: ${cmd[*]}"
 echo
