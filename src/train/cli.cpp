@@ -234,7 +234,7 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--data", &o.data, "PATH",
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
   fs.choice("--arch", &o.arch, {"resnet18", "resnet34", "resnet50", "resnet_tiny"},
-            "network depth (resnet_tiny: a 2-block test model)");
+            "network depth (resnet_tiny: a miniature model for tests)");
   fs.choice("--head", &o.head, {"mlp", "fc"},
             "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
   fs.integer("--image-size", &o.image_size, 32, "square input size after Resize", 4096);
@@ -269,7 +269,7 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--eval-only", &o.eval_only, "only evaluate the checkpoint (--resume or --init) on Validation");
   fs.path("--metrics", &o.metrics, "FILE.csv", "per-epoch metrics [default: OUTPUT_DIR/metrics.csv]");
   fs.boolean("--deterministic", &o.deterministic,
-             "bit-reproducible runs on the CPU backend (fixed reduction order)");
+             "bit-reproducible runs on the CPU backend, also across a resume");
   fs.integer("--log-every", &o.log_every, 0, "steps between progress lines when stdout is not a terminal (0 = off)",
              std::numeric_limits<int64_t>::max());
   fs.choice("--progress", &o.progress, {"auto", "bar", "lines", "none"},
