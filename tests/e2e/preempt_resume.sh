@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SIGTERM to one rank mid-epoch: every rank finishes its step, rank 0 writes
 # last.h5, all exit 0 with "Preempted at epoch e step s; checkpoint saved to
-# PATH". The next run resumes at that step and completes. A second signal ends
-# the process at once.
+# PATH" (SIGUSR1 alike). The next run resumes at that step and completes. A
+# second signal ends the process at once.
 source "$(dirname "$0")/common.sh"
 
 synth_data "$WORK/data" 1200 40
@@ -64,12 +64,24 @@ grep -q '^Best model (val loss' "$WORK/run2.log" || fail "no final evaluation"
 "$RD_BIN" info "$OUT/last.h5" >"$WORK/info"
 grep -q "global step:     600" "$WORK/info" || { cat "$WORK/info"; fail "global step count"; }
 
-note "run 3: two signals end the process at once"
+note "run 3: SIGUSR1 (Slurm --signal) to rank 0 preempts the same way"
+mpi 2 "${args[@]}" --resume none --output-dir "$WORK/out_usr1" >"$WORK/usr1.log" 2>&1 &
+mpirun_pid=$!
+wait_for "$WORK/usr1.log" "(Epoch 1/2) step 3/" 60 || { cat "$WORK/usr1.log"; fail "run 3 did not start"; }
+pid0=$(rank_pid "$mpirun_pid" 0) || fail "cannot find rank 0"
+kill -USR1 "$pid0"
+rc=0
+wait "$mpirun_pid" || rc=$?
+[ "$rc" = 0 ] || { cat "$WORK/usr1.log"; fail "SIGUSR1 run exited $rc"; }
+grep -q -E "^Preempted at epoch 1 step [0-9]+; checkpoint saved to $WORK/out_usr1/last.h5\$" "$WORK/usr1.log" ||
+  { cat "$WORK/usr1.log"; fail "no preemption after SIGUSR1"; }
+
+note "run 4: two signals end the process at once"
 # ResNet-18's checkpoint takes long enough to write that the second signal
 # arrives while the first one's orderly stop is still under way.
 mpi 2 "${args[@]}" --arch resnet18 --image-size 32 --resume none --output-dir "$WORK/out3" >"$WORK/run3.log" 2>&1 &
 mpirun_pid=$!
-wait_for "$WORK/run3.log" "(Epoch 1/2) step 2/" 60 || { cat "$WORK/run3.log"; fail "run 3 did not start"; }
+wait_for "$WORK/run3.log" "(Epoch 1/2) step 2/" 60 || { cat "$WORK/run3.log"; fail "run 4 did not start"; }
 pid0=$(rank_pid "$mpirun_pid" 0) || fail "cannot find rank 0"
 start=$SECONDS
 kill -TERM "$pid0"
