@@ -27,6 +27,7 @@ tensor with its worst error, so a failure points at the layer. Exit 0 on success
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -331,7 +332,11 @@ def main():
         print(f"\nFAIL: {len(rep.failures)} of {rep.count} tensors outside tolerance; first: "
               f"{rep.failures[0][0]} ({rep.failures[0][1]:.2e} > {rep.failures[0][2]:.0e}); "
               f"worst: {worst[0]} ({worst[1]:.2e}); {elapsed:.1f} s")
+        print(f"intermediate files kept in {workdir}")
         sys.exit(1)
+    if not ARGS.keep:
+        # ResNet-50 leaves ~0.5 GB (weights, gradients, masks): only worth keeping on failure.
+        shutil.rmtree(workdir, ignore_errors=True)
     relaxed = (f"; {rep.relaxed} (marked *) exceed the tolerance but are within {TORCH32_FACTOR:g}x "
                f"PyTorch float32's own error" if rep.relaxed else "")
     print(f"\nPASS: {rep.count} tensors within tolerance ({elapsed:.1f} s){relaxed}")
@@ -352,7 +357,9 @@ def parse_args():
     p.add_argument("--layout", choices=("nhwc", "nchw", "nchw16c"), default="nhwc",
                    help="activation layout of resnet_ddp's CPU backend (default nhwc)")
     p.add_argument("--round-trip", action="store_true", help="also train 2 steps and compare via .pth")
-    p.add_argument("--workdir", help="where the intermediate files go (default ./parity_ARCH_HEAD)")
+    p.add_argument("--workdir", help="where the intermediate files go (default ./parity_ARCH_HEAD); "
+                                     "removed after a pass unless --keep")
+    p.add_argument("--keep", action="store_true", help="keep the intermediate files after a pass")
     a = p.parse_args()
     if not os.access(a.driver, os.X_OK):
         p.error(f"--driver '{a.driver}' is not an executable file")

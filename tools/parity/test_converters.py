@@ -8,6 +8,7 @@ naming the file. With --resnet-ddp BIN also the trainer's path: --init from
 torch_to_h5, one step, last.h5 back to torchvision. Exit 77 (ctest skip) when torch/torchvision/h5py are missing.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,8 +167,9 @@ def main():
         trainer_round_trip(sys.argv[2], d, init_h5)
 
     if FAILURES:
-        print(f"\n{len(FAILURES)} converter check(s) failed: {', '.join(FAILURES)}")
+        print(f"\n{len(FAILURES)} converter check(s) failed: {', '.join(FAILURES)}; files in {d}")
         sys.exit(1)
+    shutil.rmtree(d, ignore_errors=True)  # ~150 MB of weights; kept above on failure
     print("\nall converter checks passed")
 
 
