@@ -15,6 +15,7 @@ without padding and summed over ranks. Prints one line per epoch and a JSON summ
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -139,6 +140,7 @@ def main():
     torch.multiprocessing.spawn(worker, args=(args, free_port(), result), nprocs=args.ranks, join=True)
     with open(result) as f:
         summary = json.load(f)
+    shutil.rmtree(os.path.dirname(result), ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
