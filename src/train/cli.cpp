@@ -110,6 +110,15 @@ class FlagSet {
           *target = x;
         });
   }
+  // A flag that switches a default-on option off.
+  void negated(const std::string& name, bool* target, const std::string& help) {
+    Flag f;
+    f.name = name;
+    f.help = help;
+    f.is_bool = true;
+    f.set = [target](const std::string&, const std::string&) { *target = false; };
+    flags_.push_back(std::move(f));
+  }
   void boolean(const std::string& name, bool* target, const std::string& help) {
     Flag f;
     f.name = name;
@@ -250,7 +259,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--scheduler", &o.scheduler, {"plateau", "cosine", "none"},
             "LR schedule per epoch: plateau = ReduceLROnPlateau(val loss, factor 0.1, patience 5, "
             "min_lr 1e-8); cosine = CosineAnnealingLR(T_max = epochs)");
-  fs.boolean("--sync-bn", &o.sync_bn, "batch-norm statistics over all ranks (SyncBatchNorm)");
+  fs.boolean("--sync-bn", &o.sync_bn,
+             "batch-norm statistics over all ranks (SyncBatchNorm) [default: on, as the reference recipe]");
+  fs.negated("--no-sync-bn", &o.sync_bn, "per-rank batch-norm statistics (plain BatchNorm under DDP)");
   fs.integer("--workers", &o.workers, 1, "data loader threads per rank", 256);
   fs.integer("--threads", &o.threads, 0, "compute threads per rank (0 = node cores / ranks on node)", 1024);
   fs.integer("--seed", &o.seed, 0, "seed for initialisation, sampler order and augmentation",

@@ -30,7 +30,7 @@ struct TrainOptions {
   double weight_decay = 0.0;
   double label_smoothing = 0.1;
   std::string scheduler = "plateau"; // plateau | cosine | none
-  bool sync_bn = false;
+  bool sync_bn = true;  // SyncBatchNorm whenever world > 1 (the reference recipe)
   int workers = 2;                   // loader threads per rank
   int threads = 0;                   // compute threads per rank, 0 = cores / ranks on node
   int64_t seed = 0;
