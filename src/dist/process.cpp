@@ -1,5 +1,6 @@
 // Process environment (rank, local rank, node), the startup lines, and the
 // watchdog: a heartbeat ring that ends the job when a peer dies or freezes.
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -234,6 +235,25 @@ ProcessEnv init_process(int& argc, char**& argv) {
                     "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   MPI_Comm_rank(local, &env.local_rank);
   MPI_Comm_size(local, &env.local_world);
+  {
+    // Ranks bound to their own cores use them all; ranks sharing one mask (no
+    // binding, or one Slurm cgroup for the whole step) split it evenly.
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    int cpus = 0;
+    uint64_t mask_hash = 1469598103934665603ull;
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+      cpus = CPU_COUNT(&mask);
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &mask)) mask_hash = (mask_hash ^ static_cast<uint64_t>(c)) * 1099511628211ull;
+    }
+    if (cpus < 1) cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    std::vector<uint64_t> hashes(static_cast<size_t>(env.local_world));
+    detail::check_mpi(MPI_Allgather(&mask_hash, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, local),
+                      "MPI_Allgather(affinity masks)");
+    const long sharing = std::count(hashes.begin(), hashes.end(), mask_hash);
+    env.cpus_per_rank = std::max(1, static_cast<int>(cpus / std::max(1L, sharing)));
+  }
   MPI_Comm_free(&local);
   char host[MPI_MAX_PROCESSOR_NAME];
   int len = 0;
@@ -300,9 +320,12 @@ void print_startup_lines(const ProcessEnv& env, const std::string& device) {
 }
 
 int default_threads_per_rank(const ProcessEnv& env) {
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores < 1) cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-  return static_cast<int>(std::max(1L, cores / std::max(1, env.local_world)));
+  // An explicit OMP_NUM_THREADS (set by job scripts or the user) wins.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(omp);
+    if (n >= 1) return n;
+  }
+  return std::max(1, env.cpus_per_rank);
 }
 
 WatchdogOptions watchdog_options() {

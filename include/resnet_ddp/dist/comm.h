@@ -60,6 +60,9 @@ struct ProcessEnv {
   int local_rank = 0;   // index among the ranks on this node
   int local_world = 1;  // ranks on this node
   std::string node;     // processor name (host)
+  // CPUs this rank may use: its affinity mask (what mpirun binding or Slurm
+  // granted), divided among the local ranks that share that same mask.
+  int cpus_per_rank = 1;
 };
 
 // MPI_Init_thread(MPI_THREAD_MULTIPLE), errors returned instead of aborting,
