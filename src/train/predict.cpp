@@ -43,22 +43,6 @@ class FileListDataset : public data::Dataset {
   std::vector<std::string> classes_;
 };
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 std::vector<std::string> sorted_images_in(const fs::path& dir) {
   std::vector<std::string> out;

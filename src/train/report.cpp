@@ -1,3 +1,4 @@
+#include <cstdio>
 #include "resnet_ddp/train/report.h"
 
 #include <unistd.h>
@@ -188,6 +189,27 @@ void Progress::end_epoch() {
     std::fflush(stdout);
   }
   drawn_ = false;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace rd::train

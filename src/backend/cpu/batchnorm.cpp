@@ -101,6 +101,18 @@ void for_each_element(const Dims& d, bool nhwc, int threads, G g) {
   }
 }
 
+// y = x * scale[c] + shift[c], then ReLU when fused (forward in train and eval mode).
+void apply_scale_shift(const Dims& d, bool nhwc, int threads, const float* xs, float* ys,
+                       const float* scale, const float* shift, bool relu) {
+  if (relu)
+    for_each_element(d, nhwc, threads, [=](int64_t i, int64_t c) {
+      ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
+    });
+  else
+    for_each_element(d, nhwc, threads,
+                     [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+}
+
 }  // namespace
 
 void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
@@ -152,13 +164,7 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
     math::bn_scale_shift(gamma[c], beta[c], mean, invstd, scale[c], shift[c]);
   }
   float* ys = y.f32();
-  if (relu)
-    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
-      ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
-    });
-  else
-    for_each_element(d, nhwc, threads_,
-                     [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+  apply_scale_shift(d, nhwc, threads_, xs, ys, scale, shift, relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
@@ -177,13 +183,7 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, con
                          scale[c], shift[c]);
   const float* xs = x.f32();
   float* ys = y.f32();
-  if (relu)
-    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
-      ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
-    });
-  else
-    for_each_element(d, nhwc, threads_,
-                     [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+  apply_scale_shift(d, nhwc, threads_, xs, ys, scale, shift, relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
