@@ -11,6 +11,7 @@
 #include "backend/cpu/layout.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/math/activation.h"
+#include "resnet_ddp/math/image.h"
 #include "resnet_ddp/math/loss.h"
 #include "resnet_ddp/math/optim.h"
 
@@ -93,25 +94,24 @@ void CpuBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const 
                                          const float* std) {
   const Dims d = dims_of(dst);
   RD_CHECK(d.c == 3, "images_u8_to_activation: expected 3 channels, got " << dst.describe());
-  float scale[3], shift[3];
+  // torchvision's ToTensor (+ Normalize), with the formula the CUDA kernel shares.
+  float m[3], sd[3];
   for (int c = 0; c < 3; ++c) {
-    // (x / 255 - mean) / std  ==  x * scale + shift
-    const float s = std ? std[c] : 1.f, m = mean ? mean[c] : 0.f;
-    scale[c] = 1.f / (255.f * s);
-    shift[c] = -m / s;
+    m[c] = mean ? mean[c] : 0.f;
+    sd[c] = std ? std[c] : 1.f;
   }
   float* out = dst.f32();
   const int64_t hw = d.h * d.w;
   if (dst.layout == Layout::NHWC) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < d.n * hw; ++p)
-      for (int c = 0; c < 3; ++c) out[p * 3 + c] = src[p * 3 + c] * scale[c] + shift[c];
+      for (int c = 0; c < 3; ++c) out[p * 3 + c] = math::image_u8_to_input(src[p * 3 + c], m[c], sd[c]);
   } else {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < d.n; ++n)
       for (int c = 0; c < 3; ++c)
         for (int64_t p = 0; p < hw; ++p)
-          out[(n * 3 + c) * hw + p] = src[(n * hw + p) * 3 + c] * scale[c] + shift[c];
+          out[(n * 3 + c) * hw + p] = math::image_u8_to_input(src[(n * hw + p) * 3 + c], m[c], sd[c]);
   }
 }
 
