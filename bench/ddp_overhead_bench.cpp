@@ -149,8 +149,10 @@ int main(int argc, char** argv) {
                   o.progress_thread ? ", progress thread" : ", no progress thread");
     const char* names[3] = {"no all-reduce", "overlap on", "overlap off"};
     Result base;
+    Result results[3];
     for (int mode = 0; mode < 3; ++mode) {
       Result r = run(model, *comm, o, mode, images, labels);
+      results[mode] = r;
       if (mode == 0) base = r;
       if (env.rank == 0)
         std::printf("%-14s step %8.1f ms  exposed comm %7.1f ms (%5.1f%% of step)  overhead vs no "
@@ -158,6 +160,16 @@ int main(int argc, char** argv) {
                     names[mode], r.step_s * 1e3, r.exposed_s * 1e3, 100 * r.exposed_s / r.step_s,
                     100 * (r.step_s / base.step_s - 1));
     }
+    // Machine-readable summary for bench/run_bench.sh (milliseconds, mean over the timed steps).
+    if (env.rank == 0)
+      std::printf("RESULT_JSON {\"arch\": \"%s\", \"ranks\": %d, \"batch\": %d, \"pixels\": %d, "
+                  "\"threads\": %d, \"steps\": %d, \"bucket_mb\": %.3f, \"grad_mb\": %.3f, "
+                  "\"progress_thread\": %s, \"no_allreduce_ms\": %.3f, \"overlap_on_ms\": %.3f, "
+                  "\"overlap_on_exposed_ms\": %.3f, \"overlap_off_ms\": %.3f, \"overlap_off_exposed_ms\": %.3f}\n",
+                  o.arch.c_str(), env.world, o.batch, o.pixels, bo.threads, o.steps, o.bucket_mb,
+                  model.params().bytes() / 1048576.0, o.progress_thread ? "true" : "false",
+                  results[0].step_s * 1e3, results[1].step_s * 1e3, results[1].exposed_s * 1e3,
+                  results[2].step_s * 1e3, results[2].exposed_s * 1e3);
     comm.reset();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_overhead_bench: rank %d: %s\n", env.rank, e.what());

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
     std::printf("resnet_ddp loader, AutoAugment + Resize(%d), %d worker(s), %zu images\n", size, workers, images);
     std::printf("  ImageFolder (%s): %8.1f img/s  %8.1f img/s per core\n", data.c_str(), jpeg, jpeg / workers);
     std::printf("  HDF5 packed      : %8.1f img/s  %8.1f img/s per core\n", h5rate, h5rate / workers);
+    double tv_rate = 0;
     if (torchvision) {
       const std::string script = fs::path(__FILE__).parent_path().string() + "/torchvision_loader_bench.py";
       const std::string cmd = "/usr/bin/python3 " + script + " --data " + data + " --workers " +
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
       while (p && std::fgets(line, sizeof line, p))
         if (std::sscanf(line, "IMG_PER_S %lf", &tv) != 1) std::fputs(line, stdout);
       if (p) ::pclose(p);
+      tv_rate = tv;
       if (tv > 0) {
         std::printf("  torchvision      : %8.1f img/s  %8.1f img/s per core\n", tv, tv / workers);
         std::printf("  ratio vs torchvision: JPEG %.2fx, .h5 %.2fx (targets >= 2x, >= 10x)\n", jpeg / tv, h5rate / tv);
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
         std::printf("  torchvision: not measured (python3-torchvision missing?)\n");
       }
     }
+    // Machine-readable summary for bench/run_bench.sh (torchvision 0 = not measured).
+    std::printf("RESULT_JSON {\"workers\": %d, \"images\": %zu, \"image_size\": %d, \"batch\": %d, "
+                "\"jpeg_img_per_s\": %.3f, \"h5_img_per_s\": %.3f, \"torchvision_img_per_s\": %.3f}\n",
+                workers, images, size, batch, jpeg, h5rate, tv_rate);
     std::remove(h5.c_str());
     if (generated) fs::remove_all(data);
   } catch (const std::exception& e) {

@@ -116,6 +116,7 @@ def bench_one(torch, torchvision, arch, size, batch, args):
         "num_classes": args.num_classes, "steps": args.steps, "warmup": args.warmup,
         "step_ms_median": round(median * 1e3, 2),
         "step_ms_min": round(min(times) * 1e3, 2),
+        "step_ms_max": round(max(times) * 1e3, 2),
         "img_per_s": round(batch / median, 3),
         "gflop_per_step": round(step_gflop, 3),
         "gflops": round(step_gflop / median, 2),

@@ -157,9 +157,9 @@ std::string json_result(const BenchConfig& c, const Options& o, const std::vecto
   std::snprintf(buf, sizeof buf,
                 "{\"arch\": \"%s\", \"image_size\": %d, \"batch\": %d, \"head\": \"%s\", "
                 "\"num_classes\": %d, \"steps\": %d, \"warmup\": %d, \"step_ms_median\": %.2f, "
-                "\"step_ms_min\": %.2f, \"img_per_s\": %.3f, \"gflop_per_step\": %.3f, \"gflops\": %.2f}",
+                "\"step_ms_min\": %.2f, \"step_ms_max\": %.2f, \"img_per_s\": %.3f, \"gflop_per_step\": %.3f, \"gflops\": %.2f}",
                 c.arch.c_str(), c.size, c.batch, rd::head_name(o.head), o.num_classes, o.steps, o.warmup,
-                median * 1e3, sorted.front() * 1e3, c.batch / median, step_gflop, step_gflop / median);
+                median * 1e3, sorted.front() * 1e3, sorted.back() * 1e3, c.batch / median, step_gflop, step_gflop / median);
   return buf;
 }
 

@@ -1,0 +1,194 @@
+#!/bin/bash
+# `make bench`: the whole performance suite, resnet_ddp side by side with PyTorch in
+# the same run on the same machine. Writes
+#   bench/results.json   every figure (median, min, max of the runs), machine, load
+#   bench/results.md     the Markdown table docs/performance.md shows
+#   bench/results_*.png  gnuplot plots
+#   bench/results.raw/   the raw output of every program run
+#
+#   bench/run_bench.sh [--quick] [--build-dir DIR] [--only SECTIONS] [--runs N]
+#
+#   --quick        fewer runs and a shortened epoch (under 5 minutes); the table says so
+#   --build-dir    where resnet_ddp and build/bench/* are (default: build/)
+#   --only         comma list of sections: step,epoch,ddp,loader (default: all;
+#                  the summary keeps earlier sections' raw results)
+#   --runs N       repetitions per figure (default 5 full, 3 quick)
+#
+# Sections: (1) train step img/s vs PyTorch, equal threads, fp32; (2) the reference
+# recipe's epoch, 2 ranks, vs bench/pytorch_reference_recipe.py --launch 2, with its
+# train / validation / data-wait split and peak RSS per rank; (3) DDP exposed
+# communication, overlap on/off, bucket sweep, 1 vs 2 ranks; (4) loader img/s per
+# core vs torchvision. The Dataset_2-shaped JPEG set is generated once into
+# data/synth_bench/dataset2 and reused.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build_dir=$root/build
+quick=0
+only="step,epoch,ddp,loader"
+runs=""
+python=${RD_TORCH_PYTHON:-/usr/bin/python3}
+
+die() { echo "run_bench.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    --build-dir) [ $# -ge 2 ] || die "--build-dir needs a value"; build_dir=$(cd "$2" 2>/dev/null && pwd) ||
+      die "--build-dir '$2': no such directory"; shift 2 ;;
+    --only) [ $# -ge 2 ] || die "--only needs a value"; only=$2; shift 2 ;;
+    --runs) [ $# -ge 2 ] || die "--runs needs a value"; runs=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+for s in ${only//,/ }; do
+  case "$s" in step|epoch|ddp|loader) ;; *) die "--only: unknown section '$s' (step, epoch, ddp, loader)" ;; esac
+done
+want() { [[ ",$only," == *",$1,"* ]]; }
+if [ -z "$runs" ]; then runs=$([ $quick = 1 ] && echo 3 || echo 5); fi
+[[ "$runs" =~ ^[0-9]+$ ]] && [ "$runs" -ge 1 ] || die "--runs '$runs': expected a positive integer"
+
+# --- prerequisites, each with the command that fixes it -------------------------
+rd=$build_dir/resnet_ddp
+for exe in "$rd" "$build_dir/bench/train_step_bench" "$build_dir/bench/loader_bench" \
+           "$build_dir/bench/ddp_overhead_bench"; do
+  [ -x "$exe" ] || die "$exe not found: build first (make, or cmake --build $build_dir)"
+done
+[ -x "$python" ] || die "$python not found: the PyTorch side needs Debian's python3-torch (make deps)"
+"$python" -c "import torch, torchvision" 2>/dev/null ||
+  die "$python cannot import torch/torchvision: install python3-torch python3-torchvision (make deps)"
+[ -x /usr/bin/time ] || die "/usr/bin/time not found (peak RSS): apt-get install time"
+command -v mpirun >/dev/null || die "mpirun not found: apt-get install openmpi-bin (make deps)"
+command -v gnuplot >/dev/null || echo "run_bench.sh: gnuplot not found, no plots (apt-get install gnuplot-nox)" >&2
+
+cores=$(nproc 2>/dev/null || echo 2)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun_cmd=(mpirun --oversubscribe --bind-to none)
+raw=$here/results.raw
+mkdir -p "$raw"
+t_start=$(date +%s)
+say() { printf '== [%4ss] %s\n' "$(( $(date +%s) - t_start ))" "$*" >&2; }
+# One line per section boundary: when, what, the 1-minute load average.
+loadlog() { echo "$(date +%s) $1 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$raw/load.txt"; }
+
+{
+  echo "quick=$quick"
+  echo "runs=$runs"
+  echo "cores=$cores"
+  echo "cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "cpu_flags_bf16=$(grep -m1 -o -w 'avx512_bf16' /proc/cpuinfo || echo no)"
+  echo "mem_total_kb=$(awk '/MemTotal/ {print $2}' /proc/meminfo)"
+  echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "git_commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "torch_version=$("$python" -c 'import torch; print(torch.__version__)')"
+  echo "mpi_version=$(mpirun --version 2>/dev/null | head -1)"
+  echo "build_dir=$build_dir"
+} > "$raw/machine.txt"
+loadlog start
+
+# --- (1) train step ---------------------------------------------------------------
+if want step; then
+  rm -f "$raw"/step_*.json
+  # Quick mode keeps the configs but times fewer steps.
+  steps=$runs
+  warmup=1
+  for cfg in resnet18:64:32 resnet34:244:16 resnet50:224:16; do
+    tag=${cfg//:/_}
+    loadlog "step_$tag"
+    say "train step $cfg, $cores threads, $steps timed steps: resnet_ddp"
+    OMP_NUM_THREADS=$cores "$build_dir/bench/train_step_bench" --config "$cfg" --threads "$cores" \
+      --steps "$steps" --warmup "$warmup" > "$raw/step_rd_$tag.json"
+    say "train step $cfg: PyTorch"
+    OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" --threads "$cores" \
+      --steps "$steps" --warmup "$warmup" > "$raw/step_pt_$tag.json"
+  done
+  loadlog step_end
+fi
+
+# --- the Dataset_2-shaped JPEG set (generated once) ---------------------------------
+dataset=$root/data/synth_bench/dataset2
+if want epoch || want loader; then
+  if [ ! -f "$dataset/.complete" ]; then
+    say "generating the Dataset_2-shaped set (1322/363 JPEGs, C0 C2 C4) in $dataset"
+    rm -rf "$dataset"
+    mkdir -p "$(dirname "$dataset")"
+    "$rd" synth --out "$dataset" --train 1322 --val 363 > "$raw/synth.log"
+    touch "$dataset/.complete"
+  fi
+fi
+
+# --- (2) the reference recipe's epoch, 2 ranks, + peak RSS ----------------------------
+if want epoch; then
+  rm -rf "$raw"/epoch_*
+  if [ $quick = 1 ]; then
+    # Shortened epoch: 8 steps of training at 128 px, full validation at 128 px.
+    epoch_flags=(--image-size 128 --max-steps 8)
+    epoch_runs=2
+  else
+    epoch_flags=()
+    epoch_runs=${RD_BENCH_EPOCH_RUNS:-1}
+  fi
+  echo "${epoch_flags[*]:-}" > "$raw/epoch_flags.txt"
+  for i in $(seq 1 "$epoch_runs"); do
+    loadlog "epoch_rd_$i"
+    say "epoch run $i/$epoch_runs: mpirun -np 2 resnet_ddp --epochs 1 ${epoch_flags[*]:-}"
+    out=$raw/epoch_rd_$i
+    mkdir -p "$out"
+    /usr/bin/time -v -o "$out/time.txt" "${mpirun_cmd[@]}" -np 2 "$rd" --data "$dataset" --epochs 1 \
+      --output-dir "$out/model" --resume none --progress none --log-every 0 "${epoch_flags[@]}" \
+      > "$out/log.txt" 2>&1 || die "resnet_ddp epoch failed, see $out/log.txt"
+    loadlog "epoch_pt_$i"
+    say "epoch run $i/$epoch_runs: pytorch_reference_recipe.py --launch 2 --epochs 1 ${epoch_flags[*]:-}"
+    out=$raw/epoch_pt_$i
+    mkdir -p "$out"
+    /usr/bin/time -v -o "$out/time.txt" "$python" "$here/pytorch_reference_recipe.py" --launch 2 \
+      --data "$dataset" --epochs 1 --port $((29500 + RANDOM % 400)) "${epoch_flags[@]}" \
+      > "$out/log.txt" 2>&1 || die "PyTorch recipe failed, see $out/log.txt"
+  done
+  loadlog epoch_end
+fi
+
+# --- (3) DDP overhead ------------------------------------------------------------------
+if want ddp; then
+  rm -f "$raw"/ddp_*.txt
+  # ResNet-18 at 64 px, batch 8, 1 thread per rank: little compute per byte of
+  # gradient, so communication is as visible as it gets here.
+  ddp_common=(--arch resnet18 --batch 8 --pixels 64 --threads 1 --steps "$([ $quick = 1 ] && echo 2 || echo 4)")
+  ddp_reps=$([ $quick = 1 ] && echo 1 || echo 3)
+  buckets=(25)
+  [ $quick = 1 ] || buckets=(1 4 25 100)
+  for rep in $(seq 1 "$ddp_reps"); do
+    for mb in "${buckets[@]}"; do
+      loadlog "ddp_np2_b${mb}_$rep"
+      say "DDP overhead, 2 ranks, bucket $mb MB (repeat $rep/$ddp_reps)"
+      "${mpirun_cmd[@]}" -np 2 "$build_dir/bench/ddp_overhead_bench" "${ddp_common[@]}" --bucket-mb "$mb" \
+        > "$raw/ddp_np2_b${mb}_$rep.txt" 2>&1 || die "ddp_overhead_bench failed, see $raw/ddp_np2_b${mb}_$rep.txt"
+    done
+    loadlog "ddp_np1_$rep"
+    say "DDP overhead, 1 rank (weak-scaling baseline, repeat $rep/$ddp_reps)"
+    "${mpirun_cmd[@]}" -np 1 "$build_dir/bench/ddp_overhead_bench" "${ddp_common[@]}" --bucket-mb 25 \
+      > "$raw/ddp_np1_b25_$rep.txt" 2>&1 || die "ddp_overhead_bench failed, see $raw/ddp_np1_b25_$rep.txt"
+  done
+  loadlog ddp_end
+fi
+
+# --- (4) loader -------------------------------------------------------------------------
+if want loader; then
+  rm -f "$raw"/loader_*.txt
+  loader_images=$([ $quick = 1 ] && echo 192 || echo 512)
+  loader_reps=$([ $quick = 1 ] && echo 2 || echo 3)
+  for rep in $(seq 1 "$loader_reps"); do
+    loadlog "loader_$rep"
+    say "loader, 1 worker, $loader_images images, JPEG / .h5 / torchvision (repeat $rep/$loader_reps)"
+    "$build_dir/bench/loader_bench" --data "$dataset" --workers 1 --images "$loader_images" --image-size 244 \
+      --torchvision > "$raw/loader_$rep.txt" 2>&1 || die "loader_bench failed, see $raw/loader_$rep.txt"
+  done
+  loadlog loader_end
+fi
+
+loadlog end
+say "summarising"
+/usr/bin/python3 "$here/summarize.py" --raw "$raw" --json "$here/results.json" --md "$here/results.md" \
+  --plots "$here"
+say "done: $here/results.json, $here/results.md, $here/results_*.png"
