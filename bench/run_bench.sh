@@ -7,12 +7,15 @@
 #   bench/results.raw/   the raw output of every program run
 #
 #   bench/run_bench.sh [--quick] [--build-dir DIR] [--only SECTIONS] [--runs N]
+#                      [--epoch-runs N]
 #
 #   --quick        fewer runs and a shortened epoch (under 5 minutes); the table says so
 #   --build-dir    where resnet_ddp and build/bench/* are (default: build/)
 #   --only         comma list of sections: step,epoch,ddp,loader (default: all;
 #                  the summary keeps earlier sections' raw results)
-#   --runs N       repetitions per figure (default 5 full, 3 quick)
+#   --runs N       timed steps per train-step figure (default 5 full, 3 quick)
+#   --epoch-runs N recipe epochs per framework (default 1 full: ~8 min each on 2 busy
+#                  cores; 2 quick)
 #
 # Sections: (1) train step img/s vs PyTorch, equal threads, fp32; (2) the reference
 # recipe's epoch, 2 ranks, vs bench/pytorch_reference_recipe.py --launch 2, with its
@@ -28,6 +31,7 @@ build_dir=$root/build
 quick=0
 only="step,epoch,ddp,loader"
 runs=""
+epoch_runs=""
 python=${RD_TORCH_PYTHON:-/usr/bin/python3}
 
 die() { echo "run_bench.sh: $*" >&2; exit 2; }
@@ -38,7 +42,8 @@ while [ $# -gt 0 ]; do
       die "--build-dir '$2': no such directory"; shift 2 ;;
     --only) [ $# -ge 2 ] || die "--only needs a value"; only=$2; shift 2 ;;
     --runs) [ $# -ge 2 ] || die "--runs needs a value"; runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --epoch-runs) [ $# -ge 2 ] || die "--epoch-runs needs a value"; epoch_runs=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -48,6 +53,9 @@ done
 want() { [[ ",$only," == *",$1,"* ]]; }
 if [ -z "$runs" ]; then runs=$([ $quick = 1 ] && echo 3 || echo 5); fi
 [[ "$runs" =~ ^[0-9]+$ ]] && [ "$runs" -ge 1 ] || die "--runs '$runs': expected a positive integer"
+if [ -z "$epoch_runs" ]; then epoch_runs=$([ $quick = 1 ] && echo 2 || echo 1); fi
+[[ "$epoch_runs" =~ ^[0-9]+$ ]] && [ "$epoch_runs" -ge 1 ] ||
+  die "--epoch-runs '$epoch_runs': expected a positive integer"
 
 # --- prerequisites, each with the command that fixes it -------------------------
 rd=$build_dir/resnet_ddp
@@ -85,6 +93,8 @@ loadlog() { echo "$(date +%s) $1 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$raw/load
   echo "mpi_version=$(mpirun --version 2>/dev/null | head -1)"
   echo "build_dir=$build_dir"
 } > "$raw/machine.txt"
+# What else was running: the benchmarks share the machine with other jobs.
+ps -eo pcpu,etime,comm --sort=-pcpu 2>/dev/null | head -12 > "$raw/top_at_start.txt" || true
 loadlog start
 
 # --- (1) train step ---------------------------------------------------------------
@@ -122,12 +132,10 @@ fi
 if want epoch; then
   rm -rf "$raw"/epoch_*
   if [ $quick = 1 ]; then
-    # Shortened epoch: 8 steps of training at 128 px, full validation at 128 px.
-    epoch_flags=(--image-size 128 --max-steps 8)
-    epoch_runs=2
+    # Shortened epoch: 5 steps of training at 128 px, full validation at 128 px.
+    epoch_flags=(--image-size 128 --max-steps 5)
   else
     epoch_flags=()
-    epoch_runs=${RD_BENCH_EPOCH_RUNS:-1}
   fi
   echo "${epoch_flags[*]:-}" > "$raw/epoch_flags.txt"
   for i in $(seq 1 "$epoch_runs"); do
