@@ -138,19 +138,25 @@ if want epoch; then
     epoch_flags=()
   fi
   echo "${epoch_flags[*]:-}" > "$raw/epoch_flags.txt"
+  # Peak RSS two ways: /usr/bin/time -v (largest process, whole run) and sampled per
+  # process up to the epoch's "Time:" line, before resnet_ddp writes its checkpoints
+  # (the PyTorch script writes none).
+  rss_watch=(/usr/bin/python3 "$here/rss_watch.py" --marker 'Epoch 1/1\) Time:')
   for i in $(seq 1 "$epoch_runs"); do
     loadlog "epoch_rd_$i"
     say "epoch run $i/$epoch_runs: mpirun -np 2 resnet_ddp --epochs 1 ${epoch_flags[*]:-}"
     out=$raw/epoch_rd_$i
     mkdir -p "$out"
-    /usr/bin/time -v -o "$out/time.txt" "${mpirun_cmd[@]}" -np 2 "$rd" --data "$dataset" --epochs 1 \
+    /usr/bin/time -v -o "$out/time.txt" "${rss_watch[@]}" --out "$out/rss.json" -- \
+      "${mpirun_cmd[@]}" -np 2 "$rd" --data "$dataset" --epochs 1 \
       --output-dir "$out/model" --resume none --progress none --log-every 0 "${epoch_flags[@]}" \
       > "$out/log.txt" 2>&1 || die "resnet_ddp epoch failed, see $out/log.txt"
     loadlog "epoch_pt_$i"
     say "epoch run $i/$epoch_runs: pytorch_reference_recipe.py --launch 2 --epochs 1 ${epoch_flags[*]:-}"
     out=$raw/epoch_pt_$i
     mkdir -p "$out"
-    /usr/bin/time -v -o "$out/time.txt" "$python" "$here/pytorch_reference_recipe.py" --launch 2 \
+    /usr/bin/time -v -o "$out/time.txt" "${rss_watch[@]}" --out "$out/rss.json" -- \
+      "$python" "$here/pytorch_reference_recipe.py" --launch 2 \
       --data "$dataset" --epochs 1 --port $((29500 + RANDOM % 400)) "${epoch_flags[@]}" \
       > "$out/log.txt" 2>&1 || die "PyTorch recipe failed, see $out/log.txt"
   done
