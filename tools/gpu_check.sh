@@ -12,6 +12,14 @@
 #  4. benchmarks the training step (ResNet-34 @244 batch 16, fp32/tf32/fp16/bf16,
 #     NHWC) against PyTorch on the same GPU, and prints a table.
 # Everything is printed; the exit status is the op tests'. --quick: fewer steps.
+#
+# Run from a bundle made by tools/gpu_bundle.sh (BUNDLE/tools/gpu_check.sh), nothing is
+# built: step 2 becomes `BUNDLE/run --env` (finds the host's CUDA libraries), step 3 runs
+# the bundled Catch2 op tests, and before the benchmark it also runs the NCCL collective
+# tests (mpirun -np 1, and -np 2 when there are 2+ GPUs: NCCL does not support two ranks
+# of one communicator on the same GPU), the MPI collective tests, message_passing over
+# NCCL, and a short `resnet_ddp --device cuda` training run on `resnet_ddp synth` data
+# (fp32 recipe, then fp16 and bf16). The exit status is then the first failure's.
 # Environment: RD_GPU_ARCH=90 overrides the detected architecture,
 #              RD_GPU_PYTHON picks the Python that has torch.
 set -uo pipefail
@@ -22,6 +30,8 @@ STEPS=20 WARMUP=5
 [[ "${1:-}" == "--quick" ]] && STEPS=8 WARMUP=3
 JOBS=$(nproc 2>/dev/null || echo 4)
 T0=$(date +%s)
+BUNDLE=""
+[[ -x $ROOT/run && -f $ROOT/payload.tar.xz ]] && BUNDLE=$ROOT
 say() { printf '\n== %s (t=%ss)\n' "$*" "$(( $(date +%s) - T0 ))"; }
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 
@@ -35,6 +45,15 @@ if [[ -z "$PY" ]]; then
 fi
 [[ -n "$PY" ]] && echo "python with torch: $PY ($("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'))"
 
+if [[ -n $BUNDLE ]]; then
+  say "bundle $BUNDLE"
+  head -3 "$BUNDLE/MANIFEST.txt"
+  "$BUNDLE/run" --env || die "the bundle cannot run here (see above)"
+  TEST_CMD=("$BUNDLE/run" test_gpu_cuda_backend --durations yes)
+  BENCH_CMD=("$BUNDLE/run" gpu_train_bench)
+  TORCH_BENCH=$BUNDLE/tools/torch_gpu_bench.py
+  mkdir -p "$OUT"
+else  # standalone: build from the repository's sources (this block is unchanged)
 NVCC=$(command -v nvcc || true)
 [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
 [[ -z "$NVCC" ]] && die "nvcc not found (PATH, /usr/local/cuda/bin): the CUDA toolkit is needed to build"
@@ -101,21 +120,75 @@ LIBS=(-L"$OUT/lib" -L"$CUDA_HOME/lib64" -lcudnn -lcublas -lcublasLt -lcudart -lp
 "$CXX" -o "$OUT/test_cuda_backend" "$OUT/obj/test.o" "${OBJS[@]}" "${LIBS[@]}" || die "link of test_cuda_backend failed"
 "$CXX" -o "$OUT/gpu_train_bench" "$OUT/obj/bench.o" "${OBJS[@]}" "${LIBS[@]}" || die "link of gpu_train_bench failed"
 grep -c warning "$OUT/build.log" | sed 's/^/compiler warnings: /'
+TEST_CMD=("$OUT/test_cuda_backend")
+BENCH_CMD=("$OUT/gpu_train_bench")
+TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
+fi
 
 say "GPU op tests (tests/gpu/test_cuda_backend.cpp)"
-timeout 300 "$OUT/test_cuda_backend"
+timeout 300 "${TEST_CMD[@]}"
 TEST_RC=$?
 echo "op tests exit status: $TEST_RC"
+
+EXTRA_RC=0
+if [[ -n $BUNDLE ]]; then
+  # step SECONDS OK_STATUS... -- CMD...: runs CMD for at most SECONDS, prints its exit
+  # status, and keeps the first unexpected one (the whole bundle run stays under ~8 min).
+  step() {
+    local limit=$1 ok=() rc=0
+    shift
+    while [[ $1 != -- ]]; do ok+=("$1"); shift; done
+    shift
+    timeout "$limit" "$@" || rc=$?
+    echo "exit status: $rc"
+    [[ " ${ok[*]} " == *" $rc "* ]] || { [[ $EXTRA_RC != 0 ]] || EXTRA_RC=$rc; }
+  }
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  [[ $GPUS -gt 0 ]] || GPUS=1
+  NP_MAX=$((GPUS < 4 ? GPUS : 4))
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_gpu_check.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
+
+  say "NCCL collectives on device memory (tests/collective/nccl_collective_test), $GPUS GPU(s)"
+  for np in 1 2; do
+    if ((np > GPUS)); then
+      echo "-np $np: not run: one GPU here, and NCCL does not support two ranks of one communicator on the same GPU"
+      continue
+    fi
+    echo "-- mpirun -np $np"
+    step 90 0 -- "$BUNDLE/run" mpirun -np "$np" nccl_collective_test
+  done
+
+  say "MPI collectives on host memory (tests/collective/collective_test), 2 ranks"
+  step 60 0 -- "$BUNDLE/run" mpirun -np 2 --oversubscribe collective_test
+
+  say "message_passing over NCCL, $NP_MAX rank(s)"
+  step 60 0 -- "$BUNDLE/run" mpirun -np "$NP_MAX" message_passing --device cuda --verbose
+
+  say "training smoke run: resnet_ddp --device cuda on synthetic Dataset_2-shaped data"
+  step 60 0 -- "$BUNDLE/run" resnet_ddp synth --out "$WORK/synth"
+  WORKERS=$(( $(nproc 2>/dev/null || echo 4) / NP_MAX - 1 ))
+  ((WORKERS >= 1)) || WORKERS=1
+  echo "-- reference recipe (ResNet-34, 244 px, batch 16, AutoAugment, Adam), fp32, 2 epochs, $NP_MAX rank(s)"
+  step 150 0 -- "$BUNDLE/run" mpirun -np "$NP_MAX" resnet_ddp --device cuda --data "$WORK/synth" \
+    --epochs 2 --workers "$WORKERS" --progress lines --log-every 20 --resume none --output-dir "$WORK/out_fp32"
+  for prec in fp16 bf16; do
+    echo "-- $prec mixed precision, 1 epoch of at most 40 steps"
+    step 90 0 -- "$BUNDLE/run" mpirun -np "$NP_MAX" resnet_ddp --device cuda --data "$WORK/synth" \
+      --epochs 1 --max-steps 40 --precision "$prec" --workers "$WORKERS" --progress lines --log-every 10 \
+      --resume none --output-dir "$WORK/out_$prec"
+  done
+fi
 
 say "training-step benchmark: ResNet-34 @244, batch 16, NHWC (resnet_ddp) vs PyTorch"
 RES=$OUT/bench.jsonl
 : > "$RES"
 for prec in fp32 tf32 fp16 bf16; do
-  timeout 120 "$OUT/gpu_train_bench" --arch resnet34 --size 244 --batch 16 --precision "$prec" \
+  timeout 120 "${BENCH_CMD[@]}" --arch resnet34 --size 244 --batch 16 --precision "$prec" \
     --layout nhwc --steps "$STEPS" --warmup "$WARMUP" | tee -a "$RES"
 done
 if [[ -n "$PY" ]]; then
-  timeout 200 "$PY" "$ROOT/tests/gpu/torch_gpu_bench.py" --arch resnet34 --size 244 --batch 16 \
+  timeout 200 "$PY" "$TORCH_BENCH" --arch resnet34 --size 244 --batch 16 \
     --channels-last --steps "$STEPS" --warmup "$WARMUP" | tee -a "$RES"
 else
   echo "no Python with torch: PyTorch comparison skipped"
@@ -137,5 +210,10 @@ for p in ("fp32", "tf32", "fp16", "bf16"):
     mb = f"{b['peak_memory_mib']}" if b else "-"
     print(f"{p:9} {ra:>17} {rb:>14} {ratio:>6} {ma:>9} {mb:>10}")
 PYEOF
+if [[ -n $BUNDLE ]]; then
+  say "done (op tests exit $TEST_RC; other checks: first failure's status $EXTRA_RC)"
+  ((TEST_RC != 0)) && exit "$TEST_RC"
+  exit "$EXTRA_RC"
+fi
 say "done (op tests exit $TEST_RC)"
 exit "$TEST_RC"
