@@ -7,8 +7,9 @@
 #   ./run --env               show what was found (CUDA libraries, glibc, folders)
 #   ./run --root              print the folder the payload is unpacked to
 #
-# The first call unpacks payload.tar.xz (about 100 MiB) into $RD_BUNDLE_CACHE, default
-# ${TMPDIR:-/tmp}/resnet_ddp_bundle.<payload id>; later calls reuse it.
+# The first call unpacks payload.tar.xz (about 100 MiB) into
+# ${RD_BUNDLE_CACHE:-${TMPDIR:-/tmp}}/resnet_ddp_bundle.<payload id>; later calls reuse it,
+# and a rebuilt bundle (another id) gets a folder of its own.
 # The environment it sets up, for the command only:
 #   LD_LIBRARY_PATH  bundle lib/ first, then the folders holding the host's CUDA libraries
 #                    (cudart, cuBLAS, cuDNN, NCCL): $RD_CUDA_LIB_DIRS (colon-separated) if
@@ -26,7 +27,7 @@ die() { echo "run: error: $*" >&2; exit 1; }
 
 # ---- unpack once --------------------------------------------------------------------------
 ID=$(cat "$BUNDLE/payload.id")
-R=${RD_BUNDLE_CACHE:-${TMPDIR:-/tmp}/resnet_ddp_bundle.$ID}
+R=${RD_BUNDLE_CACHE:-${TMPDIR:-/tmp}}/resnet_ddp_bundle.$ID
 if [[ ! -f $R/.complete ]]; then
   mkdir -p "$(dirname "$R")"
   tmp=$(mktemp -d "$R.partial.XXXXXX") || die "cannot create a folder next to $R (set RD_BUNDLE_CACHE)"
@@ -35,7 +36,9 @@ if [[ ! -f $R/.complete ]]; then
     xz -dc "$BUNDLE/payload.tar.xz" | tar -C "$tmp" -xf - || { rm -rf "$tmp"; die "unpacking $BUNDLE/payload.tar.xz failed"; }
   else # Python's tarfile reads xz without the xz program.
     py=$(command -v python3 || command -v python) || { rm -rf "$tmp"; die "neither xz nor python3 is available to unpack the bundle"; }
-    "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$py" -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' \
       "$BUNDLE/payload.tar.xz" "$tmp" || { rm -rf "$tmp"; die "unpacking $BUNDLE/payload.tar.xz failed"; }
   fi
   touch "$tmp/.complete"
