@@ -133,7 +133,7 @@ echo "op tests exit status: $TEST_RC"
 EXTRA_RC=0
 if [[ -n $BUNDLE ]]; then
   # step SECONDS OK_STATUS... -- CMD...: runs CMD for at most SECONDS, prints its exit
-  # status, and keeps the first unexpected one (the whole bundle run stays under ~8 min).
+  # status, and keeps the first unexpected one (a hung step cannot stall the whole run).
   step() {
     local limit=$1 ok=() rc=0
     shift
