@@ -14,7 +14,7 @@ DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 
-.PHONY: all build deps test run demo clean install bench bench-quick
+.PHONY: all build deps test run demo clean install bench bench-quick gpu-bundle
 
 all: build
 
@@ -55,6 +55,10 @@ bench: build
 
 bench-quick: build
 	./bench/run_bench.sh --quick
+
+# Everything a GPU host without package access needs, in bundle/gpu (see docs/cuda.md).
+gpu-bundle:
+	./tools/gpu_bundle.sh
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
