@@ -399,6 +399,10 @@ def load_average(raw):
         if len(parts) >= 5:
             entries.append({"t": int(parts[0]), "at": parts[1], "load1": float(parts[2]),
                             "load5": float(parts[3]), "load15": float(parts[4])})
+    # load.txt keeps every invocation; this summary describes the latest one.
+    starts = [i for i, e in enumerate(entries) if e["at"] == "start"]
+    if starts:
+        entries = entries[starts[-1]:]
     if not entries:
         return None
     return {"load1": stats([e["load1"] for e in entries]), "entries": entries,
