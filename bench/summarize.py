@@ -399,14 +399,24 @@ def load_average(raw):
         if len(parts) >= 5:
             entries.append({"t": int(parts[0]), "at": parts[1], "load1": float(parts[2]),
                             "load5": float(parts[3]), "load15": float(parts[4])})
-    # load.txt keeps every invocation; this summary describes the latest one.
+    # load.txt keeps every invocation (--only reruns some sections): per section,
+    # the load of the latest invocation that ran it; the totals describe the latest.
+    per_section = {}
+    for sec in ("step", "epoch", "ddp", "loader"):
+        last_start = None
+        for i, e in enumerate(entries):
+            if e["at"] == "start":
+                run = i
+            if e["at"].startswith(sec + "_") and not e["at"].endswith("_end"):
+                if last_start != run:
+                    per_section[sec] = []
+                    last_start = run
+                per_section[sec].append(e["load1"])
+    per_section = {k: stats(v) for k, v in per_section.items()}
     starts = [i for i, e in enumerate(entries) if e["at"] == "start"]
-    if starts:
-        entries = entries[starts[-1]:]
-    if not entries:
-        return None
-    return {"load1": stats([e["load1"] for e in entries]), "entries": entries,
-            "duration_s": entries[-1]["t"] - entries[0]["t"]}
+    latest = entries[starts[-1]:] if starts else entries
+    return {"load1": stats([e["load1"] for e in latest]), "per_section": per_section, "entries": entries,
+            "duration_s": latest[-1]["t"] - latest[0]["t"]}
 
 
 # ---------------------------------------------------------------------------------
@@ -459,8 +469,11 @@ def markdown(res):
              f"{m.get('mpi_version')}; commit {m.get('git_commit')}; {m.get('date')}.")
     if la:
         L.append(f"Load average (1 min) during the run: median {la['load1']['median']:.1f}, "
-                 f"min {la['load1']['min']:.1f}, max {la['load1']['max']:.1f} on {m.get('cores')} cores "
-                 f"(other jobs shared the machine); suite wall time {la['duration_s'] / 60:.1f} min.")
+                 f"min {la['load1']['min']:.1f}, max {la['load1']['max']:.1f} on {m.get('cores')} cores"
+                 f"{' (other jobs shared the machine)' if la['load1']['max'] > float(m.get('cores') or 1) else ''}; wall time of the latest invocation {la['duration_s'] / 60:.1f} min.")
+        if la.get("per_section"):
+            L.append("Load average by section (median of the 1-minute load at each run's start): " + ", ".join(
+                f"{k} {v['median']:.1f}" for k, v in la["per_section"].items() if v) + ".")
     mode = "quick (--quick)" if m.get("quick") == "1" else "full"
     L.append(f"Mode: {mode}. Figures: median (min–max) over the runs; ratios are resnet_ddp / PyTorch "
              "from the same run (speed ratios for times).")
