@@ -1,9 +1,10 @@
 # Plots for bench/summarize.py (one PNG per section):
 #   gnuplot -e "section='step'; data='bench/results.raw/plot_step.dat'; out='x.png'" bench/plot.gnuplot
 # section: step | epoch | ddp | loader | scaling (data files written by summarize.py).
-set terminal pngcairo size 900,520 font "DejaVu Sans,11"
+set terminal pngcairo noenhanced size 900,520 font "DejaVu Sans,11"
 set output out
 set grid ytics lc rgb "#dddddd"
+set bmargin 4
 set key top left
 set border 3
 set tics nomirror
@@ -14,10 +15,9 @@ if (section eq 'step') {
   set style data histograms
   set style histogram errorbars gap 2 lw 1.5
   set style fill solid 0.85 border -1
-  set yrange [0:*]
   set logscale y
-  set yrange [1:*]
-  plot data using 2:3:4:xtic(1) title "resnet\\_ddp" lc rgb "#1f77b4", \
+  set yrange [0.5:*]
+  plot data using 2:3:4:xtic(1) title "resnet_ddp" lc rgb "#1f77b4", \
        ''   using 5:6:7 title "PyTorch" lc rgb "#ff7f0e"
 }
 
@@ -59,7 +59,7 @@ if (section eq 'loader') {
 }
 
 if (section eq 'scaling') {
-  set terminal pngcairo size 1000,560 font "DejaVu Sans,11"
+  set terminal pngcairo noenhanced size 1000,560 font "DejaVu Sans,11"
   set output out
   set title "MODELLED weak-scaling efficiency, batch 16 per GPU (solid: overlap, dashed: no overlap)"
   set xlabel "GPUs (2 nodes; the ring crosses InfiniBand past one node)"

@@ -613,7 +613,7 @@ def write_plot_data(res, raw):
         with open(p, "w") as f:
             f.write("# label med min max\n")
             for label, k in (("torchvision\\nJPEG", "torchvision_img_s_per_core"),
-                             ("resnet\\\\_ddp\\nJPEG", "jpeg_img_s_per_core"), ("resnet\\\\_ddp\\n.h5", "h5_img_s_per_core")):
+                             ("resnet_ddp\\nJPEG", "jpeg_img_s_per_core"), ("resnet_ddp\\n.h5", "h5_img_s_per_core")):
                 s = ld[k]
                 f.write(f"\"{label}\" {s['median']} {s['min']} {s['max']}\n")
         paths["loader"] = p
