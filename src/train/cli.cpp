@@ -271,6 +271,8 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
           "auto = continue from OUTPUT_DIR/last.h5 if present; none = start fresh; or a checkpoint");
   fs.path("--init", &o.init, "FILE.h5", "initial weights only (e.g. converted ImageNet weights)");
   fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient all-reduce bucket size in MiB");
+  fs.boolean("--progress-thread", &o.progress_thread,
+             "drive MPI progress from a helper thread during backward (worth it when a core is spare)");
   fs.integer("--accum-steps", &o.accum_steps, 1, "micro-batches accumulated per optimizer step", 65536);
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
   fs.choice("--precision", &o.precision, {"fp32", "tf32", "fp16", "bf16"},

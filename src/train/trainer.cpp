@@ -280,6 +280,7 @@ void Trainer::setup_model() {
   sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
+  bo.progress_thread = o_.progress_thread;
   bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
 }
 

@@ -30,8 +30,11 @@ struct BucketOptions {
   // A thread that drives MPI progress while buckets are in flight (Open MPI does
   // not progress in the background, and poll() between layers advances a
   // multi-round all-reduce only one round per layer). It sleeps when nothing is
-  // in flight. Measured on 2 ranks, ResNet-18: exposed comm ~210 ms -> ~40 ms.
-  bool progress_thread = true;
+  // in flight. Measured on 2 ranks, ResNet-18: exposed comm ~210 ms -> ~40 ms,
+  // but when compute already uses every core it slows backward more than it
+  // saves (ResNet-34 @244, 2 ranks x 1 thread on 2 cores: backward 2.07 -> 2.84 s),
+  // so it is opt-in (resnet_ddp --progress-thread).
+  bool progress_thread = false;
 };
 
 // Parses a --bucket-mb value: finite and > 0, else UsageError naming the flag.
