@@ -29,4 +29,13 @@ mpi 2 "${base[@]}" --head fc --epochs 1 --max-steps 2 --init "$WORK/a/best_model
   >"$WORK/b.log" 2>&1 || { cat "$WORK/b.log"; fail "--init run"; }
 grep -q "Initialised weights from $WORK/a/best_model.h5" "$WORK/b.log" || { cat "$WORK/b.log"; fail "init message"; }
 grep -q "Notice: --init: the head in" "$WORK/b.log" || fail "head notice"
+note "--precision bf16 (bf16 convolutions on CPUs with AVX512-BF16/AMX; a clear refusal elsewhere)"
+if mpi 2 "${base[@]}" --epochs 2 --precision bf16 --lr 0.003 --output-dir "$WORK/c" >"$WORK/c.log" 2>&1; then
+  grep -q "bf16 convolutions" "$WORK/c.log" || { cat "$WORK/c.log"; fail "bf16 run does not say it uses bf16"; }
+  grep -q '^(Epoch 2/2) Current best val acc' "$WORK/c.log" || { cat "$WORK/c.log"; fail "bf16 run did not finish"; }
+  "$RD_BIN" info "$WORK/c/last.h5" >"$WORK/cinfo" || fail "bf16 checkpoint unreadable"
+else
+  grep -q "bf16 needs a CPU with AVX512-BF16 or AMX" "$WORK/c.log" || { cat "$WORK/c.log"; fail "bf16 refused without a reason"; }
+  note "bf16 not supported by this CPU: refusal checked"
+fi
 note "ok"

@@ -32,7 +32,8 @@ void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
 ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                 const ConvGeometry& g) {
   std::ostringstream key;
-  key << x.str() << w.str() << g.kernel << "/" << g.stride << "/" << g.pad;
+  const bool bf16 = precision_ == Precision::BF16;
+  key << x.str() << w.str() << g.kernel << "/" << g.stride << "/" << g.pad << (bf16 ? "/bf16" : "");
   auto it = conv_plans_.find(key.str());
   if (it != conv_plans_.end()) return *it->second;
 
@@ -43,8 +44,19 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
            "conv2d: inconsistent shapes x " << x.str() << " w " << w.str() << " y " << y.str()
                                             << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
   auto plan = std::make_unique<ConvPlan>();
-  const dnnl::memory::desc src_md = activation_md(x), dst_md = activation_md(y);
-  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+  plan->bf16 = bf16;
+  plan->x_f32_md = activation_md(x);
+  plan->y_f32_md = activation_md(y);
+  const tag act_tag = layout_ == Layout::NHWC ? tag::nhwc : tag::nchw;
+  plan->x_bf16_md = dnnl::memory::desc({x[0], x[1], x[2], x[3]}, dt::bf16, act_tag);
+  plan->y_bf16_md = dnnl::memory::desc({y[0], y[1], y[2], y[3]}, dt::bf16, act_tag);
+  // bf16: inputs and output gradients in bf16, outputs and weight gradients in fp32.
+  const dnnl::memory::desc src_md = bf16 ? plan->x_bf16_md : plan->x_f32_md;
+  const dnnl::memory::desc dst_md = plan->y_f32_md;
+  const dnnl::memory::desc diff_dst_md = bf16 ? plan->y_bf16_md : plan->y_f32_md;
+  const dnnl::memory::desc diff_src_md = plan->x_f32_md;
+  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16 ? dt::bf16 : dt::f32, tag::any);
+  const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
   plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
   const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
 
@@ -55,12 +67,13 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                            dnnl::algorithm::convolution_direct, src_md, any_w,
                                            dst_md, strides, pad, pad);
   plan->fwd_pd = dnnl::convolution_forward::primitive_desc(fwd_desc, attr, engine_);
-  dnnl::convolution_backward_data::desc bwd_data_desc(dnnl::algorithm::convolution_direct, src_md,
-                                                      any_w, dst_md, strides, pad, pad);
+  dnnl::convolution_backward_data::desc bwd_data_desc(dnnl::algorithm::convolution_direct,
+                                                      diff_src_md, any_w, diff_dst_md, strides, pad,
+                                                      pad);
   plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(bwd_data_desc, attr, engine_,
                                                                       plan->fwd_pd);
   dnnl::convolution_backward_weights::desc bwd_w_desc(dnnl::algorithm::convolution_direct, src_md,
-                                                      any_w, dst_md, strides, pad, pad);
+                                                      any_dw, diff_dst_md, strides, pad, pad);
   plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(bwd_w_desc, attr,
                                                                             engine_, plan->fwd_pd);
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
@@ -85,6 +98,12 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     plan->bwd_data_weights = own(plan->bwd_data_pd.weights_desc());
     plan->to_bwd_data_weights = dnnl::reorder(user_w, plan->bwd_data_weights);
   }
+  if (bf16) {
+    plan->x_to_bf16 = dnnl::reorder(dnnl::memory(plan->x_f32_md, engine_, DNNL_MEMORY_NONE),
+                                    dnnl::memory(plan->x_bf16_md, engine_, DNNL_MEMORY_NONE));
+    plan->y_to_bf16 = dnnl::reorder(dnnl::memory(plan->y_f32_md, engine_, DNNL_MEMORY_NONE),
+                                    dnnl::memory(plan->y_bf16_md, engine_, DNNL_MEMORY_NONE));
+  }
   plan->diff_weights = own(plan->bwd_weights_pd.diff_weights_desc());
   plan->diff_to_user = dnnl::reorder(plan->diff_weights, user_w);
   dnnl::primitive_attr sum_attr;
@@ -99,10 +118,41 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   return ref;
 }
 
+void* CpuBackend::bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes) {
+  if (bytes > cap) {
+    buf = allocate(bytes);
+    cap = bytes;
+  }
+  return buf.get();
+}
+
+const void* CpuBackend::convert_input(ConvPlan& p, const Tensor& x) {
+  if (!p.bf16) return x.data;
+  void* dst = bf16_buffer(x_bf16_, x_bf16_cap_, p.x_bf16_md.get_size());
+  dnnl::memory from(p.x_f32_md, engine_, const_cast<void*>(x.data)), to(p.x_bf16_md, engine_, dst);
+  p.x_to_bf16.execute(stream_, from, to);
+  return dst;
+}
+
+// Backward converts dy once: a layer's backward-weights (which always converts)
+// is followed by its backward-data on the same, unchanged gradient, which reuses it.
+const void* CpuBackend::convert_grad(ConvPlan& p, const Tensor& dy, bool may_reuse) {
+  if (!p.bf16) return dy.data;
+  const size_t bytes = p.y_bf16_md.get_size();
+  if (may_reuse && dy_bf16_source_ == dy.data && dy_bf16_bytes_ == bytes) return dy_bf16_.get();
+  void* dst = bf16_buffer(dy_bf16_, dy_bf16_cap_, bytes);
+  dnnl::memory from(p.y_f32_md, engine_, const_cast<void*>(dy.data)), to(p.y_bf16_md, engine_, dst);
+  p.y_to_bf16.execute(stream_, from, to);
+  dy_bf16_source_ = dy.data;
+  dy_bf16_bytes_ = bytes;
+  return dst;
+}
+
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
                                 const ConvGeometry& g) {
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
-  dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(x.data));
+  dy_bf16_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
+  dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
   dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, y.data);
   dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
   dnnl::memory weights = user_w;
@@ -121,7 +171,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
                                       const ConvGeometry& g) {
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
-  dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(dy.data));
+  dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
   dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, dx.data);
   dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
   dnnl::memory weights = user_w;
@@ -141,8 +191,9 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
 void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
                                          const ConvGeometry& g, bool accumulate) {
   ConvPlan& p = conv_plan(x.shape, dw.shape, dy.shape, g);
-  dnnl::memory src(p.bwd_weights_pd.src_desc(), engine_, const_cast<void*>(x.data));
-  dnnl::memory diff_dst(p.bwd_weights_pd.diff_dst_desc(), engine_, const_cast<void*>(dy.data));
+  dnnl::memory src(p.bwd_weights_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
+  dnnl::memory diff_dst(p.bwd_weights_pd.diff_dst_desc(), engine_,
+                        const_cast<void*>(convert_grad(p, dy, false)));
   dnnl::memory user_dw(p.user_weights_md, engine_, dw.data);
   const auto sp_md = p.bwd_weights_pd.scratchpad_desc();
   dnnl::memory scratch(sp_md, engine_, scratchpad(sp_md));

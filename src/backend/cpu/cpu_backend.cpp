@@ -26,8 +26,14 @@ CpuBackend::CpuBackend(const BackendOptions& opts)
   if (layout_ != Layout::NHWC && layout_ != Layout::NCHW)
     throw UsageError(std::string("CPU backend: activation layout ") + layout_name(layout_) +
                      " is not supported (use NHWC or NCHW)");
-  if (opts.precision != Precision::FP32)
-    throw UsageError("CPU backend: only fp32 precision is implemented");
+  if (opts.precision != Precision::FP32 && opts.precision != Precision::BF16)
+    throw UsageError("CPU backend: precision must be fp32 or bf16 (tf32 and fp16 are GPU modes)");
+  precision_ = opts.precision;
+  if (precision_ == Precision::BF16) {
+    const auto isa = dnnl::get_effective_cpu_isa();
+    if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx)
+      throw UsageError("CPU backend: bf16 needs a CPU with AVX512-BF16 or AMX; this one has neither");
+  }
   threads_ = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   omp_set_num_threads(threads_);
 }
@@ -36,7 +42,7 @@ std::string CpuBackend::name() const {
   const dnnl_version_t* v = dnnl_version();
   return "cpu (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + ", " + std::to_string(threads_) + " threads, " +
-         layout_name(layout_) + ")";
+         layout_name(layout_) + (precision_ == Precision::BF16 ? ", bf16 convolutions" : "") + ")";
 }
 
 // ---- memory -----------------------------------------------------------------

@@ -30,6 +30,11 @@ struct ConvPlan {
   dnnl::memory fwd_weights, bwd_data_weights, diff_weights;
   dnnl::reorder to_fwd_weights, to_bwd_data_weights, diff_to_user, diff_add_to_user;
   bool fwd_weights_plain = false, bwd_data_weights_plain = false;
+  // bf16 mode: fp32 activations are converted to bf16 on their way into the
+  // convolution (outputs and weight gradients stay fp32), as PyTorch's autocast does.
+  bool bf16 = false;
+  dnnl::memory::desc x_f32_md, x_bf16_md, y_f32_md, y_bf16_md;
+  dnnl::reorder x_to_bf16, y_to_bf16;
 };
 
 class CpuBackend final : public Backend {
@@ -103,8 +108,18 @@ class CpuBackend final : public Backend {
   // The per-channel scratch the batch-norm ops need (sums, scale/shift).
   std::vector<double>& bn_scratch(size_t n);
 
+  // bf16 copies of the current convolution input / output gradient (grown on demand).
+  void* bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes);
+  const void* convert_input(ConvPlan& p, const Tensor& x);
+  const void* convert_grad(ConvPlan& p, const Tensor& dy, bool may_reuse);
+
   Layout layout_;
+  Precision precision_;
   int threads_;
+  std::shared_ptr<void> x_bf16_, dy_bf16_;
+  size_t x_bf16_cap_ = 0, dy_bf16_cap_ = 0;
+  const void* dy_bf16_source_ = nullptr;  // which fp32 gradient dy_bf16_ holds
+  size_t dy_bf16_bytes_ = 0;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
