@@ -98,7 +98,13 @@ def bench_one(torch, torchvision, arch, size, batch, args):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        if args.precision == "bf16":
+            # PyTorch's CPU mixed precision: autocast runs convolutions/linears in bf16.
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            loss = loss_fn(out.float(), y)
+        else:
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -136,6 +142,8 @@ def main():
     p.add_argument("--head", choices=("fc", "mlp"), default="mlp",
                    help="plain fc or the reference Linear-ReLU-Linear head (default mlp)")
     p.add_argument("--num-classes", type=int, default=3, help="classes of the head (default 3)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32, or bf16 autocast (default fp32)")
     p.add_argument("--channels-last", action="store_true",
                    help="NHWC memory format (PyTorch's faster CPU path; default plain NCHW)")
     args = p.parse_args()
@@ -152,7 +160,7 @@ def main():
     torch.set_num_threads(threads)
     results = [bench_one(torch, torchvision, a, s, b, args) for a, s, b in configs]
     print(json.dumps({"framework": "pytorch", "version": torch.__version__, "threads": threads,
-                      "precision": "fp32", "channels_last": args.channels_last,
+                      "precision": args.precision, "channels_last": args.channels_last,
                       "results": results}))
 
 

@@ -36,6 +36,7 @@ struct Options {
   rd::HeadKind head = rd::HeadKind::Mlp;
   int num_classes = 3;
   rd::Layout layout = rd::Layout::NHWC;
+  bool bf16 = false;  // --precision bf16: bf16 convolutions (AVX512-BF16 / AMX)
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -72,6 +73,7 @@ Options parse_args(int argc, char** argv) {
     if (flag == "-h" || flag == "--help") {
       std::printf("usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
                   "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]\n"
+                  "       [--precision fp32|bf16]\n"
                   "default configs: resnet34:244:16 resnet18:64:32\n");
       std::exit(0);
     }
@@ -86,6 +88,10 @@ Options parse_args(int argc, char** argv) {
       if (value == "fc") o.head = rd::HeadKind::Fc;
       else if (value == "mlp") o.head = rd::HeadKind::Mlp;
       else usage_error("--head '" + value + "': expected fc or mlp");
+    } else if (flag == "--precision") {
+      if (value == "fp32") o.bf16 = false;
+      else if (value == "bf16") o.bf16 = true;
+      else usage_error("--precision '" + value + "': expected fp32 or bf16");
     } else if (flag == "--layout") {
       if (value == "nhwc") o.layout = rd::Layout::NHWC;
       else if (value == "nchw") o.layout = rd::Layout::NCHW;
@@ -218,6 +224,7 @@ int main(int argc, char** argv) {
     rd::BackendOptions bo;
     bo.threads = o.threads;
     bo.layout = o.layout;
+    bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
     auto backend = rd::make_cpu_backend(bo);
     std::string results;
     for (const BenchConfig& c : o.configs) {
@@ -225,8 +232,9 @@ int main(int argc, char** argv) {
       results += run_config(*backend, c, o);
     }
     std::printf("{\"framework\": \"resnet_ddp\", \"version\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
-                "\"precision\": \"fp32\", \"layout\": \"%s\", \"results\": [%s]}\n",
-                RESNET_DDP_VERSION, backend->name().c_str(), o.threads, rd::layout_name(o.layout),
+                "\"precision\": \"%s\", \"layout\": \"%s\", \"results\": [%s]}\n",
+                RESNET_DDP_VERSION, backend->name().c_str(), o.threads, o.bf16 ? "bf16" : "fp32",
+                rd::layout_name(o.layout),
                 results.c_str());
   } catch (const rd::UsageError& e) {
     std::fprintf(stderr, "train_step_bench: %s\n", e.what());

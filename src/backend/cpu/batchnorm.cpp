@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/layout.h"
@@ -24,28 +25,46 @@ std::vector<double>& CpuBackend::bn_scratch(size_t n) {
 namespace {
 
 // out[c] = sum over all (n, h, w) of f(index, c), two sums at once (a, b).
-// NHWC: rows of C contiguous values, split across threads with private sums.
+// NHWC: rows of C contiguous values, split across threads. Each thread sums
+// blocks of kRowBlock rows in float (16-wide vectors along C), then adds each
+// block into its double accumulators: float error stays at block scale and the
+// totals are exact to double precision.
 // NCHW: each channel's planes are contiguous, so split channels across threads.
+constexpr int64_t kRowBlock = 32;
+
 template <class F>
 void channel_sums(const Dims& d, bool nhwc, double* partial, int threads, double* out_a,
                   double* out_b, F f) {
   const int64_t C = d.c, HW = d.h * d.w, rows = d.n * HW;
   if (nhwc) {
+    const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
       double* a = partial + static_cast<size_t>(t) * 2 * C;
       double* b = a + C;
       std::fill(a, a + 2 * C, 0.0);
+      thread_local std::vector<float> block_sums;
+      if (block_sums.size() < static_cast<size_t>(2 * C)) block_sums.resize(static_cast<size_t>(2 * C));
+      float* fa = block_sums.data();
+      float* fb = fa + C;
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t base = r * C;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        std::fill(fa, fa + 2 * C, 0.f);
+        const int64_t r_end = std::min(rows, (blk + 1) * kRowBlock);
+        for (int64_t r = blk * kRowBlock; r < r_end; ++r) {
+          const int64_t base = r * C;
 #pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            float va, vb;
+            f(base + c, c, va, vb);
+            fa[c] += va;
+            fb[c] += vb;
+          }
+        }
         for (int64_t c = 0; c < C; ++c) {
-          double va, vb;
-          f(base + c, c, va, vb);
-          a[c] += va;
-          b[c] += vb;
+          a[c] += fa[c];
+          b[c] += fb[c];
         }
       }
     }
@@ -67,7 +86,7 @@ void channel_sums(const Dims& d, bool nhwc, double* partial, int threads, double
         const int64_t base = (n * C + c) * HW;
 #pragma omp simd reduction(+ : sa, sb)
         for (int64_t p = 0; p < HW; ++p) {
-          double va, vb;
+          float va, vb;
           f(base + p, c, va, vb);
           sa += va;
           sb += vb;
@@ -130,8 +149,8 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
   double* partial = sumsq + C;
   const float* xs = x.f32();
   channel_sums(d, nhwc, partial, threads_, sum, sumsq,
-               [xs](int64_t i, int64_t, double& a, double& b) {
-                 const double v = xs[i];
+               [xs](int64_t i, int64_t, float& a, float& b) {
+                 const float v = xs[i];
                  a = v;
                  b = v * v;
                });
@@ -207,16 +226,16 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
   const float* mean = saved.mean;
   if (relu)
     channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
-                 [=](int64_t i, int64_t c, double& a, double& b) {
-                   const double gi = math::relu_backward(ys[i], g[i]);
+                 [=](int64_t i, int64_t c, float& a, float& b) {
+                   const float gi = math::relu_backward(ys[i], g[i]);
                    a = gi;
                    b = gi * (xs[i] - mean[c]);
                  });
   else
     channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
-                 [=](int64_t i, int64_t c, double& a, double& b) {
+                 [=](int64_t i, int64_t c, float& a, float& b) {
                    a = g[i];
-                   b = static_cast<double>(g[i]) * (xs[i] - mean[c]);
+                   b = g[i] * (xs[i] - mean[c]);
                  });
   std::vector<float>& f = bn_scratch_f_;
   f.resize(static_cast<size_t>(4 * C));
