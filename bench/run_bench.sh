@@ -113,6 +113,20 @@ if want step; then
     OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" --threads "$cores" \
       --steps "$steps" --warmup "$warmup" > "$raw/step_pt_$tag.json"
   done
+  # bf16: resnet_ddp's bf16 convolutions vs PyTorch's CPU autocast, on CPUs that have it.
+  if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null || grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+    for cfg in resnet18:64:32 resnet34:244:16; do
+      tag=bf16_${cfg//:/_}
+      loadlog "step_$tag"
+      say "train step $cfg bf16: resnet_ddp, then PyTorch autocast"
+      OMP_NUM_THREADS=$cores "$build_dir/bench/train_step_bench" --config "$cfg" --threads "$cores" \
+        --steps "$steps" --warmup "$warmup" --precision bf16 > "$raw/step_rd_$tag.json"
+      OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" --threads "$cores" \
+        --steps "$steps" --warmup "$warmup" --precision bf16 > "$raw/step_pt_$tag.json"
+    done
+  else
+    say "train step bf16: skipped (this CPU has neither AVX512-BF16 nor AMX)"
+  fi
   loadlog step_end
 fi
 

@@ -241,9 +241,10 @@ def summarize_step(raw):
                      "gflop_per_step": a["gflop_per_step"],
                      "ratio": a["step_ms_median"] and b["step_ms_median"] / a["step_ms_median"],
                      "ratio_best": b["step_ms_min"] / a["step_ms_min"],
-                     "pytorch_version": pt["version"], "resnet_ddp_layout": rd.get("layout")})
+                     "pytorch_version": pt["version"], "resnet_ddp_layout": rd.get("layout"),
+                     "precision": rd.get("precision", "fp32")})
     order = {"resnet18": 0, "resnet34": 1, "resnet50": 2}
-    rows.sort(key=lambda r: order.get(r["arch"], 9))
+    rows.sort(key=lambda r: (r["precision"] != "fp32", order.get(r["arch"], 9)))
     return rows
 
 
@@ -429,7 +430,7 @@ def targets(res):
     def add(name, goal, value, met, note=""):
         t.append({"target": name, "goal": goal, "measured": value, "met": met, "note": note})
     for r in res.get("train_step") or []:
-        add(f"train step {r['arch']}@{r['image_size']} bs{r['batch']}", ">= 1.2x PyTorch",
+        add(f"train step {r['arch']}@{r['image_size']} bs{r['batch']} {r['precision']}", ">= 1.2x PyTorch",
             f"{r['ratio']:.2f}x (best step {r['ratio_best']:.2f}x)", r["ratio"] >= 1.2)
     e = res.get("epoch")
     if e:
@@ -483,12 +484,12 @@ def markdown(res):
     L.append("")
     st = res.get("train_step")
     if st:
-        L.append("### 1. Training step (forward + backward + Adam, fp32, equal threads)")
+        L.append("### 1. Training step (forward + backward + Adam, equal threads; bf16 = PyTorch autocast)")
         L.append("")
-        L.append("| model | size | batch | threads | resnet_ddp img/s | PyTorch img/s | ratio (median) | ratio (best step) |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| model | precision | size | batch | threads | resnet_ddp img/s | PyTorch img/s | ratio (median) | ratio (best step) |")
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in st:
-            L.append(f"| {r['arch']} | {r['image_size']} | {r['batch']} | {r['threads']} | "
+            L.append(f"| {r['arch']} | {r['precision']} | {r['image_size']} | {r['batch']} | {r['threads']} | "
                      f"{fmt(r['resnet_ddp_img_s'], 2)} | {fmt(r['pytorch_img_s'], 2)} | "
                      f"**{r['ratio']:.2f}×** | {r['ratio_best']:.2f}× |")
         L.append(f"\n{st[0]['steps']} timed steps after 1 warm-up per model and framework; min–max are the "
@@ -587,7 +588,7 @@ def write_plot_data(res, raw):
             f.write("# label rd_med rd_min rd_max pt_med pt_min pt_max ratio\n")
             for r in st:
                 a, b = r["resnet_ddp_img_s"], r["pytorch_img_s"]
-                f.write(f"\"{r['arch']}@{r['image_size']}\\nbs{r['batch']}\" {a['median']} {a['min']} {a['max']} "
+                f.write(f"\"{r['arch']}@{r['image_size']}\\nbs{r['batch']} {r['precision']}\" {a['median']} {a['min']} {a['max']} "
                         f"{b['median']} {b['min']} {b['max']} {r['ratio']}\n")
         paths["step"] = p
     e = res.get("epoch")
