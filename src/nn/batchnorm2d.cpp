@@ -46,10 +46,10 @@ const Tensor& BatchNorm2d::forward(LayerContext& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& BatchNorm2d::backward(LayerContext& ctx, const Tensor& dy) {
+const Tensor& BatchNorm2d::backward(LayerContext& ctx, const Tensor& dy, Tensor* into) {
   RD_CHECK(ctx.training, "BatchNorm2d: backward needs a training-mode forward");
   Backend& be = *ctx.backend;
-  ensure_tensor(be, dx_, x_->shape, x_->layout);
+  place_grad(be, dx_, x_->shape, x_->layout, into);
   be.batchnorm_backward(*x_, y_, dy, ctx.params->ptr(refs.params[0]), saved_, relu, dx_,
                         ctx.grads->ptr(refs.params[0]), ctx.grads->ptr(refs.params[1]),
                         ctx.accumulate, ctx.bn_reducer);

@@ -14,6 +14,15 @@ void ensure_tensor(Backend& be, Tensor& buf, const Shape& shape, Layout layout) 
   buf.layout = layout;
 }
 
+void place_grad(Backend& be, Tensor& dx, const Shape& shape, Layout layout, Tensor* into) {
+  if (!into) {
+    ensure_tensor(be, dx, shape, layout);
+    return;
+  }
+  ensure_tensor(be, *into, shape, layout);  // grows the shared buffer when needed
+  dx = *into;                               // a view sharing its storage
+}
+
 Conv2d::Conv2d(Arena& params, const std::string& name, int in, int out, int kernel, int stride,
                int pad)
     : in_ch(in), out_ch(out) {
@@ -49,14 +58,14 @@ const Tensor& Conv2d::forward(LayerContext& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& Conv2d::backward(LayerContext& ctx, const Tensor& dy, bool need_dx) {
+const Tensor& Conv2d::backward(LayerContext& ctx, const Tensor& dy, bool need_dx, Tensor* into) {
   Backend& be = *ctx.backend;
   Tensor w = ctx.params->tensor(refs.params[0]);
   Tensor dw = ctx.grads->tensor(refs.params[0]);
   be.conv2d_backward_weights(*x_, dy, dw, geom, ctx.accumulate);
   ctx.grads_ready(refs);
   if (need_dx) {
-    ensure_tensor(be, dx_, x_->shape, x_->layout);
+    place_grad(be, dx_, x_->shape, x_->layout, into);
     be.conv2d_backward_data(dy, w, dx_, geom);
   }
   return dx_;

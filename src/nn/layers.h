@@ -17,6 +17,11 @@ namespace rd::nn {
 // enough (a smaller last batch reuses the big buffer: N is the outermost axis).
 void ensure_tensor(Backend& be, Tensor& buf, const Shape& shape, Layout layout);
 
+// Where a layer writes its input gradient: its own buffer (into == null) or a view
+// of a shared backward buffer (`*into`, grown when too small). Backward passes
+// rotate a few shared buffers instead of keeping one gradient per layer.
+void place_grad(Backend& be, Tensor& dx, const Shape& shape, Layout layout, Tensor* into);
+
 // Parameters register in torchvision state_dict order; this records the indices.
 struct ParamRefs {
   std::vector<size_t> params;  // indices into the params/grads arenas
@@ -44,7 +49,8 @@ class Conv2d {
          int pad);
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
   // Returns dx (unless `need_dx` is false, then an undefined tensor).
-  const Tensor& backward(LayerContext& ctx, const Tensor& dy, bool need_dx = true);
+  const Tensor& backward(LayerContext& ctx, const Tensor& dy, bool need_dx = true,
+                         Tensor* into = nullptr);
   void init(Backend& be, Arena& params, uint64_t seed);
 
   ParamRefs refs;
@@ -60,7 +66,7 @@ class BatchNorm2d {
  public:
   BatchNorm2d(Arena& params, Arena& buffers, const std::string& name, int channels, bool relu);
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
-  const Tensor& backward(LayerContext& ctx, const Tensor& dy);
+  const Tensor& backward(LayerContext& ctx, const Tensor& dy, Tensor* into = nullptr);
   void init(Backend& be, Arena& params, Arena& buffers);
 
   ParamRefs refs;  // weight, bias
@@ -80,7 +86,7 @@ class MaxPool2d {
  public:
   MaxPool2d(int kernel, int stride, int pad) : kernel_(kernel), stride_(stride), pad_(pad) {}
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
-  const Tensor& backward(LayerContext& ctx, const Tensor& dy);
+  const Tensor& backward(LayerContext& ctx, const Tensor& dy, Tensor* into = nullptr);
 
  private:
   int kernel_, stride_, pad_;
@@ -91,7 +97,7 @@ class MaxPool2d {
 class GlobalAvgPool {
  public:
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
-  const Tensor& backward(LayerContext& ctx, const Tensor& dy);
+  const Tensor& backward(LayerContext& ctx, const Tensor& dy, Tensor* into = nullptr);
 
  private:
   Tensor y_, dx_;

@@ -18,9 +18,9 @@ const Tensor& MaxPool2d::forward(LayerContext& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& MaxPool2d::backward(LayerContext& ctx, const Tensor& dy) {
+const Tensor& MaxPool2d::backward(LayerContext& ctx, const Tensor& dy, Tensor* into) {
   Backend& be = *ctx.backend;
-  ensure_tensor(be, dx_, x_shape_, dy.layout);
+  place_grad(be, dx_, x_shape_, dy.layout, into);
   be.maxpool_backward(dy, dx_, kernel_, stride_, pad_, workspace_.data);
   return dx_;
 }
@@ -33,9 +33,9 @@ const Tensor& GlobalAvgPool::forward(LayerContext& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& GlobalAvgPool::backward(LayerContext& ctx, const Tensor& dy) {
+const Tensor& GlobalAvgPool::backward(LayerContext& ctx, const Tensor& dy, Tensor* into) {
   Backend& be = *ctx.backend;
-  ensure_tensor(be, dx_, x_shape_, be.activation_layout());
+  place_grad(be, dx_, x_shape_, be.activation_layout(), into);
   be.global_avgpool_backward(dy, dx_);
   return dx_;
 }

@@ -52,6 +52,11 @@ int64_t torchvision_param_count(const std::string& arch) {
 
 namespace nn {
 
+// Shared storage for activation gradients during backward (see Block::backward).
+struct GradBuffers {
+  Tensor p, q, r, u;
+};
+
 // A residual block: main path + optional downsample (1x1 conv + BN) + add + ReLU.
 class Block {
  public:
@@ -102,18 +107,24 @@ class Block {
     return out_;
   }
 
-  // Returns dx; `need_dx` false for nothing (blocks always need it in ResNet).
-  const Tensor& backward(LayerContext& ctx, const Tensor& dout) {
-    nn::ensure_tensor(*ctx.backend, dsum_, dout.shape, dout.layout);
+  // Backward through the block with four shared gradient buffers: `dout` is read
+  // once (by the add) and may live in P; the add's gradient goes to Q and stays
+  // until the end (both branches read it); batch norms write R, convolutions P, so
+  // every op reads one buffer and writes another; the downsample's input gradient
+  // waits in U. The block's input gradient ends in P, where the block before it
+  // expects its own `dout`.
+  const Tensor& backward(LayerContext& ctx, const Tensor& dout, GradBuffers& buf) {
+    nn::place_grad(*ctx.backend, dsum_, dout.shape, dout.layout, &buf.q);
     ctx.backend->add_backward(out_, dout, true, dsum_);
     const Tensor* d_identity = &dsum_;
-    if (down_conv_) d_identity = &down_conv_->backward(ctx, down_bn_->backward(ctx, dsum_));
+    if (down_conv_)
+      d_identity = &down_conv_->backward(ctx, down_bn_->backward(ctx, dsum_, &buf.r), true, &buf.u);
     const Tensor* g = &dsum_;
     for (size_t i = convs_.size(); i-- > 0;) {
-      g = &bns_[i].backward(ctx, *g);
-      g = &convs_[i].backward(ctx, *g);
+      g = &bns_[i].backward(ctx, *g, &buf.r);
+      g = &convs_[i].backward(ctx, *g, true, &buf.p);
     }
-    // conv1's dx buffer becomes the block's input gradient: add the identity path.
+    // conv1's input gradient (in P) becomes the block's: add the identity path.
     Tensor& dx = const_cast<Tensor&>(*g);
     ctx.backend->accumulate(*d_identity, dx);
     return dx;
@@ -150,6 +161,7 @@ struct ResNet::Impl {
   nn::ReLU head_relu;
 
   Tensor input;
+  nn::GradBuffers grad_buffers;
   const Tensor* logits = nullptr;
   Tensor input_grad;
 
@@ -275,10 +287,11 @@ void ResNet::backward(const Tensor& dlogits, bool accumulate, BackwardHooks* hoo
     g = &m.head_relu.backward(ctx, *g);
   }
   g = &m.fc0->backward(ctx, *g);
-  g = &m.avgpool.backward(ctx, *g);
-  for (size_t i = m.blocks.size(); i-- > 0;) g = &m.blocks[i]->backward(ctx, *g);
-  g = &m.maxpool.backward(ctx, *g);
-  g = &m.bn1->backward(ctx, *g);
+  nn::GradBuffers& buf = m.grad_buffers;
+  g = &m.avgpool.backward(ctx, *g, &buf.p);
+  for (size_t i = m.blocks.size(); i-- > 0;) g = &m.blocks[i]->backward(ctx, *g, buf);
+  g = &m.maxpool.backward(ctx, *g, &buf.r);
+  g = &m.bn1->backward(ctx, *g, &buf.p);
   g = &m.conv1->backward(ctx, *g, m.keep_input_grad);
   if (m.keep_input_grad) m.input_grad = *g;
 }
