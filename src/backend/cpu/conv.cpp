@@ -148,18 +148,24 @@ const void* CpuBackend::convert_grad(ConvPlan& p, const Tensor& dy, bool may_reu
   return dst;
 }
 
+// The weights a primitive reads: the arena's OIHW slice itself when the primitive
+// takes that format, else its blocked copy, refreshed from the arena (weights change
+// every step).
+dnnl::memory CpuBackend::primitive_weights(ConvPlan& p, const Tensor& w, bool plain,
+                                           const dnnl::reorder& to_blocked, dnnl::memory& blocked) {
+  dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
+  if (plain) return user_w;
+  to_blocked.execute(stream_, user_w, blocked);
+  return blocked;
+}
+
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
                                 const ConvGeometry& g) {
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
   dy_bf16_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
   dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
   dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, y.data);
-  dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
-  dnnl::memory weights = user_w;
-  if (!p.fwd_weights_plain) {
-    p.to_fwd_weights.execute(stream_, user_w, p.fwd_weights);
-    weights = p.fwd_weights;
-  }
+  dnnl::memory weights = primitive_weights(p, w, p.fwd_weights_plain, p.to_fwd_weights, p.fwd_weights);
   dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), engine_, scratchpad(p.fwd_pd.scratchpad_desc()));
   p.fwd.execute(stream_, {{DNNL_ARG_SRC, src},
                           {DNNL_ARG_WEIGHTS, weights},
@@ -173,12 +179,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
   dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
   dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, dx.data);
-  dnnl::memory user_w(p.user_weights_md, engine_, const_cast<void*>(w.data));
-  dnnl::memory weights = user_w;
-  if (!p.bwd_data_weights_plain) {
-    p.to_bwd_data_weights.execute(stream_, user_w, p.bwd_data_weights);
-    weights = p.bwd_data_weights;
-  }
+  dnnl::memory weights = primitive_weights(p, w, p.bwd_data_weights_plain, p.to_bwd_data_weights,
+                                           p.bwd_data_weights);
   const auto sp_md = p.bwd_data_pd.scratchpad_desc();
   dnnl::memory scratch(sp_md, engine_, scratchpad(sp_md));
   p.bwd_data.execute(stream_, {{DNNL_ARG_DIFF_DST, diff_dst},

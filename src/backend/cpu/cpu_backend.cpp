@@ -66,19 +66,26 @@ void CpuBackend::fill(float* dst, float value, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = value;
 }
 
+// NCHW <-> NHWC transpose of host/CPU float data (the two directions of one loop).
+static void transpose_nchw_nhwc(const Dims& d, const float* src, float* dst, bool to_nhwc) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t h = 0; h < d.h; ++h)
+      for (int64_t w = 0; w < d.w; ++w)
+        for (int64_t c = 0; c < d.c; ++c) {
+          const int64_t nchw = ((n * d.c + c) * d.h + h) * d.w + w;
+          const int64_t nhwc = ((n * d.h + h) * d.w + w) * d.c + c;
+          if (to_nhwc) dst[nhwc] = src[nchw];
+          else dst[nchw] = src[nhwc];
+        }
+}
+
 void CpuBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
   if (dst.layout == Layout::RowMajor || dst.layout == Layout::NCHW) {
     copy_from_host(dst.data, src, static_cast<size_t>(dst.numel()) * sizeof(float));
     return;
   }
-  const Dims d = dims_of(dst);
-  float* out = dst.f32();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < d.n; ++n)
-    for (int64_t h = 0; h < d.h; ++h)
-      for (int64_t w = 0; w < d.w; ++w)
-        for (int64_t c = 0; c < d.c; ++c)
-          out[((n * d.h + h) * d.w + w) * d.c + c] = src[((n * d.c + c) * d.h + h) * d.w + w];
+  transpose_nchw_nhwc(dims_of(dst), src, dst.f32(), true);
 }
 
 void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
@@ -86,14 +93,7 @@ void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
     copy_to_host(dst, src.data, static_cast<size_t>(src.numel()) * sizeof(float));
     return;
   }
-  const Dims d = dims_of(src);
-  const float* in = src.f32();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < d.n; ++n)
-    for (int64_t c = 0; c < d.c; ++c)
-      for (int64_t h = 0; h < d.h; ++h)
-        for (int64_t w = 0; w < d.w; ++w)
-          dst[((n * d.c + c) * d.h + h) * d.w + w] = in[((n * d.h + h) * d.w + w) * d.c + c];
+  transpose_nchw_nhwc(dims_of(src), src.f32(), dst, false);
 }
 
 void CpuBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,

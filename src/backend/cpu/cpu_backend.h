@@ -111,6 +111,8 @@ class CpuBackend final : public Backend {
   // bf16 copies of the current convolution input / output gradient (grown on demand).
   void* bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes);
   const void* convert_input(ConvPlan& p, const Tensor& x);
+  dnnl::memory primitive_weights(ConvPlan& p, const Tensor& w, bool plain,
+                                 const dnnl::reorder& to_blocked, dnnl::memory& blocked);
   const void* convert_grad(ConvPlan& p, const Tensor& dy, bool may_reuse);
 
   Layout layout_;
