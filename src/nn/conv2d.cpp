@@ -8,8 +8,11 @@
 namespace rd::nn {
 
 void ensure_tensor(Backend& be, Tensor& buf, const Shape& shape, Layout layout) {
-  const size_t need = static_cast<size_t>(storage_elems(shape, layout)) * sizeof(float);
-  if (!buf.owner || buf.capacity < need) buf = be.tensor(shape, layout);
+  // Activations take the backend's storage type (fp16/bf16 in the GPU's mixed
+  // precision); matrices (head inputs, logits) and vectors stay fp32.
+  const DType dtype = layout == Layout::RowMajor ? DType::F32 : be.activation_dtype();
+  const size_t need = static_cast<size_t>(storage_elems(shape, layout)) * dtype_size(dtype);
+  if (!buf.owner || buf.capacity < need || buf.dtype != dtype) buf = be.tensor(shape, layout, dtype);
   buf.shape = shape;
   buf.layout = layout;
 }
