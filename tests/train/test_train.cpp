@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -525,6 +527,127 @@ TEST_CASE("a failed write keeps the previous checkpoint", "[train]") {
 
   CHECK_THROWS_WITH(write_checkpoint(dir.file("no/such/dir/x.h5"), snapshot_model(*model, nullptr, nullptr, meta)),
                     Catch::Contains("x.h5"));
+}
+
+void check_same_tensors(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].name == b[i].name);
+    CHECK(a[i].shape == b[i].shape);
+    CHECK(a[i].is_int64_scalar == b[i].is_int64_scalar);
+    CHECK(a[i].int_value == b[i].int_value);
+    CHECK(a[i].values == b[i].values);
+  }
+}
+
+size_t open_fd_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+TEST_CASE("a checkpoint written straight from the model equals one written from a snapshot", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 7);
+  OptimizerConfig oc;
+  Optimizer opt(*be, model->params(), model->grads(), oc);
+  std::vector<float> gr = rd::test::random_floats(model->grads().size(), 9);
+  be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
+  opt.step();
+  Scheduler sched("cosine", 1e-3, 5);
+  sched.step(1e-3, 0.5);
+  CheckpointMeta meta = tiny_meta("mlp", 3);
+  meta.step_in_epoch = 2;  // preemption checkpoint: the partial-epoch attributes too
+  meta.partial_train_count = 5;
+
+  const std::string from_model = dir.file("model.h5"), from_snap = dir.file("snap.h5");
+  write_checkpoint(from_model, *model, &opt, &sched, meta);
+  write_checkpoint(from_snap, snapshot_model(*model, &opt, &sched, meta));
+  for (const auto& e : fs::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  const Snapshot a = read_checkpoint(from_model), b = read_checkpoint(from_snap);
+  CHECK(a.meta.epoch == b.meta.epoch);
+  CHECK(a.meta.step_in_epoch == 2);
+  CHECK(a.meta.partial_train_count == 5);
+  CHECK(a.meta.args == b.meta.args);
+  CHECK(a.meta.class_names == b.meta.class_names);
+  check_same_tensors(a.state_dict, b.state_dict);
+  REQUIRE(a.optimizer.present);
+  CHECK(a.optimizer.type == b.optimizer.type);
+  CHECK(a.optimizer.step == 1);
+  REQUIRE(a.optimizer.states.size() == 2);
+  REQUIRE(b.optimizer.states.size() == 2);
+  for (size_t k = 0; k < 2; ++k) {
+    CHECK(a.optimizer.states[k].first == b.optimizer.states[k].first);
+    check_same_tensors(a.optimizer.states[k].second, b.optimizer.states[k].second);
+  }
+  CHECK(a.scheduler.type == "cosine");
+  CHECK(a.scheduler.last_epoch == b.scheduler.last_epoch);
+  CHECK(a.scheduler.cosine.base_lr == b.scheduler.cosine.base_lr);
+  // What the model holds, not only what the other writer wrote.
+  ResNet other(*be, model->config());
+  other.init_parameters(99);
+  restore_model(a, other, false, from_model);
+  CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
+}
+
+TEST_CASE("a write that fails at any point keeps the previous checkpoint and closes the file", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  OptimizerConfig oc;
+  Optimizer opt(*be, model->params(), model->grads(), oc);
+  const std::string path = dir.file("last.h5");
+  CheckpointMeta meta = tiny_meta("fc", 3);
+  write_checkpoint(path, *model, &opt, nullptr, meta);
+  const auto size = static_cast<rlim_t>(fs::file_size(path));
+  // The limit decides where the write fails: the first dataset, a tensor in the
+  // middle, or the metadata HDF5 writes when the file is closed.
+  const rlim_t limit = GENERATE_COPY(rlim_t{4096}, size / 2, size - 1);
+  CAPTURE(limit, size);
+
+  const size_t fds_before = open_fd_count();
+  struct rlimit old {};
+  getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = limit;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  meta.epoch = 4;
+  std::string error;
+  try {
+    write_checkpoint(path, *model, &opt, nullptr, meta);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK_THAT(error, Catch::Contains("cannot write checkpoint '" + path + "'") && Catch::Contains("unchanged") &&
+                        Catch::Contains(std::strerror(EFBIG)));
+  CHECK(open_fd_count() == fds_before);  // HDF5 let go of the temp file
+  CHECK(static_cast<rlim_t>(fs::file_size(path)) == size);
+  CHECK(read_checkpoint_meta(path).epoch == 3);
+  for (const auto& e : fs::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
+TEST_CASE("a checkpoint in a missing directory or over a directory fails with the path named", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const CheckpointMeta meta = tiny_meta("fc", 3);
+  const std::string missing = dir.file("no/such/dir/x.h5");
+  CHECK_THROWS_WITH(write_checkpoint(missing, *model, nullptr, nullptr, meta),
+                    Catch::Contains(missing) && Catch::Contains(std::strerror(ENOENT)));
+  // The temp file is written, but a directory is in the way of the rename.
+  const std::string blocked = dir.file("blocked.h5");
+  fs::create_directories(fs::path(blocked) / "inside");
+  CHECK_THROWS_WITH(write_checkpoint(blocked, *model, nullptr, nullptr, meta),
+                    Catch::Contains(blocked) && Catch::Contains("rename"));
+  CHECK(fs::is_directory(fs::path(blocked) / "inside"));
+  for (const auto& e : fs::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
 }
 
 TEST_CASE("metrics CSV keeps earlier epochs on resume", "[train]") {

@@ -3,7 +3,8 @@
 // The file layer works on a host-side Snapshot, so the same code writes what a
 // CPU or CUDA model holds; snapshot_model / restore_model move state between a
 // ResNet (+ optimizer + scheduler) and a Snapshot. Writes are atomic (temp file
-// in the same directory, flush, fsync, rename, fsync of the directory).
+// in the same directory written directly by HDF5, fsync, rename, fsync of the
+// directory).
 #pragma once
 
 #include <cstdint>
@@ -84,6 +85,11 @@ struct Snapshot {
 
 // Atomic write. Throws rd::Error naming the path (the previous file stays intact).
 void write_checkpoint(const std::string& path, const Snapshot& snap);
+// The same file as write_checkpoint(path, snapshot_model(model, opt, sched, meta)),
+// written straight from the model's arenas one tensor at a time: no Snapshot, so
+// saving needs only the largest tensor's worth of extra host memory.
+void write_checkpoint(const std::string& path, ResNet& model, const Optimizer* opt, const Scheduler* sched,
+                      const CheckpointMeta& meta);
 
 // Reads and validates the structure. weights_only: /state_dict (and whatever
 // metadata exists) only, for --init files. Throws rd::UsageError naming the file
