@@ -1,0 +1,306 @@
+// Per-op-type time split of one training step (forward + backward + Adam lr 1e-4,
+// label-smoothed 0.1 cross-entropy, reference Linear-ReLU-Linear head, 3 classes) of
+// rd::ResNet on the CPU backend: every Backend call is timed (wall clock around the
+// call; the CPU backend is synchronous, so that is the op's time) and summed per
+// category over N steps after warm-up. bench/pytorch_op_profile.py splits PyTorch's
+// step into the same categories; bench/op_profile.sh prints both side by side.
+//
+//   op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]
+//                    [--precision fp32|bf16] [--json PATH]
+//
+// Prints a table (ms/step, %, calls/step per category) on stdout; --json also writes
+// it as JSON. "outside backend calls" is the step's wall time not spent in any
+// Backend call (the model's own code between ops).
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/forwarding_backend.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Categories shared with bench/pytorch_op_profile.py (same keys, same order).
+enum Category : int {
+  kConvFwd, kConvBwdData, kConvBwdWeights, kBnFwd, kBnBwd, kEltwiseFwd, kEltwiseBwd, kPoolFwd, kPoolBwd,
+  kLinearFwd, kLinearBwd, kLoss, kOptimizer, kCopy, kOther, kOutside, kNumCategories
+};
+constexpr std::array<const char*, kNumCategories> kKeys = {
+    "conv_fwd", "conv_bwd_data", "conv_bwd_weights", "bn_fwd", "bn_bwd", "eltwise_fwd", "eltwise_bwd",
+    "pool_fwd", "pool_bwd", "linear_fwd", "linear_bwd", "loss", "optimizer", "copy", "other", "outside"};
+constexpr std::array<const char*, kNumCategories> kNames = {
+    "conv forward", "conv backward-data", "conv backward-weights", "batch norm forward (+ReLU)",
+    "batch norm backward (+ReLU)", "relu / add(+relu) forward", "relu / add backward, grad accumulate",
+    "pooling forward (max, avg)", "pooling backward", "linear forward", "linear backward",
+    "loss (softmax xent, fwd+bwd)", "optimizer (Adam)", "layout conversions / copies / fills",
+    "other backend calls", "outside backend calls"};
+
+Category category_of(rd::BackendOp op) {
+  using rd::BackendOp;
+  switch (op) {
+    case BackendOp::conv2d_forward: return kConvFwd;
+    case BackendOp::conv2d_backward_data: return kConvBwdData;
+    case BackendOp::conv2d_backward_weights: return kConvBwdWeights;
+    case BackendOp::batchnorm_forward_train:
+    case BackendOp::batchnorm_forward_eval: return kBnFwd;
+    case BackendOp::batchnorm_backward: return kBnBwd;
+    case BackendOp::relu_forward:
+    case BackendOp::add_forward: return kEltwiseFwd;
+    case BackendOp::relu_backward:
+    case BackendOp::add_backward:
+    case BackendOp::accumulate: return kEltwiseBwd;
+    case BackendOp::maxpool_forward:
+    case BackendOp::global_avgpool_forward: return kPoolFwd;
+    case BackendOp::maxpool_backward:
+    case BackendOp::global_avgpool_backward: return kPoolBwd;
+    case BackendOp::linear_forward: return kLinearFwd;
+    case BackendOp::linear_backward: return kLinearBwd;
+    case BackendOp::softmax_xent: return kLoss;
+    case BackendOp::adam_step:
+    case BackendOp::sgd_step: return kOptimizer;
+    case BackendOp::copy_from_host:
+    case BackendOp::copy_to_host:
+    case BackendOp::fill:
+    case BackendOp::copy_from_host_nchw:
+    case BackendOp::copy_to_host_nchw:
+    case BackendOp::images_u8_to_activation: return kCopy;
+    default: return kOther;  // allocate, synchronize, workspace queries, scale, all_finite
+  }
+}
+
+// Times every operation of the inner backend while `enabled`.
+class ProfilingBackend final : public rd::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  static constexpr size_t kOps = static_cast<size_t>(rd::BackendOp::count_);
+
+  bool enabled = false;
+  std::array<double, kOps> seconds{};
+  std::array<int64_t, kOps> calls{};
+
+ protected:
+  // Backend calls do not nest (the inner backend calls itself directly), so one start time suffices.
+  void on_enter(rd::BackendOp) override { start_ = Clock::now(); }
+  void on_exit(rd::BackendOp op) override {
+    if (!enabled) return;
+    const auto i = static_cast<size_t>(op);
+    seconds[i] += std::chrono::duration<double>(Clock::now() - start_).count();
+    ++calls[i];
+  }
+
+ private:
+  Clock::time_point start_;
+};
+
+struct Options {
+  std::string arch;
+  int size = 0;
+  int batch = 0;
+  int threads = 0;
+  int warmup = 2;
+  int steps = 5;
+  bool bf16 = false;
+  std::string json_path;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "op_profile_bench: %s\n(see the comment at the top of bench/op_profile_bench.cpp)\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& text, int min_value) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min_value || v > 1000000)
+    usage_error(flag + " '" + text + "': expected an integer >= " + std::to_string(min_value));
+  return static_cast<int>(v);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool have_config = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("usage: op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]\n"
+                  "       [--precision fp32|bf16] [--json PATH]\n"
+                  "e.g. --config resnet34:244:16 (arch resnet18|resnet34|resnet50)\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
+    const std::string value = argv[++i];
+    if (flag == "--config") {
+      const size_t a = value.find(':');
+      const size_t b = a == std::string::npos ? a : value.find(':', a + 1);
+      if (b == std::string::npos) usage_error("--config '" + value + "': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
+      o.arch = value.substr(0, a);
+      if (o.arch != "resnet18" && o.arch != "resnet34" && o.arch != "resnet50")
+        usage_error("--config '" + value + "': arch must be resnet18, resnet34 or resnet50");
+      o.size = parse_int("--config size", value.substr(a + 1, b - a - 1), 32);
+      o.batch = parse_int("--config batch", value.substr(b + 1), 1);
+      have_config = true;
+    } else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
+    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
+    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
+    else if (flag == "--json") {
+      if (value.empty()) usage_error("--json needs a file path");
+      o.json_path = value;
+    } else if (flag == "--precision") {
+      if (value == "fp32") o.bf16 = false;
+      else if (value == "bf16") o.bf16 = true;
+      else usage_error("--precision '" + value + "': expected fp32 or bf16");
+    } else {
+      usage_error("unknown flag " + flag);
+    }
+  }
+  if (!have_config) usage_error("--config ARCH:SIZE:BATCH is required");
+  if (o.threads == 0) {
+    if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env)
+      o.threads = parse_int("OMP_NUM_THREADS", env, 1);
+    else
+      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return o;
+}
+
+struct Profile {
+  std::array<double, kNumCategories> ms{};     // per step
+  std::array<double, kNumCategories> calls{};  // per step
+  double step_ms = 0;                          // mean wall time of a step
+  double step_ms_min = 0;
+  std::string backend_name;
+};
+
+Profile run(const Options& o) {
+  rd::BackendOptions bo;
+  bo.threads = o.threads;
+  bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
+  auto cpu = rd::make_cpu_backend(bo);
+  ProfilingBackend backend(*cpu);
+
+  rd::ResNetConfig cfg;
+  cfg.arch = o.arch;
+  cfg.head = rd::HeadKind::Mlp;
+  cfg.num_classes = 3;
+  rd::ResNet model(backend, cfg);
+  model.init_parameters(0);
+  model.train(true);
+
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal;
+  std::vector<float> host(static_cast<size_t>(o.batch) * 3 * static_cast<size_t>(o.size) * static_cast<size_t>(o.size));
+  for (float& v : host) v = normal(rng);
+  std::vector<int32_t> labels(static_cast<size_t>(o.batch));
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 3);
+  rd::Tensor& input = model.input_buffer(o.batch, o.size, o.size);
+  backend.copy_from_host_nchw(host.data(), input);
+
+  rd::Arena& params = model.params();
+  rd::Arena& grads = model.grads();
+  auto m_owner = backend.allocate(params.bytes());
+  auto v_owner = backend.allocate(params.bytes());
+  auto* m = static_cast<float*>(m_owner.get());
+  auto* v = static_cast<float*>(v_owner.get());
+  rd::Tensor dlogits = backend.matrix(o.batch, 3);
+  int64_t adam_t = 0;
+
+  // The same step as bench/train_step_bench.cpp and trainer: one batch already on the device.
+  auto step = [&] {
+    const rd::Tensor& logits = model.forward(input);
+    backend.softmax_xent(logits, labels.data(), 0.1f, 1.f, &dlogits, nullptr);
+    model.backward(dlogits, false);
+    backend.adam_step(params.data(), grads.data(), m, v, params.size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f, ++adam_t);
+    backend.synchronize();
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+
+  backend.enabled = true;
+  double total = 0, best = 1e300;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = Clock::now();
+    step();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    total += s;
+    best = std::min(best, s);
+  }
+  backend.enabled = false;
+
+  Profile p;
+  p.backend_name = backend.name();
+  double in_ops = 0;
+  for (size_t i = 0; i < ProfilingBackend::kOps; ++i) {
+    const Category c = category_of(static_cast<rd::BackendOp>(i));
+    p.ms[c] += backend.seconds[i] * 1e3 / o.steps;
+    p.calls[c] += static_cast<double>(backend.calls[i]) / o.steps;
+    in_ops += backend.seconds[i];
+  }
+  p.ms[kOutside] = (total - in_ops) * 1e3 / o.steps;
+  p.step_ms = total * 1e3 / o.steps;
+  p.step_ms_min = best * 1e3;
+  return p;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+void write_json(const Options& o, const Profile& p) {
+  std::FILE* f = std::fopen(o.json_path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "op_profile_bench: --json '%s': cannot open for writing\n", o.json_path.c_str());
+    std::exit(1);
+  }
+  std::fprintf(f,
+               "{\"framework\": \"resnet_ddp\", \"version\": \"%s\", \"backend\": \"%s\", \"arch\": \"%s\", "
+               "\"image_size\": %d, \"batch\": %d, \"threads\": %d, \"precision\": \"%s\", \"steps\": %d, "
+               "\"warmup\": %d, \"step_ms\": %.3f, \"step_ms_min\": %.3f, \"categories\": [",
+               RESNET_DDP_VERSION, json_escape(p.backend_name).c_str(), o.arch.c_str(), o.size, o.batch, o.threads,
+               o.bf16 ? "bf16" : "fp32", o.steps, o.warmup, p.step_ms, p.step_ms_min);
+  for (int c = 0; c < kNumCategories; ++c)
+    std::fprintf(f, "%s{\"key\": \"%s\", \"name\": \"%s\", \"ms\": %.3f, \"calls\": %.1f}", c ? ", " : "", kKeys[c],
+                 kNames[c], p.ms[c], p.calls[c]);
+  std::fprintf(f, "]}\n");
+  if (std::fclose(f) != 0) {
+    std::fprintf(stderr, "op_profile_bench: --json '%s': write failed\n", o.json_path.c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    const Profile p = run(o);
+    std::printf("resnet_ddp %s %s:%d:%d, %d threads, %s: %.1f ms/step (mean of %d, best %.1f) on %s\n",
+                RESNET_DDP_VERSION, o.arch.c_str(), o.size, o.batch, o.threads, o.bf16 ? "bf16" : "fp32", p.step_ms,
+                o.steps, p.step_ms_min, p.backend_name.c_str());
+    std::printf("%-40s %10s %6s %8s\n", "category", "ms/step", "%", "calls");
+    for (int c = 0; c < kNumCategories; ++c)
+      std::printf("%-40s %10.2f %5.1f%% %8.1f\n", kNames[c], p.ms[c], 100.0 * p.ms[c] / p.step_ms, p.calls[c]);
+    if (!o.json_path.empty()) write_json(o, p);
+  } catch (const rd::UsageError& e) {
+    std::fprintf(stderr, "op_profile_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "op_profile_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
