@@ -37,6 +37,7 @@ struct Options {
   int num_classes = 3;
   rd::Layout layout = rd::Layout::NHWC;
   bool bf16 = false;  // --precision bf16: bf16 convolutions (AVX512-BF16 / AMX)
+  rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -73,7 +74,7 @@ Options parse_args(int argc, char** argv) {
     if (flag == "-h" || flag == "--help") {
       std::printf("usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
                   "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]\n"
-                  "       [--precision fp32|bf16]\n"
+                  "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
                   "default configs: resnet34:244:16 resnet18:64:32\n");
       std::exit(0);
     }
@@ -92,6 +93,11 @@ Options parse_args(int argc, char** argv) {
       if (value == "fp32") o.bf16 = false;
       else if (value == "bf16") o.bf16 = true;
       else usage_error("--precision '" + value + "': expected fp32 or bf16");
+    } else if (flag == "--conv-algo") {
+      if (value == "auto") o.conv_algo = rd::ConvAlgo::Auto;
+      else if (value == "direct") o.conv_algo = rd::ConvAlgo::Direct;
+      else if (value == "winograd") o.conv_algo = rd::ConvAlgo::Winograd;
+      else usage_error("--conv-algo '" + value + "': expected auto, direct or winograd");
     } else if (flag == "--layout") {
       if (value == "nhwc") o.layout = rd::Layout::NHWC;
       else if (value == "nchw") o.layout = rd::Layout::NCHW;
@@ -225,6 +231,7 @@ int main(int argc, char** argv) {
     bo.threads = o.threads;
     bo.layout = o.layout;
     bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
+    bo.conv_algo = o.conv_algo;
     auto backend = rd::make_cpu_backend(bo);
     std::string results;
     for (const BenchConfig& c : o.configs) {

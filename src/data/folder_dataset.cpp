@@ -114,19 +114,15 @@ std::string join(const std::vector<std::string>& v) {
   return s.empty() ? "(none)" : s;
 }
 
-}  // namespace
-
-FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts) {
-  const auto log = [&](const std::string& line) {
-    if (opts.log) opts.log(line);
-  };
+// The class folders and candidate files of one split (no image is opened yet).
+void list_folder_split(const std::string& root, Split split, FolderScan& scan,
+                       std::vector<std::string>& problems) {
   if (!is_directory(root))
     throw UsageError("--data " + root + ": not a directory or .h5 file");
   const std::string train_dir = root + "/Train";
   if (!is_directory(train_dir))
     throw UsageError(train_dir + ": missing (expected the ImageFolder layout " + root +
                      "/Train/<class>/*, " + root + "/Validation/<class>/*)");
-  FolderScan scan;
   scan.class_names = sorted_subdirs(train_dir, nullptr);
   if (scan.class_names.empty()) throw UsageError(train_dir + ": no class folders");
 
@@ -147,7 +143,6 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
   }
   scan.ignored += loose_files;
 
-  std::vector<std::string> problems;
   for (size_t label = 0; label < scan.class_names.size(); ++label) {
     const std::string& cls = scan.class_names[label];
     WalkState ws;
@@ -168,11 +163,62 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
         scan.entries.push_back(std::move(e));
       }
   }
+}
+
+// FNV-1a over the relative paths, folded to 20 bits: ranks compare listings
+// without sending them (see scan_folder_split).
+int64_t listing_hash(const FolderScan& scan) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& e : scan.entries)
+    for (const char c : e.relative + '\n') h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<int64_t>((h ^ (h >> 20) ^ (h >> 40)) & 0xFFFFF);
+}
+
+// The first collective step of sharded verification (ScanOptions::combine): every
+// shard reports whether its own checks failed and what it listed. Values x_i are
+// all equal iff shards * sum(x^2) == sum(x)^2, which every shard evaluates from the
+// same sums, so all of them throw or go on together. Rethrows this shard's error.
+void agree_on_listing(const ScanOptions& opts, const std::exception_ptr& failed, int64_t n, int64_t h,
+                      const std::string& what) {
+  std::vector<int64_t> seen{failed ? 1 : 0, n, n * n, h, h * h};
+  opts.combine(seen);
+  if (failed) std::rethrow_exception(failed);
+  if (seen[0] != 0) throw UsageError(what + ": another rank could not read its copy of the data (see its error)");
+  const auto same = [&](int64_t sum, int64_t sum_sq) {
+    return static_cast<__int128>(opts.shards) * sum_sq == static_cast<__int128>(sum) * sum;
+  };
+  if (!same(seen[1], seen[2]) || !same(seen[3], seen[4]))
+    throw UsageError(what + ": the ranks see different data (" + std::to_string(n) +
+                     " images here): every node needs the same copy (see jobs/stage_data.sh)");
+}
+
+bool sharded(const ScanOptions& opts) { return opts.shards > 1 && static_cast<bool>(opts.combine); }
+
+}  // namespace
+
+FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts) {
+  const auto log = [&](const std::string& line) {
+    if (opts.log) opts.log(line);
+  };
+  const std::string split_dir = root + "/" + split_name(split);
+  FolderScan scan;
+  std::vector<std::string> problems;
+  if (!sharded(opts)) {
+    list_folder_split(root, split, scan, problems);
+  } else {
+    // All shards agree on the listing before dividing the files by index.
+    std::exception_ptr failed;
+    try {
+      list_folder_split(root, split, scan, problems);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    agree_on_listing(opts, failed, static_cast<int64_t>(scan.entries.size()), listing_hash(scan), split_dir);
+  }
 
   // Validate candidates in parallel; report in scan order so logs are deterministic.
-  std::vector<std::string> errors(scan.entries.size());
   const bool full = opts.strict || opts.verify == ScanOptions::Verify::Full;
-  parallel_for(scan.entries.size(), opts.threads, [&](size_t i) {
+  auto check = [&](size_t i) -> std::string {
     try {
       if (full) {
         thread_local Image img;
@@ -181,9 +227,27 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
         probe_image_file(scan.entries[i].path, opts.max_pixels);
       }
     } catch (const Error& e) {
-      errors[i] = e.what();
+      return e.what();
     }
+    return {};
+  };
+  std::vector<std::string> errors(scan.entries.size());
+  const size_t shards = sharded(opts) ? static_cast<size_t>(opts.shards) : 1;
+  const size_t shard = sharded(opts) ? static_cast<size_t>(opts.shard) : 0;
+  parallel_for(scan.entries.size(), opts.threads, [&](size_t i) {
+    if (i % shards == shard) errors[i] = check(i);
   });
+  if (sharded(opts)) {
+    std::vector<int64_t> bad(scan.entries.size());
+    for (size_t i = 0; i < bad.size(); ++i) bad[i] = errors[i].empty() ? 0 : 1;
+    opts.combine(bad);
+    // Files another shard rejected: checked again here for the message (few).
+    for (size_t i = 0; i < bad.size(); ++i)
+      if (bad[i] != 0 && errors[i].empty()) {
+        errors[i] = check(i);
+        if (errors[i].empty()) errors[i] = scan.entries[i].path + ": unreadable on another rank (node copies differ?)";
+      }
+  }
   std::vector<FolderEntry> usable;
   usable.reserve(scan.entries.size());
   for (size_t i = 0; i < scan.entries.size(); ++i) {
@@ -243,7 +307,10 @@ class FolderDataset final : public Dataset {
 
 }  // namespace
 
-std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, const ScanOptions& opts) {
+namespace {
+
+// The checks before a folder scan; returns the packed dataset when `path` is one.
+std::unique_ptr<Dataset> open_packed_or_check_folder(const std::string& path, Split split) {
   if (is_hdf5_file(path)) return open_packed_dataset(path, split);
   struct stat st{};
   if (::stat(path.c_str(), &st) != 0)
@@ -254,6 +321,30 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
     throw UsageError("--data " + path + ": not an HDF5 file (bad signature; truncated, or not written by `resnet_ddp pack`)");
   if (!S_ISDIR(st.st_mode))
     throw UsageError("--data " + path + ": neither an ImageFolder directory nor an HDF5 file (.h5)");
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, const ScanOptions& opts) {
+  std::unique_ptr<Dataset> packed;
+  if (!sharded(opts)) {
+    packed = open_packed_or_check_folder(path, split);
+  } else {
+    // Sharded verification: a rank whose checks fail here, or that opens a packed
+    // file, still takes part in the listing agreement the folder scans start with.
+    std::exception_ptr failed;
+    try {
+      packed = open_packed_or_check_folder(path, split);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (failed || packed) {
+      agree_on_listing(opts, failed, packed ? static_cast<int64_t>(packed->size()) : 0, -1,
+                       path + "/" + split_name(split));
+    }
+  }
+  if (packed) return packed;
   FolderScan scan = scan_folder_split(path, split, opts);
   return std::make_unique<FolderDataset>(path + "/" + split_name(split), std::move(scan),
                                          opts.max_pixels);

@@ -277,6 +277,8 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
   fs.choice("--precision", &o.precision, {"fp32", "tf32", "fp16", "bf16"},
             "compute precision (fp16 uses dynamic loss scaling)");
+  fs.choice("--conv-algo", &o.conv_algo, {"auto", "direct", "winograd"},
+            "CPU fp32 3x3 convolutions: Winograd where it is faster (auto), never, or wherever possible");
   fs.integer("--max-steps", &o.max_steps, 0, "stop each epoch after N optimizer steps (0 = full epoch; smoke runs)",
              std::numeric_limits<int64_t>::max());
   fs.boolean("--eval-only", &o.eval_only, "only evaluate the checkpoint (--resume or --init) on Validation");

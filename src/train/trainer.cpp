@@ -195,6 +195,9 @@ void Trainer::setup_device() {
                    : o_.precision == "fp16" ? Precision::FP16
                    : o_.precision == "bf16" ? Precision::BF16
                                             : Precision::FP32;
+    bo.conv_algo = o_.conv_algo == "direct" ? ConvAlgo::Direct
+                   : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
+                                                : ConvAlgo::Auto;
     bo.device_index = env_.local_rank;
     if (o_.deterministic) omp_set_dynamic(0);
     try {
@@ -222,6 +225,10 @@ void Trainer::setup_data() {
   scan.strict = o_.strict_data;
   scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
   scan.threads = std::max(1, dist::default_threads_per_rank(env_));
+  // Each rank decodes 1/world of the files; every rank then drops the same ones.
+  scan.shard = env_.rank;
+  scan.shards = env_.world;
+  scan.combine = [this](std::vector<int64_t>& v) { ctrl_->allreduce(v.data(), v.size(), dist::ReduceOp::Sum); };
   if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   agree([&] {
     train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
@@ -457,7 +464,7 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_train_loss_sum = partial_loss;
         m.partial_train_correct = partial_correct;
         m.partial_train_count = partial_count;
-        write_checkpoint(path, snapshot_model(*model_, opt_.get(), sched_.get(), m));
+        write_checkpoint(path, *model_, opt_.get(), sched_.get(), m);  // straight from the arenas
       },
       rank0());
 }

@@ -7,12 +7,17 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <array>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "resnet_ddp/data/commands.h"
@@ -209,6 +214,108 @@ TEST_CASE("bad input files are skipped with a warning, or fail under --strict-da
   opts.verify = ScanOptions::Verify::Header;
   auto lazy = open_dataset(t.str(), Split::Train, opts);
   CHECK(lazy->size() == 7);
+}
+
+namespace {
+
+// Two shards in one process: each combine() call waits for the other shard's call
+// and hands both the elementwise sum, like the MPI_Allreduce the trainer uses.
+class TwoShards {
+ public:
+  std::function<void(std::vector<int64_t>&)> combine() {
+    return [this](std::vector<int64_t>& v) {
+      std::unique_lock<std::mutex> lock(m_);
+      const uint64_t round = round_;
+      if (arrived_ == 0) sum_.assign(v.size(), 0);
+      // Both shards must be in the same step (Catch assertions are not thread-safe).
+      if (sum_.size() != v.size()) throw std::logic_error("shards called combine() with different sizes");
+      for (size_t i = 0; i < v.size(); ++i) sum_[i] += v[i];
+      if (++arrived_ == 2) {
+        result_ = sum_;
+        arrived_ = 0;
+        ++round_;
+        cv_.notify_all();
+      } else {
+        cv_.wait(lock, [&] { return round_ != round; });
+      }
+      v = result_;
+    };
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<int64_t> sum_, result_;
+  int arrived_ = 0;
+  uint64_t round_ = 0;
+};
+
+struct ShardResult {
+  std::vector<std::string> sources;
+  std::string error;
+  Captured log;
+};
+
+// Opens Train on two shards at once (roots may differ, to model node copies).
+std::array<ShardResult, 2> open_two_shards(const std::array<std::string, 2>& roots, bool strict = false) {
+  TwoShards net;
+  std::array<ShardResult, 2> r;
+  auto run = [&](int shard) {
+    ScanOptions opts;
+    opts.shard = shard;
+    opts.shards = 2;
+    opts.strict = strict;
+    opts.combine = net.combine();
+    opts.log = r[shard].log.fn();
+    try {
+      auto ds = open_dataset(roots[shard], Split::Train, opts);
+      for (size_t i = 0; i < ds->size(); ++i) r[shard].sources.push_back(ds->source(i));
+    } catch (const rd::UsageError& e) {
+      r[shard].error = e.what();
+    }
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("sharded verification: ranks split the decoding and agree on the result", "[data][scan]") {
+  TempDir t;
+  make_good_tree(t.path, 4);
+  const fs::path cls = t.path / "Train/cat";
+  const std::string png = read_bytes(cls / "img2.png");
+  // Sorted order puts these at different indices, so both shards find one.
+  write_bytes(cls / "a_truncated.png", png.substr(0, png.size() / 2));
+  write_bytes(cls / "z_corrupt.png", "junk that is not an image");
+
+  auto r = open_two_shards({t.str(), t.str()});
+  for (auto& s : r) {
+    CHECK(s.error.empty());
+    CHECK(s.sources.size() == 8);
+    CHECK(s.log.mentions("a_truncated.png"));  // named on every rank, whoever found it
+    CHECK(s.log.mentions("z_corrupt.png"));
+    CHECK(s.log.mentions("2 skipped"));
+  }
+  CHECK(r[0].sources == r[1].sources);
+  ScanOptions single;
+  auto ds = open_dataset(t.str(), Split::Train, single);
+  CHECK(ds->size() == 8);  // the same as one unsharded scan
+
+  auto strict = open_two_shards({t.str(), t.str()}, true);
+  for (auto& s : strict) CHECK(s.error.find("--strict-data") != std::string::npos);
+
+  // A node whose copy is missing or differs: every rank fails, none waits forever.
+  TempDir u;
+  make_good_tree(u.path, 4);
+  write_png(u.path / "Train/cat/extra.png", 8, 8, 5);
+  auto differ = open_two_shards({t.str(), u.str()});
+  for (auto& s : differ) CHECK(s.error.find("different data") != std::string::npos);
+  auto missing = open_two_shards({t.str(), (u.path / "nope").string()});
+  CHECK(missing[0].error.find("another rank could not read") != std::string::npos);
+  CHECK(missing[1].error.find("does not exist") != std::string::npos);
 }
 
 TEST_CASE("pixel limit rejects large images", "[data][scan]") {

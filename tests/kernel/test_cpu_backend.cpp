@@ -55,8 +55,20 @@ TEST_CASE("cpu backend: conv2d forward/backward vs reference and finite differen
       {2, 64, 9, 9, 128, 1, 2, 0},
       {2, 3, 20, 20, 64, 7, 2, 3},
       {1, 128, 3, 3, 32, 1, 1, 0},
+      // Winograd-eligible (3x3, stride 1, channels a multiple of 16): output sizes
+      // that are not a multiple of its 4x4 tiles, and the >= 8x8 that auto picks.
+      {2, 16, 10, 13, 32, 3, 1, 1},
+      {1, 32, 9, 9, 16, 3, 1, 1},
   };
-  for (auto& be : cpu_backends())
+  // Every layout with the default algorithm choice, then NHWC forced to each
+  // algorithm (Winograd falls back to direct where oneDNN has no Winograd kernel).
+  auto backends = cpu_backends();
+  for (ConvAlgo algo : {ConvAlgo::Direct, ConvAlgo::Winograd}) {
+    BackendOptions opts;
+    opts.conv_algo = algo;
+    backends.push_back(make_cpu_backend(opts));
+  }
+  for (auto& be : backends)
     for (const ConvCase& c : cases) {
       // Finite differences on the small shapes only: the large ones run the
       // same formulas in other kernels, and the reference comparison covers them.

@@ -3,6 +3,7 @@
 //   parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5
 //                 [--train-steps N] [--checkpoint CKPT.h5] [--threads T]
 //                 [--layout nhwc|nchw|nchw16c]    (activation layout of the CPU backend)
+//                 [--conv-algo auto|direct|winograd]  (CPU 3x3 convolution algorithm)
 //
 // INIT.h5 is a converted torchvision state_dict (docs/checkpoint_format.md).
 // INPUT.h5 holds /input float32 (N, 3, H, W), /labels integer (N,) and the root
@@ -192,6 +193,7 @@ struct Args {
   int train_steps = 1;
   int threads = 1;
   rd::Layout layout = rd::Layout::NHWC;
+  rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -210,6 +212,12 @@ Args parse_args(int argc, char** argv) {
       else if (value == "nchw16c") a.layout = rd::Layout::NCHW16C;
       else throw rd::UsageError("--layout '" + value + "': expected nhwc, nchw or nchw16c");
     }
+    else if (flag == "--conv-algo") {
+      if (value == "auto") a.conv_algo = rd::ConvAlgo::Auto;
+      else if (value == "direct") a.conv_algo = rd::ConvAlgo::Direct;
+      else if (value == "winograd") a.conv_algo = rd::ConvAlgo::Winograd;
+      else throw rd::UsageError("--conv-algo '" + value + "': expected auto, direct or winograd");
+    }
     else if (flag == "--train-steps" || flag == "--threads") {
       char* end = nullptr;
       const long v = std::strtol(value.c_str(), &end, 10);
@@ -221,7 +229,8 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.init.empty() || a.input.empty() || a.out.empty())
     throw rd::UsageError("usage: parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5 "
-                         "[--train-steps N] [--checkpoint CKPT.h5] [--threads T] [--layout nhwc|nchw|nchw16c]");
+                         "[--train-steps N] [--checkpoint CKPT.h5] [--threads T] [--layout nhwc|nchw|nchw16c] "
+                         "[--conv-algo auto|direct|winograd]");
   return a;
 }
 
@@ -317,6 +326,7 @@ int run(const Args& args) {
   rd::BackendOptions bo;
   bo.threads = args.threads;
   bo.layout = args.layout;
+  bo.conv_algo = args.conv_algo;
   auto cpu_backend = rd::make_cpu_backend(bo);
   rd::parity::RecordingBackend recorder(*cpu_backend);
   rd::Backend* backend = &recorder;

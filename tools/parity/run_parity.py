@@ -45,6 +45,10 @@ TOL_ADAM = 1e-6
 # logits are 3.7e-5 off float64). There the limit is this factor times PyTorch
 # float32's error, i.e. resnet_ddp must be about as accurate as PyTorch.
 TORCH32_FACTOR = 3.0
+# Winograd F(4x4, 3x3) convolutions (resnet_ddp's default for fp32 3x3 layers on the CPU)
+# round differently from direct convolution: measured ~3x PyTorch float32's loss error
+# on ResNet-50 at 160x200. The strict factor above applies to --conv-algo direct.
+TORCH32_FACTOR_WINOGRAD = 10.0
 TOL_KINK = 1e-4  # a ReLU/max-pool decision may differ from float64 only this close to the kink
 LABEL_SMOOTHING = 0.1
 LR = 1e-4
@@ -96,7 +100,8 @@ class Report:
         PyTorch float32's own error (where float32 itself cannot reach `tol`)."""
         err = rel_err(got, ref64)
         err32 = rel_err(ref32, ref64) if ref32 is not None else None
-        limit = tol if err32 is None else max(tol, TORCH32_FACTOR * err32)
+        factor = torch32_factor()
+        limit = tol if err32 is None else max(tol, factor * err32)
         ok = err <= limit
         self.count += 1
         shape = str(list(numpy.asarray(got).shape))
@@ -109,6 +114,10 @@ class Report:
         if not ok:
             self.failures.append((name, err, limit))
         return ok
+
+
+def torch32_factor():
+    return TORCH32_FACTOR if ARGS.conv_algo == "direct" else TORCH32_FACTOR_WINOGRAD
 
 
 def randomise_bn(model, gen):
@@ -251,7 +260,7 @@ def main():
     py = sys.executable
     run([py, os.path.join(TOOLS, "torch_to_h5.py"), pth, init_h5, "--quiet"], "convert .pth -> .h5")
     driver_cmd = [ARGS.driver, "--init", init_h5, "--input", input_h5, "--out", out_h5,
-                  "--threads", str(ARGS.threads), "--layout", ARGS.layout, "--train-steps", "2" if ARGS.round_trip else "1"]
+                  "--threads", str(ARGS.threads), "--layout", ARGS.layout, "--conv-algo", ARGS.conv_algo, "--train-steps", "2" if ARGS.round_trip else "1"]
     if ARGS.round_trip:
         driver_cmd += ["--checkpoint", ckpt_h5]
     run(driver_cmd, "parity_driver")
@@ -337,7 +346,7 @@ def main():
     if not ARGS.keep:
         # ResNet-50 leaves ~0.5 GB (weights, gradients, masks): only worth keeping on failure.
         shutil.rmtree(workdir, ignore_errors=True)
-    relaxed = (f"; {rep.relaxed} (marked *) exceed the tolerance but are within {TORCH32_FACTOR:g}x "
+    relaxed = (f"; {rep.relaxed} (marked *) exceed the tolerance but are within {torch32_factor():g}x "
                f"PyTorch float32's own error" if rep.relaxed else "")
     print(f"\nPASS: {rep.count} tensors within tolerance ({elapsed:.1f} s){relaxed}")
 
@@ -356,6 +365,9 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layout", choices=("nhwc", "nchw", "nchw16c"), default="nhwc",
                    help="activation layout of resnet_ddp's CPU backend (default nhwc)")
+    p.add_argument("--conv-algo", choices=("auto", "direct", "winograd"), default="auto",
+                   help="resnet_ddp's CPU 3x3 convolution algorithm (default auto, as the trainer); "
+                        "direct is held to the stricter float32 limit")
     p.add_argument("--round-trip", action="store_true", help="also train 2 steps and compare via .pth")
     p.add_argument("--workdir", help="where the intermediate files go (default ./parity_ARCH_HEAD); "
                                      "removed after a pass unless --keep")

@@ -156,9 +156,17 @@ class Backend {
   virtual bool all_finite(const float* data, size_t count) = 0;
 };
 
+// How the CPU backend computes 3x3 stride-1 convolutions. Winograd F(4x4, 3x3) does
+// about half the multiplications of direct convolution; oneDNN implements it for
+// fp32 training on AVX-512 (blocked nChw16c tensors, so the backend reorders around it).
+// Auto uses it where it wins (fp32, channels multiple of 16, output at least 8x8).
+// The GPU backend ignores it (cuDNN picks its own algorithms).
+enum class ConvAlgo : uint8_t { Auto, Direct, Winograd };
+
 struct BackendOptions {
   int threads = 0;  // 0 = all cores available to this process
   Precision precision = Precision::FP32;
+  ConvAlgo conv_algo = ConvAlgo::Auto;
   Layout layout = Layout::NHWC;  // CPU: NHWC or NCHW16C or NCHW
   int device_index = 0;          // CUDA device
 };

@@ -53,6 +53,14 @@ struct ScanOptions {
   enum class Verify : uint8_t { Header, Full } verify = Verify::Full;
   int threads = 0;  // 0 = hardware concurrency
   LogFn log;        // null = silent
+  // Data-parallel verification: shard `shard` of `shards` decodes only every
+  // shards-th file, and `combine` (elementwise sum over all shards, e.g. an
+  // MPI_Allreduce) merges what each found, so every rank ends with the same list
+  // after 1/shards of the decoding. Every shard must call the scan for the same
+  // splits in the same order; a shard whose listing failed or differs still takes
+  // part in `combine`, so the others fail with it instead of waiting.
+  int shard = 0, shards = 1;
+  std::function<void(std::vector<int64_t>&)> combine;
 };
 
 class Dataset {

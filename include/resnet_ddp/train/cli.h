@@ -45,6 +45,7 @@ struct TrainOptions {
   int accum_steps = 1;
   std::string device = "auto";       // auto | cpu | cuda
   std::string precision = "fp32";    // fp32 | tf32 | fp16 | bf16
+  std::string conv_algo = "auto";    // auto | direct | winograd (CPU fp32 3x3 convolutions)
   int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
   bool eval_only = false;
   std::string metrics;               // "" = OUTPUT_DIR/metrics.csv

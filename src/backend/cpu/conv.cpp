@@ -1,6 +1,9 @@
 // Convolution on oneDNN. Activations stay in the backend's plain layout (src/dst
 // descriptors are fixed); only the weights are reordered between PyTorch's OIHW
-// (the flat arena) and whatever blocked format each primitive prefers. A plan
+// (the flat arena) and whatever blocked format each primitive prefers. The
+// exceptions are converted on the way in (and out): bf16 inputs in bf16 mode, and
+// the nChw16c tensors of Winograd 3x3 convolutions, whose halved arithmetic
+// outweighs the reorders at ResNet's 3x3 layers of 8x8 pixels and up. A plan
 // (primitive descriptors, primitives, reorders, weight buffers) is built once per
 // shape and cached, and all primitives share one user-managed scratchpad, so a
 // training step allocates nothing.
@@ -29,6 +32,16 @@ void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
   return scratch_.get();
 }
 
+// Winograd pays off only when the output has several 4x4 tiles per image and the
+// channels fill the 16-wide blocks; at 2x2 or 4x4 outputs it is slower than direct
+// (measured on ResNet-18 at 64 px, docs/performance.md).
+bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
+  if (conv_algo_ == ConvAlgo::Direct || precision_ != Precision::FP32) return false;
+  if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
+  if (conv_algo_ == ConvAlgo::Winograd) return true;
+  return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;
+}
+
 ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                 const ConvGeometry& g) {
   std::ostringstream key;
@@ -45,40 +58,65 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                             << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
   auto plan = std::make_unique<ConvPlan>();
   plan->bf16 = bf16;
-  plan->x_f32_md = activation_md(x);
-  plan->y_f32_md = activation_md(y);
-  const tag act_tag = layout_ == Layout::NHWC ? tag::nhwc : tag::nchw;
-  plan->x_bf16_md = dnnl::memory::desc({x[0], x[1], x[2], x[3]}, dt::bf16, act_tag);
-  plan->y_bf16_md = dnnl::memory::desc({y[0], y[1], y[2], y[3]}, dt::bf16, act_tag);
-  // bf16: inputs and output gradients in bf16, outputs and weight gradients in fp32.
-  const dnnl::memory::desc src_md = bf16 ? plan->x_bf16_md : plan->x_f32_md;
-  const dnnl::memory::desc dst_md = plan->y_f32_md;
-  const dnnl::memory::desc diff_dst_md = bf16 ? plan->y_bf16_md : plan->y_f32_md;
-  const dnnl::memory::desc diff_src_md = plan->x_f32_md;
-  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16 ? dt::bf16 : dt::f32, tag::any);
-  const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+  plan->x_act_md = activation_md(x);
+  plan->y_act_md = activation_md(y);
   plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
   const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 
-  dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training,
-                                           dnnl::algorithm::convolution_direct, src_md, any_w,
-                                           dst_md, strides, pad, pad);
-  plan->fwd_pd = dnnl::convolution_forward::primitive_desc(fwd_desc, attr, engine_);
-  dnnl::convolution_backward_data::desc bwd_data_desc(dnnl::algorithm::convolution_direct,
-                                                      diff_src_md, any_w, diff_dst_md, strides, pad,
-                                                      pad);
-  plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(bwd_data_desc, attr, engine_,
-                                                                      plan->fwd_pd);
-  dnnl::convolution_backward_weights::desc bwd_w_desc(dnnl::algorithm::convolution_direct, src_md,
-                                                      any_dw, diff_dst_md, strides, pad, pad);
-  plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(bwd_w_desc, attr,
-                                                                            engine_, plan->fwd_pd);
+  // Builds the three primitive descriptors for one algorithm and set of formats;
+  // throws dnnl::error when oneDNN has no implementation for them.
+  auto build = [&](dnnl::algorithm alg, const dnnl::memory::desc& src, const dnnl::memory::desc& dst,
+                   const dnnl::memory::desc& diff_dst, const dnnl::memory::desc& diff_src) {
+    const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16 ? dt::bf16 : dt::f32, tag::any);
+    const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+    plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, any_w, dst,
+                                        strides, pad, pad),
+        attr, engine_);
+    plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(alg, diff_src, any_w, diff_dst, strides, pad, pad),
+        attr, engine_, plan->fwd_pd);
+    plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(alg, src, any_dw, diff_dst, strides, pad, pad),
+        attr, engine_, plan->fwd_pd);
+    plan->x_conv_md = src;
+    plan->y_conv_md = dst;
+    plan->dy_conv_md = diff_dst;
+    plan->dx_conv_md = diff_src;
+  };
+  bool built = false;
+  if (use_winograd(x, y, g)) {
+    const dnnl::memory::desc xb({x[0], x[1], x[2], x[3]}, dt::f32, tag::nChw16c);
+    const dnnl::memory::desc yb({y[0], y[1], y[2], y[3]}, dt::f32, tag::nChw16c);
+    try {
+      build(dnnl::algorithm::convolution_winograd, xb, yb, yb, xb);
+      built = plan->winograd = true;
+    } catch (const dnnl::error&) {
+      // No Winograd implementation on this CPU or for this shape: direct below.
+    }
+  }
+  if (!built) {
+    const tag act_tag = layout_ == Layout::NHWC ? tag::nhwc : tag::nchw;
+    const dnnl::memory::desc x_bf16({x[0], x[1], x[2], x[3]}, dt::bf16, act_tag);
+    const dnnl::memory::desc y_bf16({y[0], y[1], y[2], y[3]}, dt::bf16, act_tag);
+    build(dnnl::algorithm::convolution_direct, bf16 ? x_bf16 : plan->x_act_md, plan->y_act_md,
+          bf16 ? y_bf16 : plan->y_act_md, plan->x_act_md);
+  }
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
   plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
+
+  const auto unbound = [&](const dnnl::memory::desc& md) { return dnnl::memory(md, engine_, DNNL_MEMORY_NONE); };
+  plan->convert_x = plan->x_conv_md != plan->x_act_md;
+  plan->convert_dy = plan->dy_conv_md != plan->y_act_md;
+  if (plan->convert_x) plan->x_to_conv = dnnl::reorder(unbound(plan->x_act_md), unbound(plan->x_conv_md));
+  if (plan->convert_dy) plan->dy_to_conv = dnnl::reorder(unbound(plan->y_act_md), unbound(plan->dy_conv_md));
+  if (plan->winograd) {
+    plan->y_from_conv = dnnl::reorder(unbound(plan->y_conv_md), unbound(plan->y_act_md));
+    plan->dx_from_conv = dnnl::reorder(unbound(plan->dx_conv_md), unbound(plan->x_act_md));
+  }
 
   auto own = [&](const dnnl::memory::desc& md) {
     // Buffers are owned by the backend allocator so they are 64-byte aligned.
@@ -89,7 +127,7 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   };
   plan->fwd_weights_plain = plan->fwd_pd.weights_desc() == plan->user_weights_md;
   plan->bwd_data_weights_plain = plan->bwd_data_pd.weights_desc() == plan->user_weights_md;
-  dnnl::memory user_w(plan->user_weights_md, engine_, DNNL_MEMORY_NONE);
+  const dnnl::memory user_w = unbound(plan->user_weights_md);
   if (!plan->fwd_weights_plain) {
     plan->fwd_weights = own(plan->fwd_pd.weights_desc());
     plan->to_fwd_weights = dnnl::reorder(user_w, plan->fwd_weights);
@@ -97,12 +135,6 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   if (!plan->bwd_data_weights_plain) {
     plan->bwd_data_weights = own(plan->bwd_data_pd.weights_desc());
     plan->to_bwd_data_weights = dnnl::reorder(user_w, plan->bwd_data_weights);
-  }
-  if (bf16) {
-    plan->x_to_bf16 = dnnl::reorder(dnnl::memory(plan->x_f32_md, engine_, DNNL_MEMORY_NONE),
-                                    dnnl::memory(plan->x_bf16_md, engine_, DNNL_MEMORY_NONE));
-    plan->y_to_bf16 = dnnl::reorder(dnnl::memory(plan->y_f32_md, engine_, DNNL_MEMORY_NONE),
-                                    dnnl::memory(plan->y_bf16_md, engine_, DNNL_MEMORY_NONE));
   }
   plan->diff_weights = own(plan->bwd_weights_pd.diff_weights_desc());
   plan->diff_to_user = dnnl::reorder(plan->diff_weights, user_w);
@@ -118,7 +150,7 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   return ref;
 }
 
-void* CpuBackend::bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes) {
+void* CpuBackend::grow_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes) {
   if (bytes > cap) {
     buf = allocate(bytes);
     cap = bytes;
@@ -127,24 +159,23 @@ void* CpuBackend::bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t by
 }
 
 const void* CpuBackend::convert_input(ConvPlan& p, const Tensor& x) {
-  if (!p.bf16) return x.data;
-  void* dst = bf16_buffer(x_bf16_, x_bf16_cap_, p.x_bf16_md.get_size());
-  dnnl::memory from(p.x_f32_md, engine_, const_cast<void*>(x.data)), to(p.x_bf16_md, engine_, dst);
-  p.x_to_bf16.execute(stream_, from, to);
+  if (!p.convert_x) return x.data;
+  void* dst = grow_buffer(x_conv_, x_conv_cap_, p.x_conv_md.get_size());
+  dnnl::memory from(p.x_act_md, engine_, const_cast<void*>(x.data)), to(p.x_conv_md, engine_, dst);
+  p.x_to_conv.execute(stream_, from, to);
   return dst;
 }
 
 // Backward converts dy once: a layer's backward-weights (which always converts)
 // is followed by its backward-data on the same, unchanged gradient, which reuses it.
 const void* CpuBackend::convert_grad(ConvPlan& p, const Tensor& dy, bool may_reuse) {
-  if (!p.bf16) return dy.data;
-  const size_t bytes = p.y_bf16_md.get_size();
-  if (may_reuse && dy_bf16_source_ == dy.data && dy_bf16_bytes_ == bytes) return dy_bf16_.get();
-  void* dst = bf16_buffer(dy_bf16_, dy_bf16_cap_, bytes);
-  dnnl::memory from(p.y_f32_md, engine_, const_cast<void*>(dy.data)), to(p.y_bf16_md, engine_, dst);
-  p.y_to_bf16.execute(stream_, from, to);
-  dy_bf16_source_ = dy.data;
-  dy_bf16_bytes_ = bytes;
+  if (!p.convert_dy) return dy.data;
+  if (may_reuse && dy_conv_source_ == dy.data && dy_conv_plan_ == &p) return dy_conv_.get();
+  void* dst = grow_buffer(dy_conv_, dy_conv_cap_, p.dy_conv_md.get_size());
+  dnnl::memory from(p.y_act_md, engine_, const_cast<void*>(dy.data)), to(p.dy_conv_md, engine_, dst);
+  p.dy_to_conv.execute(stream_, from, to);
+  dy_conv_source_ = dy.data;
+  dy_conv_plan_ = &p;
   return dst;
 }
 
@@ -162,15 +193,20 @@ dnnl::memory CpuBackend::primitive_weights(ConvPlan& p, const Tensor& w, bool pl
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
                                 const ConvGeometry& g) {
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
-  dy_bf16_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
+  dy_conv_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
   dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
-  dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, y.data);
+  void* out = p.winograd ? grow_buffer(out_conv_, out_conv_cap_, p.y_conv_md.get_size()) : y.data;
+  dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, out);
   dnnl::memory weights = primitive_weights(p, w, p.fwd_weights_plain, p.to_fwd_weights, p.fwd_weights);
   dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), engine_, scratchpad(p.fwd_pd.scratchpad_desc()));
   p.fwd.execute(stream_, {{DNNL_ARG_SRC, src},
                           {DNNL_ARG_WEIGHTS, weights},
                           {DNNL_ARG_DST, dst},
                           {DNNL_ARG_SCRATCHPAD, scratch}});
+  if (p.winograd) {
+    dnnl::memory y_act(p.y_act_md, engine_, y.data);
+    p.y_from_conv.execute(stream_, dst, y_act);
+  }
   stream_.wait();
 }
 
@@ -178,7 +214,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
                                       const ConvGeometry& g) {
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
   dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
-  dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, dx.data);
+  void* out = p.winograd ? grow_buffer(out_conv_, out_conv_cap_, p.dx_conv_md.get_size()) : dx.data;
+  dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, out);
   dnnl::memory weights = primitive_weights(p, w, p.bwd_data_weights_plain, p.to_bwd_data_weights,
                                            p.bwd_data_weights);
   const auto sp_md = p.bwd_data_pd.scratchpad_desc();
@@ -187,6 +224,10 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
                                {DNNL_ARG_WEIGHTS, weights},
                                {DNNL_ARG_DIFF_SRC, diff_src},
                                {DNNL_ARG_SCRATCHPAD, scratch}});
+  if (p.winograd) {
+    dnnl::memory dx_act(p.x_act_md, engine_, dx.data);
+    p.dx_from_conv.execute(stream_, diff_src, dx_act);
+  }
   stream_.wait();
 }
 

@@ -29,6 +29,7 @@ CpuBackend::CpuBackend(const BackendOptions& opts)
   if (opts.precision != Precision::FP32 && opts.precision != Precision::BF16)
     throw UsageError("CPU backend: precision must be fp32 or bf16 (tf32 and fp16 are GPU modes)");
   precision_ = opts.precision;
+  conv_algo_ = opts.conv_algo;
   if (precision_ == Precision::BF16) {
     const auto isa = dnnl::get_effective_cpu_isa();
     if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx)
@@ -42,7 +43,12 @@ std::string CpuBackend::name() const {
   const dnnl_version_t* v = dnnl_version();
   return "cpu (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + ", " + std::to_string(threads_) + " threads, " +
-         layout_name(layout_) + (precision_ == Precision::BF16 ? ", bf16 convolutions" : "") + ")";
+         layout_name(layout_) +
+         (precision_ == Precision::BF16       ? ", bf16 convolutions"
+          : conv_algo_ == ConvAlgo::Direct    ? ", direct convolutions"
+          : conv_algo_ == ConvAlgo::Winograd  ? ", Winograd 3x3 convolutions"
+                                              : ", Winograd 3x3 convolutions where faster") +
+         ")";
 }
 
 // ---- memory -----------------------------------------------------------------

@@ -30,11 +30,15 @@ struct ConvPlan {
   dnnl::memory fwd_weights, bwd_data_weights, diff_weights;
   dnnl::reorder to_fwd_weights, to_bwd_data_weights, diff_to_user, diff_add_to_user;
   bool fwd_weights_plain = false, bwd_data_weights_plain = false;
-  // bf16 mode: fp32 activations are converted to bf16 on their way into the
-  // convolution (outputs and weight gradients stay fp32), as PyTorch's autocast does.
-  bool bf16 = false;
-  dnnl::memory::desc x_f32_md, x_bf16_md, y_f32_md, y_bf16_md;
-  dnnl::reorder x_to_bf16, y_to_bf16;
+  // The backend's activations (x_act_md, y_act_md) are converted on their way into the
+  // primitives when these read another format (x_conv_md, dy_conv_md):
+  // - bf16 mode: inputs and output gradients in bf16 (outputs and weight gradients
+  //   stay fp32), as PyTorch's autocast does;
+  // - Winograd: everything in nChw16c, so outputs are converted back as well.
+  bool bf16 = false, winograd = false;
+  bool convert_x = false, convert_dy = false;
+  dnnl::memory::desc x_act_md, y_act_md, x_conv_md, dy_conv_md, y_conv_md, dx_conv_md;
+  dnnl::reorder x_to_conv, dy_to_conv, y_from_conv, dx_from_conv;
 };
 
 class CpuBackend final : public Backend {
@@ -108,8 +112,10 @@ class CpuBackend final : public Backend {
   // The per-channel scratch the batch-norm ops need (sums, scale/shift).
   std::vector<double>& bn_scratch(size_t n);
 
-  // bf16 copies of the current convolution input / output gradient (grown on demand).
-  void* bf16_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes);
+  bool use_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const;
+  // Grown-on-demand conversion buffers: the current convolution input / output
+  // gradient in the primitive's format, and a Winograd primitive's output.
+  void* grow_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes);
   const void* convert_input(ConvPlan& p, const Tensor& x);
   dnnl::memory primitive_weights(ConvPlan& p, const Tensor& w, bool plain,
                                  const dnnl::reorder& to_blocked, dnnl::memory& blocked);
@@ -118,10 +124,11 @@ class CpuBackend final : public Backend {
   Layout layout_;
   Precision precision_;
   int threads_;
-  std::shared_ptr<void> x_bf16_, dy_bf16_;
-  size_t x_bf16_cap_ = 0, dy_bf16_cap_ = 0;
-  const void* dy_bf16_source_ = nullptr;  // which fp32 gradient dy_bf16_ holds
-  size_t dy_bf16_bytes_ = 0;
+  ConvAlgo conv_algo_;
+  std::shared_ptr<void> x_conv_, dy_conv_, out_conv_;
+  size_t x_conv_cap_ = 0, dy_conv_cap_ = 0, out_conv_cap_ = 0;
+  const void* dy_conv_source_ = nullptr;  // which gradient dy_conv_ holds, converted by which plan
+  const ConvPlan* dy_conv_plan_ = nullptr;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::map<std::string, std::unique_ptr<ConvPlan>> conv_plans_;
