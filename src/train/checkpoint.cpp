@@ -518,11 +518,9 @@ struct Reader {
     return out;
   }
 
-  // Reads every dataset of a group, in creation order when tracked (else by name).
-  std::vector<HostTensor> tensors(const std::string& group_name) const {
-    std::vector<HostTensor> out;
-    H5Id g(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), H5Gclose);
-    if (!g.valid()) bad("cannot open group '" + group_name + "'");
+  // The names in a group, in creation order when tracked (else by name).
+  std::vector<std::string> link_names(hid_t g, const std::string& group_name) const {
+    std::vector<std::string> out;
     H5G_info_t info{};
     if (H5Gget_info(g, &info) < 0) bad("cannot list group '" + group_name + "'");
     H5Id gcpl(H5Gget_create_plist(g), H5Pclose);
@@ -534,39 +532,77 @@ struct Reader {
       if (len < 0) bad("cannot list group '" + group_name + "'");
       std::string name(static_cast<size_t>(len), '\0');
       H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, name.data(), static_cast<size_t>(len) + 1, H5P_DEFAULT);
-      out.push_back(tensor(g, group_name, name));
+      out.push_back(std::move(name));
     }
     return out;
   }
 
-  HostTensor tensor(hid_t group, const std::string& group_name, const std::string& name) const {
-    const std::string where = group_name + "/" + name;
-    H5Id d(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!d.valid()) bad("cannot open dataset '" + where + "'");
-    H5Id type(H5Dget_type(d), H5Tclose);
-    H5Id space(H5Dget_space(d), H5Sclose);
+  H5Id group(hid_t parent, const std::string& name) const {
+    H5Id g(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose);
+    if (!g.valid()) bad("cannot open group '" + name + "'");
+    return g;
+  }
+
+  // Reads every dataset of a group, in creation order when tracked (else by name).
+  std::vector<HostTensor> tensors(const std::string& group_name) const {
+    std::vector<HostTensor> out;
+    H5Id g = group(file, group_name);
+    for (const std::string& name : link_names(g, group_name)) out.push_back(tensor(g, group_name, name));
+    return out;
+  }
+
+  // An opened dataset with its element class and shape (rank checked).
+  struct Dataset {
+    H5Id id;
+    H5T_class_t cls = H5T_NO_CLASS;
+    hssize_t count = 0;
+    std::vector<int64_t> shape;
+  };
+  Dataset dataset(hid_t group, const std::string& where, const std::string& name) const {
+    Dataset ds;
+    ds.id = H5Id(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.id.valid()) bad("cannot open dataset '" + where + "'");
+    H5Id type(H5Dget_type(ds.id), H5Tclose);
+    H5Id space(H5Dget_space(ds.id), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(space);
     if (rank < 0 || rank > 4) bad("dataset '" + where + "' has an unsupported rank");
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     if (rank) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    for (hsize_t x : dims) ds.shape.push_back(static_cast<int64_t>(x));
+    ds.cls = H5Tget_class(type);
+    ds.count = H5Sget_simple_extent_npoints(space);
+    return ds;
+  }
+  static bool is_nbt(const std::string& name) {
+    return name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0;
+  }
+  int64_t int64_scalar(const Dataset& ds, const std::string& where) const {
+    if (ds.count != 1) bad("dataset '" + where + "' should be a scalar");
+    int64_t v = 0;
+    if (H5Dread(ds.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v) < 0)
+      bad("cannot read dataset '" + where + "' (file damaged?)");
+    return v;
+  }
+  // out holds ds.count floats.
+  void floats(const Dataset& ds, const std::string& where, float* out) const {
+    if (ds.cls != H5T_FLOAT) bad("dataset '" + where + "' is not floating point");
+    if (ds.count > 0 && H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+      bad("cannot read dataset '" + where + "' (checksum or read error: file damaged?)");
+  }
+
+  HostTensor tensor(hid_t group, const std::string& group_name, const std::string& name) const {
+    const std::string where = group_name + "/" + name;
+    const Dataset ds = dataset(group, where, name);
     HostTensor t;
     t.name = name;
-    for (hsize_t x : dims) t.shape.push_back(static_cast<int64_t>(x));
-    const H5T_class_t cls = H5Tget_class(type);
-    const bool is_nbt = name.size() >= 19 && name.compare(name.size() - 19, 19, "num_batches_tracked") == 0;
-    if (cls == H5T_INTEGER && is_nbt) {
-      if (H5Sget_simple_extent_npoints(space) != 1) bad("dataset '" + where + "' should be a scalar");
+    if (ds.cls == H5T_INTEGER && is_nbt(name)) {
       t.is_int64_scalar = true;
-      t.shape.clear();
-      if (H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &t.int_value) < 0)
-        bad("cannot read dataset '" + where + "' (file damaged?)");
+      t.int_value = int64_scalar(ds, where);
       return t;
     }
-    if (cls != H5T_FLOAT) bad("dataset '" + where + "' is not floating point");
-    const hssize_t n = H5Sget_simple_extent_npoints(space);
-    t.values.resize(static_cast<size_t>(n));
-    if (n > 0 && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.values.data()) < 0)
-      bad("cannot read dataset '" + where + "' (checksum or read error: file damaged?)");
+    t.shape = ds.shape;
+    if (ds.cls == H5T_FLOAT) t.values.resize(static_cast<size_t>(ds.count));
+    floats(ds, where, t.values.data());
     return t;
   }
 };
@@ -829,18 +865,30 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return read_meta(r, false);
 }
 
-Snapshot read_checkpoint(const std::string& path, bool weights_only) {
-  H5Id f = open_for_read(path);
-  Reader r{path, f};
+namespace {
+
+const std::vector<std::string>& optimizer_state_names(const std::string& type) {
+  static const std::vector<std::string> adam{"exp_avg", "exp_avg_sq"}, sgd{"momentum_buffer"};
+  return type == "adam" ? adam : sgd;
+}
+
+// Everything read_checkpoint reads except the tensors: metadata, that
+// /state_dict is there and not empty, optimizer and scheduler attributes.
+Snapshot read_header(const Reader& r, bool weights_only) {
+  const hid_t f = r.file;
   Snapshot s;
   s.meta = read_meta(r, weights_only);
   if (!r.has_link(f, "state_dict")) r.bad("no /state_dict group");
-  s.state_dict = r.tensors("state_dict");
-  if (s.state_dict.empty()) r.bad("/state_dict is empty");
+  {
+    H5Id g = r.group(f, "state_dict");
+    H5G_info_t info{};
+    if (H5Gget_info(g, &info) < 0) r.bad("cannot list group 'state_dict'");
+    if (info.nlinks == 0) r.bad("/state_dict is empty");
+  }
   if (weights_only) return s;
 
   if (r.has_link(f, "optimizer")) {
-    H5Id g(H5Gopen2(f, "optimizer", H5P_DEFAULT), H5Gclose);
+    H5Id g = r.group(f, "optimizer");
     OptimizerSnapshot& o = s.optimizer;
     o.present = true;
     o.type = r.attr_string(g, "type");
@@ -858,13 +906,9 @@ Snapshot read_checkpoint(const std::string& path, bool weights_only) {
       o.dampening = r.f64_or(g, "dampening", 0.0);
       o.nesterov = r.i64_or(g, "nesterov", 0) != 0;
     }
-    const std::vector<std::string> names = o.type == "adam" ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
-                                                            : std::vector<std::string>{"momentum_buffer"};
-    for (const auto& n : names)
-      if (r.has_link(g, n)) o.states.emplace_back(n, r.tensors("optimizer/" + n));
   }
   if (r.has_link(f, "scheduler")) {
-    H5Id g(H5Gopen2(f, "scheduler", H5P_DEFAULT), H5Gclose);
+    H5Id g = r.group(f, "scheduler");
     SchedulerSnapshot& c = s.scheduler;
     c.present = true;
     c.type = r.attr_string(g, "type");
@@ -891,11 +935,146 @@ Snapshot read_checkpoint(const std::string& path, bool weights_only) {
   return s;
 }
 
+bool is_head_tensor(const std::string& name) { return name.rfind("fc.", 0) == 0; }
+
+}  // namespace
+
+Snapshot read_checkpoint(const std::string& path, bool weights_only) {
+  H5Id f = open_for_read(path);
+  Reader r{path, f};
+  Snapshot s = read_header(r, weights_only);
+  s.state_dict = r.tensors("state_dict");
+  if (s.optimizer.present) {
+    H5Id g = r.group(f, "optimizer");
+    for (const auto& n : optimizer_state_names(s.optimizer.type))
+      if (r.has_link(g, n)) s.optimizer.states.emplace_back(n, r.tensors("optimizer/" + n));
+  }
+  return s;
+}
+
+// ---- file -> model ---------------------------------------------------------------------
+
+struct CheckpointReader::Impl {
+  std::string path;
+  H5Id file;
+  Snapshot header;  // no tensors
+  Reader reader() const { return Reader{path, file.get()}; }
+};
+
+CheckpointReader::CheckpointReader(const std::string& path, bool weights_only) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->file = open_for_read(path);
+  impl_->header = read_header(impl_->reader(), weights_only);
+}
+CheckpointReader::~CheckpointReader() = default;
+
+const std::string& CheckpointReader::path() const { return impl_->path; }
+const CheckpointMeta& CheckpointReader::meta() const { return impl_->header.meta; }
+const OptimizerSnapshot& CheckpointReader::optimizer() const { return impl_->header.optimizer; }
+const SchedulerSnapshot& CheckpointReader::scheduler() const { return impl_->header.scheduler; }
+
+std::vector<std::string> CheckpointReader::load_model(ResNet& model, bool allow_head_mismatch) {
+  const Reader r = impl_->reader();
+  Backend& be = model.backend();
+  H5Id g = r.group(r.file, "state_dict");
+  std::vector<float> staging;  // grows to the largest tensor
+  std::vector<std::string> skipped;
+
+  auto load_arena = [&](Arena& arena, const char* kind) {
+    for (size_t i = 0; i < arena.slices().size(); ++i) {
+      const ParamSlice& s = arena.slice(i);
+      const bool head = is_head_tensor(s.name);
+      if (!r.has_link(g, s.name)) {
+        if (allow_head_mismatch && head) {
+          skipped.push_back(s.name);
+          continue;
+        }
+        r.bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
+      }
+      const std::string where = "state_dict/" + s.name;
+      const Reader::Dataset ds = r.dataset(g, where, s.name);
+      if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
+      if (ds.shape != s.shape.vec()) {
+        if (allow_head_mismatch && head) {
+          skipped.push_back(s.name);
+          continue;
+        }
+        r.bad("'" + s.name + "' has shape " + Shape::from(ds.shape).str() + ", the model expects " + s.shape.str());
+      }
+      if (staging.size() < s.count) staging.resize(s.count);
+      r.floats(ds, where, staging.data());
+      for (size_t k = 0; k < s.count; ++k)
+        if (!std::isfinite(staging[k])) r.bad("'" + s.name + "' contains NaN or Inf");
+      be.copy_from_host(arena.ptr(i), staging.data(), s.count * sizeof(float));
+    }
+  };
+  load_arena(model.params(), "parameter");
+  load_arena(model.buffers(), "buffer");
+  // A head left at its fresh init must not keep half of an old head: all or nothing.
+  if (!skipped.empty()) {
+    const Arena& params = model.params();
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const std::string& n = params.slice(i).name;
+      if (is_head_tensor(n) && std::find(skipped.begin(), skipped.end(), n) == skipped.end())
+        r.bad("head tensors only partly match ('" + n + "' fits, '" + skipped.front() +
+              "' does not); convert the file with a matching head or drop its head");
+    }
+  }
+  // The largest num_batches_tracked, as restore_model takes it.
+  int64_t nbt = -1;
+  for (const std::string& name : r.link_names(g, "state_dict")) {
+    if (!Reader::is_nbt(name)) continue;
+    const std::string where = "state_dict/" + name;
+    const Reader::Dataset ds = r.dataset(g, where, name);
+    if (ds.cls == H5T_INTEGER) nbt = std::max(nbt, r.int64_scalar(ds, where));
+    else if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
+  }
+  if (nbt >= 0) model.set_num_batches_tracked(nbt);
+  be.synchronize();
+  return skipped;
+}
+
+void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
+  const Reader r = impl_->reader();
+  const OptimizerSnapshot& o = impl_->header.optimizer;
+  if (!o.present) r.bad("has no /optimizer state to resume from");
+  if (o.type != opt.config().type)
+    r.bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
+  opt.set_steps(o.step);
+  opt.set_lr(o.lr);
+  Backend& be = model.backend();
+  const Arena& params = model.params();
+  H5Id og = r.group(r.file, "optimizer");
+  std::vector<float> staging;
+  for (size_t k = 0; k < opt.state_count(); ++k) {
+    const std::string name = opt.state_name(k);
+    float* base = opt.state(k);
+    const auto& known = optimizer_state_names(o.type);
+    if (std::find(known.begin(), known.end(), name) == known.end() || !r.has_link(og, name)) {
+      // SGD before its first step has no momentum buffer; anything else is damage.
+      if (o.type == "sgd" && o.step == 0) continue;
+      r.bad("missing optimizer state '" + name + "'");
+    }
+    const std::string group_name = "optimizer/" + name;
+    H5Id g = r.group(r.file, group_name);
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const ParamSlice& s = params.slice(i);
+      if (!r.has_link(g, s.name)) r.bad("missing optimizer state " + name + "/" + s.name);
+      const std::string where = group_name + "/" + s.name;
+      const Reader::Dataset ds = r.dataset(g, where, s.name);
+      if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
+      if (ds.shape != s.shape.vec()) r.bad("optimizer state " + name + "/" + s.name + " has the wrong shape");
+      if (staging.size() < s.count) staging.resize(s.count);
+      r.floats(ds, where, staging.data());
+      be.copy_from_host(base + s.offset, staging.data(), s.count * sizeof(float));
+    }
+  }
+  be.synchronize();
+}
+
 // ---- model <-> snapshot --------------------------------------------------------------
 
 namespace {
-
-bool is_head_tensor(const std::string& name) { return name.rfind("fc.", 0) == 0; }
 
 HostTensor host_tensor(Backend& be, const OutTensor& o) {
   HostTensor t;
@@ -930,8 +1109,12 @@ Snapshot snapshot_model(ResNet& model, const Optimizer* opt, const Scheduler* sc
 
 void check_compatible(const Snapshot& snap, ResNet& model, const std::vector<std::string>& class_names,
                       const std::string& path) {
+  check_compatible(snap.meta, model, class_names, path);
+}
+
+void check_compatible(const CheckpointMeta& m, ResNet& model, const std::vector<std::string>& class_names,
+                      const std::string& path) {
   const ResNetConfig& cfg = model.config();
-  const CheckpointMeta& m = snap.meta;
   auto bad = [&](const std::string& what) {
     throw UsageError("checkpoint '" + path + "' does not match this run: " + what);
   };
@@ -1039,8 +1222,9 @@ void restore_optimizer(const Snapshot& snap, ResNet& model, Optimizer& opt, cons
   be.synchronize();
 }
 
-void restore_scheduler(const Snapshot& snap, Scheduler& sched) {
-  const SchedulerSnapshot& c = snap.scheduler;
+void restore_scheduler(const Snapshot& snap, Scheduler& sched) { restore_scheduler(snap.scheduler, sched); }
+
+void restore_scheduler(const SchedulerSnapshot& c, Scheduler& sched) {
   if (!c.present || c.type != sched.type()) return;  // a changed --scheduler starts fresh
   sched.set_last_epoch(c.last_epoch);
   sched.plateau = c.plateau;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "resnet_ddp/backend/backend.h"
@@ -85,8 +86,9 @@ void collect_directory(const fs::path& dir, const std::vector<std::string>& clas
 
 int predict_main(const PredictOptions& o) {
   try {
-    Snapshot snap = read_checkpoint(o.checkpoint, false);
-    const CheckpointMeta& m = snap.meta;
+    // Tensors are streamed into the model below; only the metadata is held.
+    std::optional<CheckpointReader> ck(std::in_place, o.checkpoint, false);
+    const CheckpointMeta m = ck->meta();
     const std::vector<std::string>& classes = m.class_names;
     const data::Split split = o.split == "Train" ? data::Split::Train
                               : o.split == "Test" ? data::Split::Test
@@ -117,15 +119,20 @@ int predict_main(const PredictOptions& o) {
     BackendOptions bo;
     bo.threads = o.threads;
     std::unique_ptr<Backend> backend;
-    if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) backend = make_cuda_backend(bo);
-    else backend = make_cpu_backend(bo);
+    if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
+      backend = make_cuda_backend(bo);
+    } else {
+      bo.layout = Layout::NCHW16C;
+      backend = make_cpu_backend(bo);
+    }
 
     ResNetConfig mc;
     mc.arch = m.arch;
     mc.head = parse_head(m.head);
     mc.num_classes = static_cast<int>(m.num_classes);
     ResNet model(*backend, mc);
-    restore_model(snap, model, false, o.checkpoint);
+    ck->load_model(model, false);
+    ck.reset();  // closes the file
     model.train(false);
 
     data::TransformConfig tc;

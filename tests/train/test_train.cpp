@@ -592,6 +592,120 @@ TEST_CASE("a checkpoint written straight from the model equals one written from 
   CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
 }
 
+TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 13);
+  OptimizerConfig oc;
+  Optimizer opt(*be, model->params(), model->grads(), oc);
+  std::vector<float> gr = rd::test::random_floats(model->grads().size(), 4);
+  be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
+  opt.step();
+  opt.set_lr(2e-4);
+  Scheduler sched("plateau", 1e-3, 5);
+  sched.step(1e-3, 0.8);
+  sched.step(1e-3, 0.9);
+  const std::string path = dir.file("last.h5");
+  write_checkpoint(path, *model, &opt, &sched, tiny_meta("mlp", 3));
+
+  CheckpointReader ck(path);
+  CHECK(ck.path() == path);
+  CHECK(ck.meta().epoch == 3);
+  CHECK(ck.meta().class_names == tiny_meta("mlp", 3).class_names);
+  CHECK(ck.optimizer().present);
+  CHECK(ck.optimizer().states.empty());  // tensors are not held
+  CHECK(ck.scheduler().type == "plateau");
+
+  ResNet other(*be, model->config());
+  other.init_parameters(99);
+  Optimizer opt2(*be, other.params(), other.grads(), oc);
+  Scheduler sched2("plateau", 1e-3, 5);
+  check_compatible(ck.meta(), other, ck.meta().class_names, path);
+  CHECK(ck.load_model(other, false).empty());
+  ck.load_optimizer(other, opt2);
+  restore_scheduler(ck.scheduler(), sched2);
+  CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
+  CHECK(same_slices(*be, model->buffers(), other.buffers().data(), model->buffers().data()));
+  CHECK(other.num_batches_tracked() == model->num_batches_tracked());
+  CHECK(opt2.steps() == 1);
+  CHECK(opt2.lr() == 2e-4);
+  for (size_t k = 0; k < 2; ++k) CHECK(same_slices(*be, model->params(), opt2.state(k), opt.state(k)));
+  CHECK(sched2.last_epoch() == 2);
+  CHECK(sched2.plateau.num_bad_epochs == 1);
+  CHECK(eval_logits(other, 3) == eval_logits(*model, 3));
+
+  // A model-only file: the optimizer cannot resume from it, with the file named.
+  const std::string weights = dir.file("weights.h5");
+  write_checkpoint(weights, *model, nullptr, nullptr, tiny_meta("mlp", 3));
+  CheckpointReader w(weights);
+  CHECK_FALSE(w.optimizer().present);
+  CHECK_THROWS_WITH(w.load_optimizer(other, opt2), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
+  Optimizer sgd(*be, other.params(), other.grads(), [] {
+    OptimizerConfig c;
+    c.type = "sgd";
+    return c;
+  }());
+  CHECK_THROWS_WITH(ck.load_optimizer(other, sgd), Catch::Contains("--optimizer adam"));
+}
+
+TEST_CASE("streaming a checkpoint into a model checks what restore_model checks", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto fc3 = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const std::string path = dir.file("fc3.h5");
+  write_checkpoint(path, *fc3, nullptr, nullptr, tiny_meta("fc", 3));
+
+  SECTION("a head of another size: an error, or kept at its init for --init") {
+    auto fc4 = trained_tiny(*be, HeadKind::Fc, 4, 2);
+    CHECK_THROWS_AS(CheckpointReader(path).load_model(*fc4, false), UsageError);
+    CHECK_THROWS_WITH(CheckpointReader(path).load_model(*fc4, false), Catch::Contains(path) && Catch::Contains("fc.weight"));
+    const size_t fcw = static_cast<size_t>(fc4->params().find("fc.weight"));
+    const std::vector<float> head_before = host(*be, fc4->params().ptr(fcw), fc4->params().slice(fcw).count);
+    CheckpointReader init(path, true);
+    CHECK(init.load_model(*fc4, true) == std::vector<std::string>{"fc.weight", "fc.bias"});
+    const size_t conv1 = static_cast<size_t>(fc4->params().find("conv1.weight"));
+    CHECK(host(*be, fc4->params().ptr(conv1), fc4->params().slice(conv1).count) ==
+          host(*be, fc3->params().ptr(conv1), fc3->params().slice(conv1).count));
+    CHECK(host(*be, fc4->params().ptr(fcw), head_before.size()) == head_before);
+    CHECK(fc4->num_batches_tracked() == fc3->num_batches_tracked());
+  }
+  SECTION("another head kind: a missing tensor") {
+    auto mlp = trained_tiny(*be, HeadKind::Mlp, 3, 2);
+    CHECK_THROWS_WITH(CheckpointReader(path).load_model(*mlp, false), Catch::Contains(path) && Catch::Contains("missing"));
+  }
+  SECTION("NaN in a tensor") {
+    Snapshot s = snapshot_model(*fc3, nullptr, nullptr, tiny_meta("fc", 3));
+    s.state_dict[0].values[3] = std::nanf("");
+    const std::string p = dir.file("nan.h5");
+    write_checkpoint(p, s);
+    CHECK_THROWS_WITH(CheckpointReader(p).load_model(*fc3, false),
+                      Catch::Contains(p) && Catch::Contains(s.state_dict[0].name) && Catch::Contains("NaN"));
+  }
+  SECTION("flipped bytes inside tensor data") {
+    Snapshot s = read_checkpoint(path);
+    const HostTensor* big = &s.state_dict[0];
+    for (const auto& t : s.state_dict)
+      if (t.values.size() > big->values.size()) big = &t;
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(big->values.data()), 64));
+    REQUIRE(at != std::string::npos);
+    bytes[at + 10] = static_cast<char>(bytes[at + 10] ^ 0x5a);
+    const std::string p = dir.file("flipped.h5");
+    std::ofstream(p, std::ios::binary) << bytes;
+    auto other = trained_tiny(*be, HeadKind::Fc, 3, 5);
+    CHECK_THROWS_WITH(CheckpointReader(p).load_model(*other, false), Catch::Contains(p) && Catch::Contains(big->name));
+  }
+  SECTION("not a checkpoint") {
+    const std::string p = dir.file("garbage.h5");
+    std::ofstream(p) << "this is not a checkpoint\n";
+    CHECK_THROWS_WITH(CheckpointReader(p), Catch::Contains("not an HDF5 file") && Catch::Contains(p));
+  }
+}
+
 TEST_CASE("a write that fails at any point keeps the previous checkpoint and closes the file", "[train]") {
   TempDir dir;
   auto be = make_cpu_backend({});
