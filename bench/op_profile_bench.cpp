@@ -6,7 +6,8 @@
 // step into the same categories; bench/op_profile.sh prints both side by side.
 //
 //   op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]
-//                    [--precision fp32|bf16] [--json PATH]
+//                    [--precision fp32|bf16] [--conv-algo auto|direct|winograd]
+//                    [--layout nchw16c|nhwc|nchw] [--json PATH]   (defaults: the trainer's)
 //
 // Prints a table (ms/step, %, calls/step per category) on stdout; --json also writes
 // it as JSON. "outside backend calls" is the step's wall time not spent in any
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/forwarding_backend.h"
 #include "resnet_ddp/errors.h"
@@ -110,45 +112,35 @@ struct Options {
   int warmup = 2;
   int steps = 5;
   bool bf16 = false;
+  rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
+  rd::Layout layout = rd::Layout::NCHW16C;  // the trainer's CPU layout
   std::string json_path;
 };
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "op_profile_bench: %s\n(see the comment at the top of bench/op_profile_bench.cpp)\n",
-               msg.c_str());
-  std::exit(2);
-}
+using rd::bench::usage_error;
 
-int parse_int(const std::string& flag, const std::string& text, int min_value) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < min_value || v > 1000000)
-    usage_error(flag + " '" + text + "': expected an integer >= " + std::to_string(min_value));
-  return static_cast<int>(v);
-}
+using rd::bench::parse_int;
 
 Options parse_args(int argc, char** argv) {
+  rd::bench::program_name() = "op_profile_bench";
   Options o;
   bool have_config = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       std::printf("usage: op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]\n"
-                  "       [--precision fp32|bf16] [--json PATH]\n"
+                  "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
+                  "       [--layout nchw16c|nhwc|nchw] [--json PATH]\n"
                   "e.g. --config resnet34:244:16 (arch resnet18|resnet34|resnet50)\n");
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
     const std::string value = argv[++i];
     if (flag == "--config") {
-      const size_t a = value.find(':');
-      const size_t b = a == std::string::npos ? a : value.find(':', a + 1);
-      if (b == std::string::npos) usage_error("--config '" + value + "': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
-      o.arch = value.substr(0, a);
-      if (o.arch != "resnet18" && o.arch != "resnet34" && o.arch != "resnet50")
-        usage_error("--config '" + value + "': arch must be resnet18, resnet34 or resnet50");
-      o.size = parse_int("--config size", value.substr(a + 1, b - a - 1), 32);
-      o.batch = parse_int("--config batch", value.substr(b + 1), 1);
+      const rd::bench::ModelConfig c = rd::bench::parse_config(value);
+      o.arch = c.arch;
+      o.size = c.size;
+      o.batch = c.batch;
       have_config = true;
     } else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
     else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
@@ -157,20 +149,17 @@ Options parse_args(int argc, char** argv) {
       if (value.empty()) usage_error("--json needs a file path");
       o.json_path = value;
     } else if (flag == "--precision") {
-      if (value == "fp32") o.bf16 = false;
-      else if (value == "bf16") o.bf16 = true;
-      else usage_error("--precision '" + value + "': expected fp32 or bf16");
+      o.bf16 = rd::bench::parse_bf16(value);
+    } else if (flag == "--conv-algo") {
+      o.conv_algo = rd::bench::parse_conv_algo(value);
+    } else if (flag == "--layout") {
+      o.layout = rd::bench::parse_layout(value);
     } else {
       usage_error("unknown flag " + flag);
     }
   }
   if (!have_config) usage_error("--config ARCH:SIZE:BATCH is required");
-  if (o.threads == 0) {
-    if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env)
-      o.threads = parse_int("OMP_NUM_THREADS", env, 1);
-    else
-      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  o.threads = rd::bench::resolve_threads(o.threads);
   return o;
 }
 
@@ -186,6 +175,8 @@ Profile run(const Options& o) {
   rd::BackendOptions bo;
   bo.threads = o.threads;
   bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
+  bo.conv_algo = o.conv_algo;
+  bo.layout = o.layout;
   auto cpu = rd::make_cpu_backend(bo);
   ProfilingBackend backend(*cpu);
 

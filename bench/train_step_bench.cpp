@@ -4,7 +4,7 @@
 // PyTorch, so bench/train_step_vs_pytorch.sh can print the ratio.
 //
 //   train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]
-//                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]
+//                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]
 //
 // Prints one JSON object (same keys as the PyTorch script) on stdout.
 #include <algorithm>
@@ -16,17 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 
 namespace {
 
-struct BenchConfig {
-  std::string arch;
-  int size = 0;
-  int batch = 0;
-};
+using BenchConfig = rd::bench::ModelConfig;
 
 struct Options {
   std::vector<BenchConfig> configs;
@@ -35,52 +32,29 @@ struct Options {
   int steps = 3;
   rd::HeadKind head = rd::HeadKind::Mlp;
   int num_classes = 3;
-  rd::Layout layout = rd::Layout::NHWC;
+  rd::Layout layout = rd::Layout::NCHW16C;  // the trainer's CPU layout
   bool bf16 = false;  // --precision bf16: bf16 convolutions (AVX512-BF16 / AMX)
   rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
 };
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "train_step_bench: %s\n(see the comment at the top of bench/train_step_bench.cpp)\n",
-               msg.c_str());
-  std::exit(2);
-}
-
-int parse_int(const std::string& flag, const std::string& text, int min_value) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < min_value || v > 1000000)
-    usage_error(flag + " '" + text + "': expected an integer >= " + std::to_string(min_value));
-  return static_cast<int>(v);
-}
-
-BenchConfig parse_config(const std::string& text) {
-  const size_t a = text.find(':');
-  const size_t b = a == std::string::npos ? a : text.find(':', a + 1);
-  if (b == std::string::npos) usage_error("--config '" + text + "': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
-  BenchConfig c;
-  c.arch = text.substr(0, a);
-  if (c.arch != "resnet18" && c.arch != "resnet34" && c.arch != "resnet50")
-    usage_error("--config '" + text + "': arch must be resnet18, resnet34 or resnet50");
-  c.size = parse_int("--config size", text.substr(a + 1, b - a - 1), 32);
-  c.batch = parse_int("--config batch", text.substr(b + 1), 1);
-  return c;
-}
+using rd::bench::parse_int;
+using rd::bench::usage_error;
 
 Options parse_args(int argc, char** argv) {
+  rd::bench::program_name() = "train_step_bench";
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       std::printf("usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
-                  "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nhwc|nchw|nchw16c]\n"
+                  "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]\n"
                   "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
                   "default configs: resnet34:244:16 resnet18:64:32\n");
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
     const std::string value = argv[++i];
-    if (flag == "--config") o.configs.push_back(parse_config(value));
+    if (flag == "--config") o.configs.push_back(rd::bench::parse_config(value));
     else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
     else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
     else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
@@ -90,30 +64,17 @@ Options parse_args(int argc, char** argv) {
       else if (value == "mlp") o.head = rd::HeadKind::Mlp;
       else usage_error("--head '" + value + "': expected fc or mlp");
     } else if (flag == "--precision") {
-      if (value == "fp32") o.bf16 = false;
-      else if (value == "bf16") o.bf16 = true;
-      else usage_error("--precision '" + value + "': expected fp32 or bf16");
+      o.bf16 = rd::bench::parse_bf16(value);
     } else if (flag == "--conv-algo") {
-      if (value == "auto") o.conv_algo = rd::ConvAlgo::Auto;
-      else if (value == "direct") o.conv_algo = rd::ConvAlgo::Direct;
-      else if (value == "winograd") o.conv_algo = rd::ConvAlgo::Winograd;
-      else usage_error("--conv-algo '" + value + "': expected auto, direct or winograd");
+      o.conv_algo = rd::bench::parse_conv_algo(value);
     } else if (flag == "--layout") {
-      if (value == "nhwc") o.layout = rd::Layout::NHWC;
-      else if (value == "nchw") o.layout = rd::Layout::NCHW;
-      else if (value == "nchw16c") o.layout = rd::Layout::NCHW16C;
-      else usage_error("--layout '" + value + "': expected nhwc, nchw or nchw16c");
+      o.layout = rd::bench::parse_layout(value);
     } else {
       usage_error("unknown flag " + flag);
     }
   }
   if (o.configs.empty()) o.configs = {{"resnet34", 244, 16}, {"resnet18", 64, 32}};
-  if (o.threads == 0) {
-    if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env)
-      o.threads = parse_int("OMP_NUM_THREADS", env, 1);
-    else
-      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  o.threads = rd::bench::resolve_threads(o.threads);
   return o;
 }
 

@@ -54,7 +54,7 @@ const Tensor& Conv2d::forward(LayerContext& ctx, const Tensor& x) {
   const int64_t ow = conv_out_size(x.shape[3], geom.kernel, geom.stride, geom.pad);
   RD_CHECK(oh > 0 && ow > 0, "Conv2d: input " << x.describe() << " is too small for kernel "
                                               << geom.kernel << " stride " << geom.stride);
-  ensure_tensor(be, y_, Shape{x.shape[0], out_ch, oh, ow}, be.activation_layout());
+  ensure_tensor(be, y_, Shape{x.shape[0], out_ch, oh, ow}, be.layout_for_channels(out_ch));
   Tensor w = ctx.params->tensor(refs.params[0]);
   be.conv2d_forward(x, w, y_, geom);
   x_ = &x;

@@ -35,7 +35,7 @@ const Tensor& GlobalAvgPool::forward(LayerContext& ctx, const Tensor& x) {
 
 const Tensor& GlobalAvgPool::backward(LayerContext& ctx, const Tensor& dy, Tensor* into) {
   Backend& be = *ctx.backend;
-  place_grad(be, dx_, x_shape_, be.activation_layout(), into);
+  place_grad(be, dx_, x_shape_, be.layout_for_channels(x_shape_[1]), into);
   be.global_avgpool_backward(dy, dx_);
   return dx_;
 }

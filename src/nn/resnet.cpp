@@ -248,7 +248,7 @@ void ResNet::init_parameters(uint64_t seed) {
 
 Tensor& ResNet::input_buffer(int64_t n, int64_t h, int64_t w) {
   nn::ensure_tensor(*impl_->backend, impl_->input, Shape{n, 3, h, w},
-                    impl_->backend->activation_layout());
+                    impl_->backend->layout_for_channels(3));
   return impl_->input;
 }
 

@@ -199,6 +199,7 @@ void Trainer::setup_device() {
                    : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
                                                 : ConvAlgo::Auto;
     bo.device_index = env_.local_rank;
+    if (device == "cpu") bo.layout = Layout::NCHW16C;  // oneDNN's native format: no reorders
     if (o_.deterministic) omp_set_dynamic(0);
     try {
       backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
@@ -343,10 +344,11 @@ void Trainer::load_start_state() {
           path = o_.resume;
         }
         if (!path.empty()) {
-          Snapshot snap = read_checkpoint(path, false);
-          check_compatible(snap, *model_, class_names_, path);
-          restore_model(snap, *model_, false, path);
-          const CheckpointMeta& m = snap.meta;
+          // Streamed into the arenas: no host copy of the weights and optimizer state.
+          CheckpointReader ck(path, false);
+          check_compatible(ck.meta(), *model_, class_names_, path);
+          ck.load_model(*model_, false);
+          const CheckpointMeta& m = ck.meta();
           start_.resumed = 1;
           start_.epoch = m.epoch;
           start_.step_in_epoch = m.step_in_epoch;
@@ -361,18 +363,19 @@ void Trainer::load_start_state() {
           start_.partial_correct = m.partial_train_correct;
           start_.partial_count = m.partial_train_count;
           if (!o_.eval_only) {
-            restore_optimizer(snap, *model_, *opt_, path);
+            ck.load_optimizer(*model_, *opt_);
             start_.has_optimizer_state = 1;
             start_.optimizer_steps = opt_->steps();
             start_.lr = opt_->lr();
-            if (snap.scheduler.present && snap.scheduler.type == sched_->type()) {
-              restore_scheduler(snap, *sched_);
+            const SchedulerSnapshot& sc = ck.scheduler();
+            if (sc.present && sc.type == sched_->type()) {
+              restore_scheduler(sc, *sched_);
               start_.has_scheduler_state = 1;
               start_.scheduler_last_epoch = sched_->last_epoch();
               start_.plateau = sched_->plateau;
               start_.cosine = sched_->cosine;
-            } else if (snap.scheduler.present) {
-              notice("checkpoint used --scheduler " + snap.scheduler.type + "; starting a fresh " + o_.scheduler +
+            } else if (sc.present) {
+              notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + o_.scheduler +
                      " schedule");
             }
           }
@@ -380,11 +383,11 @@ void Trainer::load_start_state() {
           loaded = true;
           if (!o_.init.empty()) notice("resuming from " + path + "; --init " + o_.init + " is ignored");
         } else if (!o_.init.empty()) {
-          Snapshot snap = read_checkpoint(o_.init, true);
-          if (!snap.meta.arch.empty() && snap.meta.arch != o_.arch)
-            throw UsageError("--init: '" + o_.init + "' holds " + snap.meta.arch + " weights, this run uses --arch " +
+          CheckpointReader ck(o_.init, true);
+          if (!ck.meta().arch.empty() && ck.meta().arch != o_.arch)
+            throw UsageError("--init: '" + o_.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " +
                              o_.arch);
-          auto skipped = restore_model(snap, *model_, true, o_.init);
+          auto skipped = ck.load_model(*model_, true);
           start_.num_batches_tracked = model_->num_batches_tracked();
           loaded = true;
           if (!skipped.empty())
@@ -653,11 +656,17 @@ void Trainer::evaluate_best() {
   }
   ctrl_->broadcast(&have_best, sizeof have_best, 0);
   if (!have_best) return;
+  // Training is over: its loader threads and batches and the optimizer state go
+  // before the evaluation, which needs only the model and the validation loader.
+  train_loader_.reset();
+  opt_.reset();
+  // Weights only, straight into the arenas: a Snapshot of the file (weights and
+  // Adam state, 3x the parameters) made this the peak of the whole run.
   agree(
       [&] {
-        Snapshot snap = read_checkpoint(best_path_, false);
-        check_compatible(snap, *model_, class_names_, best_path_);
-        restore_model(snap, *model_, false, best_path_);
+        CheckpointReader ck(best_path_, false);
+        check_compatible(ck.meta(), *model_, class_names_, best_path_);
+        ck.load_model(*model_, false);
       },
       rank0());
   int64_t nbt = model_->num_batches_tracked();

@@ -712,7 +712,7 @@ inline void check_copy_roundtrip(Backend& be, const Dims& d) {
   INFO("nchw round trip " << d.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
   const auto xh = random_floats(d.numel(), 141);
   Tensor x = upload_activation(be, xh, d.n, d.c, d.h, d.w);
-  CHECK(x.layout == be.activation_layout());
+  CHECK(x.layout == be.layout_for_channels(d.c));  // blocked layouts only where C fills the blocks
   CHECK(x.shape == (Shape{d.n, d.c, d.h, d.w}));
   CHECK(download_activation(be, x) == xh);
 }

@@ -37,7 +37,8 @@ std::vector<std::unique_ptr<Backend>> cpu_backends() {
 
 TEST_CASE("cpu backend: NCHW copies round-trip in every layout", "[kernel]") {
   for (auto& be : cpu_backends())
-    for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 2}, Dims{3, 32, 1, 1}}) check_copy_roundtrip(*be, d);
+    for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 2}, Dims{3, 32, 1, 1}, Dims{2, 48, 3, 5}})
+      check_copy_roundtrip(*be, d);
 }
 
 TEST_CASE("cpu backend: conv2d forward/backward vs reference and finite differences", "[kernel]") {
@@ -82,6 +83,7 @@ TEST_CASE("cpu backend: batch norm train/eval/backward vs reference and finite d
       {2, 5, 3, 3, false}, {2, 5, 3, 3, true}, {1, 7, 5, 4, true},
       {4, 16, 2, 2, false}, {3, 20, 3, 5, true}, {8, 3, 1, 1, true},
       {2, 64, 5, 5, true}, {2, 128, 3, 3, false},
+      {3, 32, 37, 3, true},  // more than one 32-row float block per plane in nChw16c
   };
   for (auto& be : cpu_backends())
     for (const BnCase& c : cases) check_batchnorm(*be, c);
@@ -91,6 +93,7 @@ TEST_CASE("cpu backend: batch-norm running statistics over several steps", "[ker
   for (auto& be : cpu_backends()) {
     check_batchnorm_running_stats(*be, BnCase{4, 6, 3, 3, true}, 5);
     check_batchnorm_running_stats(*be, BnCase{2, 18, 2, 1, false}, 3);
+    check_batchnorm_running_stats(*be, BnCase{3, 32, 3, 2, true}, 3);  // nChw16c-blocked
   }
 }
 
@@ -98,6 +101,7 @@ TEST_CASE("cpu backend: batch norm through the SyncBatchNorm reducer seam", "[ke
   for (auto& be : cpu_backends()) {
     check_batchnorm_sync(*be, BnCase{2, 5, 3, 3, true}, 2);
     check_batchnorm_sync(*be, BnCase{1, 18, 2, 3, false}, 3);
+    check_batchnorm_sync(*be, BnCase{2, 48, 3, 3, true}, 2);  // nChw16c-blocked
   }
 }
 
@@ -114,6 +118,7 @@ TEST_CASE("cpu backend: relu, residual add, accumulate", "[kernel]") {
 TEST_CASE("cpu backend: max pool vs reference (ties, -inf padding) and finite differences", "[kernel]") {
   const std::vector<PoolCase> cases{
       {2, 3, 8, 8}, {1, 5, 7, 9}, {2, 17, 5, 5}, {1, 2, 1, 1}, {1, 4, 6, 6, 2, 2, 0}, {2, 64, 9, 9},
+      {2, 32, 7, 6}, {1, 16, 5, 5, 2, 2, 0},
   };
   for (auto& be : cpu_backends())
     for (const PoolCase& c : cases)
@@ -122,7 +127,7 @@ TEST_CASE("cpu backend: max pool vs reference (ties, -inf padding) and finite di
 
 TEST_CASE("cpu backend: global average pool", "[kernel]") {
   for (auto& be : cpu_backends())
-    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}, Dims{2, 512, 2, 2}})
+    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}, Dims{2, 512, 2, 2}, Dims{3, 48, 3, 5}})
       check_global_avgpool(*be, d);
 }
 

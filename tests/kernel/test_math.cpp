@@ -72,6 +72,10 @@ TEST_CASE("math: batch-norm statistics, running update and backward", "[math]") 
     const float dx = math::bn_backward_dx(dyf[i], xf[i], mean, invstd, gamma, static_cast<float>(sum_dy / count),
                                           static_cast<float>(sum_dy_xhat / count));
     CHECK(dx == Approx(g.dx.v[i]).epsilon(1e-4).margin(1e-5));
+    // The CPU backend's affine form of the same formula.
+    float k, p, q;
+    math::bn_backward_coefficients(gamma, mean, invstd, sum_dy / count, sum_dy_xhat / count, k, p, q);
+    CHECK(math::bn_backward_dx_affine(dyf[i], xf[i], k, p, q) == Approx(g.dx.v[i]).epsilon(1e-4).margin(1e-5));
   }
 }
 

@@ -66,8 +66,16 @@ class Backend {
   // Element type of activations: F32, or F16/BF16 when a GPU backend runs mixed
   // precision (parameters, gradients, matrices and BN vectors stay F32).
   virtual DType activation_dtype() const { return DType::F32; }
+  // The layout of an activation with `channels` channels: a blocked layout applies
+  // only where the channels fill its blocks. The 3-channel input image is plain NCHW
+  // then (padded to 16 channels it would cost 5x the memory, and NCHW in, nChw16c out
+  // is the stem-convolution case oneDNN's JIT kernels implement; NHWC in is not).
+  Layout layout_for_channels(int64_t channels) const {
+    const Layout l = activation_layout();
+    return l == Layout::NCHW16C && channels % 16 != 0 ? Layout::NCHW : l;
+  }
   Tensor activation(int64_t n, int64_t c, int64_t h, int64_t w) {
-    return tensor(Shape{n, c, h, w}, activation_layout(), activation_dtype());
+    return tensor(Shape{n, c, h, w}, layout_for_channels(c), activation_dtype());
   }
   Tensor matrix(int64_t rows, int64_t cols) { return tensor(Shape{rows, cols}, Layout::RowMajor); }
 
@@ -167,7 +175,9 @@ struct BackendOptions {
   int threads = 0;  // 0 = all cores available to this process
   Precision precision = Precision::FP32;
   ConvAlgo conv_algo = ConvAlgo::Auto;
-  Layout layout = Layout::NHWC;  // CPU: NHWC or NCHW16C or NCHW
+  // CPU: NCHW16C (what the trainer uses: oneDNN's native blocked format, so no
+  // activation is ever reordered around a convolution), NHWC or NCHW. CUDA: NHWC.
+  Layout layout = Layout::NHWC;
   int device_index = 0;          // CUDA device
 };
 

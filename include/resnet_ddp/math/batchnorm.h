@@ -42,4 +42,20 @@ RD_HD float bn_backward_dx(float dy, float x, float mean, float invstd, float ga
   return gamma * invstd * (dy - mean_dy - xhat * mean_dy_xhat);
 }
 
+// The same dx as an affine function of (dy, x) per channel: dx = k*dy + p*x + q with
+//   k = gamma*invstd, p = -k*invstd*mean_dy_xhat, q = k*(mean*invstd*mean_dy_xhat - mean_dy),
+// so the element loop needs two FMAs and three per-channel values.
+RD_HD void bn_backward_coefficients(float gamma, float mean, float invstd, double mean_dy,
+                                    double mean_dy_xhat, float& k, float& p, float& q) {
+  const double kd = static_cast<double>(gamma) * invstd;
+  const double slope = static_cast<double>(invstd) * mean_dy_xhat;
+  k = static_cast<float>(kd);
+  p = static_cast<float>(-kd * slope);
+  q = static_cast<float>(kd * (mean * slope - mean_dy));
+}
+
+RD_HD float bn_backward_dx_affine(float dy, float x, float k, float p, float q) {
+  return k * dy + p * x + q;
+}
+
 }  // namespace rd::math

@@ -30,13 +30,45 @@ namespace {
 // block into its double accumulators: float error stays at block scale and the
 // totals are exact to double precision.
 // NCHW: each channel's planes are contiguous, so split channels across threads.
+// nChw16c: each 16-channel block is a set of contiguous planes of 16-wide rows, so
+// split blocks across threads and sum rows like NHWC.
 constexpr int64_t kRowBlock = 32;
 
 template <class F>
-void channel_sums(const Dims& d, bool nhwc, double* partial, int threads, double* out_a,
+void channel_sums(const Dims& d, Layout layout, double* partial, int threads, double* out_a,
                   double* out_b, F f) {
   const int64_t C = d.c, HW = d.h * d.w, rows = d.n * HW;
-  if (nhwc) {
+  if (layout == Layout::NCHW16C) {
+    const int64_t blocks = C / kBlock;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t cb = 0; cb < blocks; ++cb) {
+      double a[kBlock] = {}, b[kBlock] = {};
+      for (int64_t n = 0; n < d.n; ++n) {
+        const int64_t plane = (n * blocks + cb) * HW * kBlock;
+        for (int64_t r0 = 0; r0 < HW; r0 += kRowBlock) {
+          float fa[kBlock] = {}, fb[kBlock] = {};
+          const int64_t r_end = std::min(HW, r0 + kRowBlock);
+          for (int64_t r = r0; r < r_end; ++r) {
+#pragma omp simd
+            for (int64_t l = 0; l < kBlock; ++l) {
+              float va, vb;
+              f(plane + r * kBlock + l, cb * kBlock + l, va, vb);
+              fa[l] += va;
+              fb[l] += vb;
+            }
+          }
+          for (int64_t l = 0; l < kBlock; ++l) {
+            a[l] += fa[l];
+            b[l] += fb[l];
+          }
+        }
+      }
+      for (int64_t l = 0; l < kBlock; ++l) {
+        out_a[cb * kBlock + l] = a[l];
+        out_b[cb * kBlock + l] = b[l];
+      }
+    }
+  } else if (layout == Layout::NHWC) {
     const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel num_threads(threads)
     {
@@ -100,9 +132,20 @@ void channel_sums(const Dims& d, bool nhwc, double* partial, int threads, double
 
 // Applies g(index, c) to every element, parallel over the outer dimension.
 template <class G>
-void for_each_element(const Dims& d, bool nhwc, int threads, G g) {
+void for_each_element(const Dims& d, Layout layout, int threads, G g) {
   const int64_t C = d.c, HW = d.h * d.w;
-  if (nhwc) {
+  if (layout == Layout::NCHW16C) {
+    const int64_t blocks = C / kBlock;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t cb = 0; cb < blocks; ++cb) {
+        const int64_t plane = (n * blocks + cb) * HW * kBlock;
+        for (int64_t r = 0; r < HW; ++r) {
+#pragma omp simd
+          for (int64_t l = 0; l < kBlock; ++l) g(plane + r * kBlock + l, cb * kBlock + l);
+        }
+      }
+  } else if (layout == Layout::NHWC) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < d.n * HW; ++r) {
       const int64_t base = r * C;
@@ -121,15 +164,23 @@ void for_each_element(const Dims& d, bool nhwc, int threads, G g) {
 }
 
 // y = x * scale[c] + shift[c], then ReLU when fused (forward in train and eval mode).
-void apply_scale_shift(const Dims& d, bool nhwc, int threads, const float* xs, float* ys,
+void apply_scale_shift(const Dims& d, Layout layout, int threads, const float* xs, float* ys,
                        const float* scale, const float* shift, bool relu) {
   if (relu)
-    for_each_element(d, nhwc, threads, [=](int64_t i, int64_t c) {
+    for_each_element(d, layout, threads, [=](int64_t i, int64_t c) {
       ys[i] = math::relu_forward(xs[i] * scale[c] + shift[c]);
     });
   else
-    for_each_element(d, nhwc, threads,
+    for_each_element(d, layout, threads,
                      [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
+}
+
+// The walk a tensor's layout needs (checks nChw16c's channel blocks).
+Layout bn_layout(const Tensor& x) {
+  if (is_blocked(x)) return Layout::NCHW16C;
+  RD_CHECK(x.layout == Layout::NHWC || x.layout == Layout::NCHW,
+           "batch norm: unsupported layout " << layout_name(x.layout));
+  return x.layout;
 }
 
 }  // namespace
@@ -141,14 +192,14 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
   RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_train: x "
                                                            << x.describe() << " y " << y.describe());
   const Dims d = dims_of(x);
-  const bool nhwc = x.layout == Layout::NHWC;
+  const Layout layout = bn_layout(x);
   const int64_t C = d.c;
   std::vector<double>& s = bn_scratch(static_cast<size_t>(threads_ + 2) * 2 * C + 2);
   double* sum = s.data();
   double* sumsq = sum + C;
   double* partial = sumsq + C;
   const float* xs = x.f32();
-  channel_sums(d, nhwc, partial, threads_, sum, sumsq,
+  channel_sums(d, layout, partial, threads_, sum, sumsq,
                [xs](int64_t i, int64_t, float& a, float& b) {
                  const float v = xs[i];
                  a = v;
@@ -183,7 +234,7 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
     math::bn_scale_shift(gamma[c], beta[c], mean, invstd, scale[c], shift[c]);
   }
   float* ys = y.f32();
-  apply_scale_shift(d, nhwc, threads_, xs, ys, scale, shift, relu);
+  apply_scale_shift(d, layout, threads_, xs, ys, scale, shift, relu);
 }
 
 void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
@@ -192,7 +243,7 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, con
   RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_eval: x "
                                                            << x.describe() << " y " << y.describe());
   const Dims d = dims_of(x);
-  const bool nhwc = x.layout == Layout::NHWC;
+  const Layout layout = bn_layout(x);
   std::vector<float>& ss = bn_scratch_f_;
   ss.resize(static_cast<size_t>(2 * d.c + 1));
   float* scale = ss.data();
@@ -202,7 +253,7 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, con
                          scale[c], shift[c]);
   const float* xs = x.f32();
   float* ys = y.f32();
-  apply_scale_shift(d, nhwc, threads_, xs, ys, scale, shift, relu);
+  apply_scale_shift(d, layout, threads_, xs, ys, scale, shift, relu);
 }
 
 void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
@@ -214,7 +265,7 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
            "batchnorm_backward: x " << x.describe() << " dy " << dy.describe() << " dx "
                                     << dx.describe());
   const Dims d = dims_of(x);
-  const bool nhwc = x.layout == Layout::NHWC;
+  const Layout layout = bn_layout(x);
   const int64_t C = d.c;
   std::vector<double>& s = bn_scratch(static_cast<size_t>(threads_ + 2) * 2 * C + 2);
   double* sum_dy = s.data();
@@ -225,21 +276,21 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
   const float* g = dy.f32();
   const float* mean = saved.mean;
   if (relu)
-    channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
+    channel_sums(d, layout, partial, threads_, sum_dy, sum_dy_xmu,
                  [=](int64_t i, int64_t c, float& a, float& b) {
                    const float gi = math::relu_backward(ys[i], g[i]);
                    a = gi;
                    b = gi * (xs[i] - mean[c]);
                  });
   else
-    channel_sums(d, nhwc, partial, threads_, sum_dy, sum_dy_xmu,
+    channel_sums(d, layout, partial, threads_, sum_dy, sum_dy_xmu,
                  [=](int64_t i, int64_t c, float& a, float& b) {
                    a = g[i];
                    b = g[i] * (xs[i] - mean[c]);
                  });
   std::vector<float>& f = bn_scratch_f_;
-  f.resize(static_cast<size_t>(4 * C));
-  float* red = f.data();  // [sum_dy | sum_dy_xhat], then [mean_dy | mean_dy_xhat]
+  f.resize(static_cast<size_t>(5 * C));
+  float* red = f.data();  // [sum_dy | sum_dy_xhat], then the dx coefficients [k | p | q]
   for (int64_t c = 0; c < C; ++c) {
     red[c] = static_cast<float>(sum_dy[c]);
     red[C + c] = static_cast<float>(sum_dy_xmu[c] * saved.invstd[c]);
@@ -251,23 +302,23 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
     if (dgamma) dgamma[c] = accumulate ? dgamma[c] + red[C + c] : red[C + c];
   }
   if (sync) sync->allreduce_sum(red, static_cast<size_t>(2 * C));
-  float* mean_dy = red + 2 * C;
-  float* mean_dy_xhat = mean_dy + C;
-  for (int64_t c = 0; c < C; ++c) {
-    mean_dy[c] = static_cast<float>(red[c] / saved.count);
-    mean_dy_xhat[c] = static_cast<float>(red[C + c] / saved.count);
-  }
-  const float* invstd = saved.invstd;
+  // dx = gamma*invstd * (dy - mean_dy - xhat*mean_dy_xhat) is affine in (dy, x) per
+  // channel: dx = k*dy + p*x + q. Three per-channel vectors instead of six keep the
+  // element loop to two FMAs (it runs on every activation of the network).
+  float* k = red + 2 * C;
+  float* p = k + C;
+  float* q = p + C;
+  for (int64_t c = 0; c < C; ++c)
+    math::bn_backward_coefficients(gamma[c], mean[c], saved.invstd[c], red[c] / saved.count,
+                                   red[C + c] / saved.count, k[c], p[c], q[c]);
   float* out = dx.f32();
   if (relu)
-    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
-      out[i] = math::bn_backward_dx(math::relu_backward(ys[i], g[i]), xs[i], mean[c], invstd[c],
-                                    gamma[c], mean_dy[c], mean_dy_xhat[c]);
+    for_each_element(d, layout, threads_, [=](int64_t i, int64_t c) {
+      out[i] = math::bn_backward_dx_affine(math::relu_backward(ys[i], g[i]), xs[i], k[c], p[c], q[c]);
     });
   else
-    for_each_element(d, nhwc, threads_, [=](int64_t i, int64_t c) {
-      out[i] = math::bn_backward_dx(g[i], xs[i], mean[c], invstd[c], gamma[c], mean_dy[c],
-                                    mean_dy_xhat[c]);
+    for_each_element(d, layout, threads_, [=](int64_t i, int64_t c) {
+      out[i] = math::bn_backward_dx_affine(g[i], xs[i], k[c], p[c], q[c]);
     });
 }
 

@@ -1,9 +1,9 @@
-// Convolution on oneDNN. Activations stay in the backend's plain layout (src/dst
-// descriptors are fixed); only the weights are reordered between PyTorch's OIHW
-// (the flat arena) and whatever blocked format each primitive prefers. The
-// exceptions are converted on the way in (and out): bf16 inputs in bf16 mode, and
-// the nChw16c tensors of Winograd 3x3 convolutions, whose halved arithmetic
-// outweighs the reorders at ResNet's 3x3 layers of 8x8 pixels and up. A plan
+// Convolution on oneDNN. Activations stay in the backend's layout (src/dst
+// descriptors are fixed: nChw16c by default, which every oneDNN convolution reads
+// natively); only the weights are reordered between PyTorch's OIHW (the flat arena)
+// and whatever blocked format each primitive prefers. The exceptions are converted
+// on the way in (and out): bf16 inputs in bf16 mode, and, with the plain NHWC/NCHW
+// layouts, the nChw16c tensors Winograd 3x3 convolutions need. A plan
 // (primitive descriptors, primitives, reorders, weight buffers) is built once per
 // shape and cached, and all primitives share one user-managed scratchpad, so a
 // training step allocates nothing.
@@ -18,9 +18,12 @@ namespace rd::cpu {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
+static tag activation_tag(Layout l) {
+  return l == Layout::NCHW16C ? tag::nChw16c : l == Layout::NHWC ? tag::nhwc : tag::nchw;
+}
+
 dnnl::memory::desc CpuBackend::activation_md(const Shape& s) const {
-  return dnnl::memory::desc({s[0], s[1], s[2], s[3]}, dt::f32,
-                            layout_ == Layout::NHWC ? tag::nhwc : tag::nchw);
+  return dnnl::memory::desc({s[0], s[1], s[2], s[3]}, dt::f32, activation_tag(layout_for_channels(s[1])));
 }
 
 void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
@@ -98,9 +101,8 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     }
   }
   if (!built) {
-    const tag act_tag = layout_ == Layout::NHWC ? tag::nhwc : tag::nchw;
-    const dnnl::memory::desc x_bf16({x[0], x[1], x[2], x[3]}, dt::bf16, act_tag);
-    const dnnl::memory::desc y_bf16({y[0], y[1], y[2], y[3]}, dt::bf16, act_tag);
+    const dnnl::memory::desc x_bf16({x[0], x[1], x[2], x[3]}, dt::bf16, activation_tag(layout_for_channels(x[1])));
+    const dnnl::memory::desc y_bf16({y[0], y[1], y[2], y[3]}, dt::bf16, activation_tag(layout_for_channels(y[1])));
     build(dnnl::algorithm::convolution_direct, bf16 ? x_bf16 : plan->x_act_md, plan->y_act_md,
           bf16 ? y_bf16 : plan->y_act_md, plan->x_act_md);
   }
@@ -113,10 +115,12 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   plan->convert_dy = plan->dy_conv_md != plan->y_act_md;
   if (plan->convert_x) plan->x_to_conv = dnnl::reorder(unbound(plan->x_act_md), unbound(plan->x_conv_md));
   if (plan->convert_dy) plan->dy_to_conv = dnnl::reorder(unbound(plan->y_act_md), unbound(plan->dy_conv_md));
-  if (plan->winograd) {
-    plan->y_from_conv = dnnl::reorder(unbound(plan->y_conv_md), unbound(plan->y_act_md));
-    plan->dx_from_conv = dnnl::reorder(unbound(plan->dx_conv_md), unbound(plan->x_act_md));
-  }
+  // Outputs need converting back only when the primitive writes another format
+  // (Winograd with the plain layouts).
+  plan->convert_y = plan->y_conv_md != plan->y_act_md;
+  plan->convert_dx = plan->dx_conv_md != plan->x_act_md;
+  if (plan->convert_y) plan->y_from_conv = dnnl::reorder(unbound(plan->y_conv_md), unbound(plan->y_act_md));
+  if (plan->convert_dx) plan->dx_from_conv = dnnl::reorder(unbound(plan->dx_conv_md), unbound(plan->x_act_md));
 
   auto own = [&](const dnnl::memory::desc& md) {
     // Buffers are owned by the backend allocator so they are 64-byte aligned.
@@ -195,7 +199,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
   dy_conv_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
   dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
-  void* out = p.winograd ? grow_buffer(out_conv_, out_conv_cap_, p.y_conv_md.get_size()) : y.data;
+  void* out = p.convert_y ? grow_buffer(out_conv_, out_conv_cap_, p.y_conv_md.get_size()) : y.data;
   dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, out);
   dnnl::memory weights = primitive_weights(p, w, p.fwd_weights_plain, p.to_fwd_weights, p.fwd_weights);
   dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), engine_, scratchpad(p.fwd_pd.scratchpad_desc()));
@@ -203,7 +207,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
                           {DNNL_ARG_WEIGHTS, weights},
                           {DNNL_ARG_DST, dst},
                           {DNNL_ARG_SCRATCHPAD, scratch}});
-  if (p.winograd) {
+  if (p.convert_y) {
     dnnl::memory y_act(p.y_act_md, engine_, y.data);
     p.y_from_conv.execute(stream_, dst, y_act);
   }
@@ -214,7 +218,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
                                       const ConvGeometry& g) {
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
   dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
-  void* out = p.winograd ? grow_buffer(out_conv_, out_conv_cap_, p.dx_conv_md.get_size()) : dx.data;
+  void* out = p.convert_dx ? grow_buffer(out_conv_, out_conv_cap_, p.dx_conv_md.get_size()) : dx.data;
   dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, out);
   dnnl::memory weights = primitive_weights(p, w, p.bwd_data_weights_plain, p.to_bwd_data_weights,
                                            p.bwd_data_weights);
@@ -224,7 +228,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
                                {DNNL_ARG_WEIGHTS, weights},
                                {DNNL_ARG_DIFF_SRC, diff_src},
                                {DNNL_ARG_SCRATCHPAD, scratch}});
-  if (p.winograd) {
+  if (p.convert_dx) {
     dnnl::memory dx_act(p.x_act_md, engine_, dx.data);
     p.dx_from_conv.execute(stream_, diff_src, dx_act);
   }

@@ -23,9 +23,9 @@ namespace rd::cpu {
 
 CpuBackend::CpuBackend(const BackendOptions& opts)
     : layout_(opts.layout), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
-  if (layout_ != Layout::NHWC && layout_ != Layout::NCHW)
+  if (layout_ != Layout::NHWC && layout_ != Layout::NCHW && layout_ != Layout::NCHW16C)
     throw UsageError(std::string("CPU backend: activation layout ") + layout_name(layout_) +
-                     " is not supported (use NHWC or NCHW)");
+                     " is not supported (use nChw16c, NHWC or NCHW)");
   if (opts.precision != Precision::FP32 && opts.precision != Precision::BF16)
     throw UsageError("CPU backend: precision must be fp32 or bf16 (tf32 and fp16 are GPU modes)");
   precision_ = opts.precision;
@@ -86,11 +86,23 @@ static void transpose_nchw_nhwc(const Dims& d, const float* src, float* dst, boo
         }
 }
 
+// NCHW <-> nChw16c through a oneDNN reorder (rare: tests, parity, checkpoints of inputs).
+void CpuBackend::reorder_nchw_blocked(const Tensor& t, float* nchw, bool to_blocked) {
+  const Dims d = dims_of(t);
+  const dnnl::memory::dims dims{d.n, d.c, d.h, d.w};
+  dnnl::memory plain({dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::nchw}, engine_, nchw);
+  dnnl::memory blocked({dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::nChw16c}, engine_, t.data);
+  if (to_blocked) dnnl::reorder(plain, blocked).execute(stream_, plain, blocked);
+  else dnnl::reorder(blocked, plain).execute(stream_, blocked, plain);
+  stream_.wait();
+}
+
 void CpuBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
   if (dst.layout == Layout::RowMajor || dst.layout == Layout::NCHW) {
     copy_from_host(dst.data, src, static_cast<size_t>(dst.numel()) * sizeof(float));
     return;
   }
+  if (is_blocked(dst)) return reorder_nchw_blocked(dst, const_cast<float*>(src), true);
   transpose_nchw_nhwc(dims_of(dst), src, dst.f32(), true);
 }
 
@@ -99,13 +111,15 @@ void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
     copy_to_host(dst, src.data, static_cast<size_t>(src.numel()) * sizeof(float));
     return;
   }
+  if (is_blocked(src)) return reorder_nchw_blocked(src, dst, false);
   transpose_nchw_nhwc(dims_of(src), src.f32(), dst, false);
 }
 
 void CpuBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,
                                          const float* std) {
   const Dims d = dims_of(dst);
-  RD_CHECK(d.c == 3, "images_u8_to_activation: expected 3 channels, got " << dst.describe());
+  RD_CHECK(d.c == 3 && (dst.layout == Layout::NHWC || dst.layout == Layout::NCHW),
+           "images_u8_to_activation: expected a 3-channel NHWC or NCHW activation, got " << dst.describe());
   // torchvision's ToTensor (+ Normalize), with the formula the CUDA kernel shares.
   float m[3], sd[3];
   for (int c = 0; c < 3; ++c) {
@@ -208,8 +222,9 @@ void CpuBackend::maxpool_forward(const Tensor& x, Tensor& y, int k, int stride, 
   const float* src = x.f32();
   float* dst = y.f32();
   int32_t* arg = static_cast<int32_t*>(workspace);
-  if (x.layout == Layout::NHWC) {
-    // Channels are contiguous: compare whole rows of C values at once.
+  if (x.layout == Layout::NHWC || is_blocked(x)) {
+    // Channels are contiguous: compare whole rows of C (or 16) values at once.
+    const Dims in = rows_view(x), out = rows_view(y);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t n = 0; n < out.n; ++n)
       for (int64_t oh = 0; oh < out.h; ++oh)
@@ -299,7 +314,20 @@ void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
   float* dst = y.f32();
   const int64_t hw = d.h * d.w;
   const float inv = 1.f / static_cast<float>(hw);
-  if (x.layout == Layout::NHWC) {
+  if (is_blocked(x)) {
+    const int64_t blocks = d.c / kBlock;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t cb = 0; cb < blocks; ++cb) {
+        float acc[kBlock] = {};
+        const float* plane = src + (n * blocks + cb) * hw * kBlock;
+        for (int64_t p = 0; p < hw; ++p) {
+#pragma omp simd
+          for (int64_t l = 0; l < kBlock; ++l) acc[l] += plane[p * kBlock + l];
+        }
+        for (int64_t l = 0; l < kBlock; ++l) dst[n * d.c + cb * kBlock + l] = acc[l] * inv;
+      }
+  } else if (x.layout == Layout::NHWC) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < d.n; ++n) {
       float* o = dst + n * d.c;
@@ -329,7 +357,19 @@ void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
   float* dst = dx.f32();
   const int64_t hw = d.h * d.w;
   const float inv = 1.f / static_cast<float>(hw);
-  if (dx.layout == Layout::NHWC) {
+  if (is_blocked(dx)) {
+    const int64_t blocks = d.c / kBlock;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t cb = 0; cb < blocks; ++cb) {
+        float* plane = dst + (n * blocks + cb) * hw * kBlock;
+        const float* gi = g + n * d.c + cb * kBlock;
+        for (int64_t p = 0; p < hw; ++p) {
+#pragma omp simd
+          for (int64_t l = 0; l < kBlock; ++l) plane[p * kBlock + l] = gi[l] * inv;
+        }
+      }
+  } else if (dx.layout == Layout::NHWC) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t n = 0; n < d.n; ++n)
       for (int64_t p = 0; p < hw; ++p) {

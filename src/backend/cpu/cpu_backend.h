@@ -36,7 +36,7 @@ struct ConvPlan {
   //   stay fp32), as PyTorch's autocast does;
   // - Winograd: everything in nChw16c, so outputs are converted back as well.
   bool bf16 = false, winograd = false;
-  bool convert_x = false, convert_dy = false;
+  bool convert_x = false, convert_dy = false, convert_y = false, convert_dx = false;
   dnnl::memory::desc x_act_md, y_act_md, x_conv_md, dy_conv_md, y_conv_md, dx_conv_md;
   dnnl::reorder x_to_conv, dy_to_conv, y_from_conv, dx_from_conv;
 };
@@ -107,6 +107,7 @@ class CpuBackend final : public Backend {
 
  private:
   ConvPlan& conv_plan(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);
+  void reorder_nchw_blocked(const Tensor& t, float* nchw, bool to_blocked);
   dnnl::memory::desc activation_md(const Shape& s) const;
   void* scratchpad(const dnnl::memory::desc& md);
   // The per-channel scratch the batch-norm ops need (sums, scale/shift).
