@@ -4,6 +4,10 @@
 // order. At most `prefetch` batches are in flight or ready at any time.
 #include "resnet_ddp/data/loader.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -121,6 +125,8 @@ bool Loader::can_claim_locked() const {
 }
 
 void Loader::worker_loop() {
+  if (opts_.nice > 0)  // per-thread on Linux; failure only leaves the default priority
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), std::min(opts_.nice, 19));
   TransformScratch scratch;
   const int s = transform_.output_size();
   const size_t image_bytes = static_cast<size_t>(s) * s * 3;

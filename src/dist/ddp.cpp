@@ -177,10 +177,10 @@ void SyncBatchNormReducer::allreduce_sum(float* data, size_t count) {
   if (comm_.size() > 1) comm_.allreduce(data, count, ReduceOp::Sum);
 }
 
-uint64_t checksum_bytes(const void* data, size_t bytes) {
+uint64_t checksum_bytes(const void* data, size_t bytes, uint64_t seed) {
   // FNV-1a over 64-bit words (then the tail bytes): fast enough to run every step.
   constexpr uint64_t kPrime = 0x100000001b3ULL;
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = seed;
   const unsigned char* p = static_cast<const unsigned char*>(data);
   size_t i = 0;
   for (; i + 8 <= bytes; i += 8) {
@@ -211,10 +211,20 @@ std::string ChecksumReport::describe() const {
 ChecksumReport compare_across_ranks(Comm& hash_comm, Backend& backend, const Arena& arena) {
   RD_CHECK(hash_comm.device() == DeviceKind::CPU,
            "compare_across_ranks needs a host communicator, got '" << hash_comm.name() << "'");
-  std::vector<float> host(arena.size());
-  if (!host.empty()) backend.copy_to_host(host.data(), arena.data(), arena.bytes());
   ChecksumReport rep;
-  rep.local = checksum_bytes(host.data(), host.size() * sizeof(float));
+  if (backend.device() == DeviceKind::CPU) {
+    rep.local = checksum_bytes(arena.data(), arena.bytes());
+  } else {
+    // Device memory: hash through a small host window instead of a copy of the arena.
+    constexpr size_t kChunk = size_t{1} << 20;  // floats (4 MiB)
+    std::vector<float> host(std::min(arena.size(), kChunk));
+    rep.local = kChecksumSeed;
+    for (size_t off = 0; off < arena.size(); off += kChunk) {
+      const size_t n = std::min(kChunk, arena.size() - off);
+      backend.copy_to_host(host.data(), arena.data() + off, n * sizeof(float));
+      rep.local = checksum_bytes(host.data(), n * sizeof(float), rep.local);
+    }
+  }
   rep.per_rank.assign(static_cast<size_t>(hash_comm.size()), 0);
   hash_comm.allgather(&rep.local, rep.per_rank.data(), sizeof(uint64_t));
   for (uint64_t h : rep.per_rank) rep.identical = rep.identical && h == rep.per_rank[0];

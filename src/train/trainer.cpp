@@ -253,6 +253,7 @@ void Trainer::setup_data() {
   lo.batch_size = o_.batch_size;
   lo.workers = o_.workers;
   lo.seed = static_cast<uint64_t>(o_.seed);
+  if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
   data::LoaderOptions vo = lo;

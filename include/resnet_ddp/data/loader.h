@@ -51,6 +51,11 @@ struct LoaderOptions {
   bool drop_last = false;
   uint64_t seed = 0;
   HostAllocator allocator;  // null = aligned host memory
+  // Scheduling priority of the worker threads (Linux nice, 0..19; best effort). The
+  // CPU trainer lowers it: workers there share the cores with compute threads that
+  // meet at every SyncBatchNorm, so a worker preempting one rank stalls them all,
+  // while the loader has slack (batches are prefetched).
+  int nice = 0;
   LogFn log;                // decode failures (null = silent)
 };
 

@@ -123,8 +123,11 @@ class SyncBatchNormReducer : public ChannelReducer {
   uint64_t bytes_ = 0;
 };
 
-// 64-bit FNV-1a-style hash of a host buffer, taken 8 bytes at a time.
-uint64_t checksum_bytes(const void* data, size_t bytes);
+// 64-bit FNV-1a-style hash of a host buffer, taken 8 bytes at a time. Chaining
+// (seed = the previous call's result) over pieces whose sizes are multiples of 8
+// gives the hash of the whole buffer, so large arenas can be hashed in chunks.
+constexpr uint64_t kChecksumSeed = 0xcbf29ce484222325ULL;
+uint64_t checksum_bytes(const void* data, size_t bytes, uint64_t seed = kChecksumSeed);
 
 struct ChecksumReport {
   uint64_t local = 0;
