@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -113,7 +114,7 @@ struct Options {
   int steps = 5;
   bool bf16 = false;
   rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
-  rd::Layout layout = rd::Layout::NCHW16C;  // the trainer's CPU layout
+  std::optional<rd::Layout> layout;  // default: the trainer's for the precision
   std::string json_path;
 };
 
@@ -176,7 +177,7 @@ Profile run(const Options& o) {
   bo.threads = o.threads;
   bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
   bo.conv_algo = o.conv_algo;
-  bo.layout = o.layout;
+  bo.layout = o.layout.value_or(rd::default_cpu_layout(bo.precision));
   auto cpu = rd::make_cpu_backend(bo);
   ProfilingBackend backend(*cpu);
 

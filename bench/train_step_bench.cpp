@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,7 +33,7 @@ struct Options {
   int steps = 3;
   rd::HeadKind head = rd::HeadKind::Mlp;
   int num_classes = 3;
-  rd::Layout layout = rd::Layout::NCHW16C;  // the trainer's CPU layout
+  std::optional<rd::Layout> layout;  // default: the trainer's for the precision
   bool bf16 = false;  // --precision bf16: bf16 convolutions (AVX512-BF16 / AMX)
   rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
 };
@@ -190,8 +191,8 @@ int main(int argc, char** argv) {
   try {
     rd::BackendOptions bo;
     bo.threads = o.threads;
-    bo.layout = o.layout;
     bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
+    bo.layout = o.layout.value_or(rd::default_cpu_layout(bo.precision));
     bo.conv_algo = o.conv_algo;
     auto backend = rd::make_cpu_backend(bo);
     std::string results;
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
     std::printf("{\"framework\": \"resnet_ddp\", \"version\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
                 "\"precision\": \"%s\", \"layout\": \"%s\", \"results\": [%s]}\n",
                 RESNET_DDP_VERSION, backend->name().c_str(), o.threads, o.bf16 ? "bf16" : "fp32",
-                rd::layout_name(o.layout),
+                rd::layout_name(bo.layout),
                 results.c_str());
   } catch (const rd::UsageError& e) {
     std::fprintf(stderr, "train_step_bench: %s\n", e.what());

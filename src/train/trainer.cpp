@@ -199,7 +199,7 @@ void Trainer::setup_device() {
                    : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
                                                 : ConvAlgo::Auto;
     bo.device_index = env_.local_rank;
-    if (device == "cpu") bo.layout = Layout::NCHW16C;  // oneDNN's native format: no reorders
+    if (device == "cpu") bo.layout = default_cpu_layout(bo.precision);
     if (o_.deterministic) omp_set_dynamic(0);
     try {
       backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);

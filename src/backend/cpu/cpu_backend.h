@@ -2,9 +2,11 @@
 // reordered into oneDNN's preferred blocked format each step), OpenMP loops for
 // the memory-bound ops (batch norm, elementwise, pooling, loss, optimizers).
 //
-// Activations use plain NHWC by default: oneDNN's AVX-512 convolutions read and
-// write it directly, so no activation is ever reordered between layers, and
-// every per-channel op vectorises along the contiguous channel axis.
+// Activations: the trainer uses nChw16c (BackendOptions::layout = NCHW16C; the
+// 3-channel input stays NCHW), which oneDNN's direct and Winograd convolutions
+// read and write natively, so no activation is ever reordered between layers and
+// every per-channel op vectorises along 16-wide channel rows. NHWC (the options'
+// default) and NCHW are supported too.
 #pragma once
 
 #include <dnnl.hpp>
