@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -69,6 +70,39 @@ inline Layout parse_layout(const std::string& value) {
   if (value == "nhwc") return Layout::NHWC;
   if (value == "nchw") return Layout::NCHW;
   usage_error("--layout '" + value + "': expected nchw16c, nhwc or nchw");
+}
+
+// The flags both step benchmarks take; each program's Options derives from this.
+struct StepOptions {
+  int threads = 0;  // 0 = OMP_NUM_THREADS, else every core
+  int warmup = 1;
+  int steps = 3;
+  bool bf16 = false;
+  ConvAlgo conv_algo = ConvAlgo::Auto;
+  std::optional<Layout> layout;  // default: the trainer's for the precision
+};
+
+// Walks the --flag VALUE pairs: -h/--help prints `help` and exits 0; a flag without a
+// value, or one neither StepOptions nor `handle(flag, value)` (returning false)
+// knows, is a usage error.
+template <class Handle>
+void parse_flags(int argc, char** argv, const char* help, StepOptions& o, Handle handle) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(help, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
+    const std::string value = argv[++i];
+    if (flag == "--threads") o.threads = parse_int(flag, value, 0);
+    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
+    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
+    else if (flag == "--precision") o.bf16 = parse_bf16(value);
+    else if (flag == "--conv-algo") o.conv_algo = parse_conv_algo(value);
+    else if (flag == "--layout") o.layout = parse_layout(value);
+    else if (!handle(flag, value)) usage_error("unknown flag " + flag);
+  }
 }
 
 // --threads 0 = OMP_NUM_THREADS, else every core.

@@ -105,16 +105,14 @@ class ProfilingBackend final : public rd::ForwardingBackend {
   Clock::time_point start_;
 };
 
-struct Options {
+struct Options : rd::bench::StepOptions {
+  Options() {
+    warmup = 2;
+    steps = 5;
+  }
   std::string arch;
   int size = 0;
   int batch = 0;
-  int threads = 0;
-  int warmup = 2;
-  int steps = 5;
-  bool bf16 = false;
-  rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
-  std::optional<rd::Layout> layout;  // default: the trainer's for the precision
   std::string json_path;
 };
 
@@ -126,39 +124,27 @@ Options parse_args(int argc, char** argv) {
   rd::bench::program_name() = "op_profile_bench";
   Options o;
   bool have_config = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("usage: op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]\n"
-                  "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
-                  "       [--layout nchw16c|nhwc|nchw] [--json PATH]\n"
-                  "e.g. --config resnet34:244:16 (arch resnet18|resnet34|resnet50)\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
-    const std::string value = argv[++i];
-    if (flag == "--config") {
-      const rd::bench::ModelConfig c = rd::bench::parse_config(value);
-      o.arch = c.arch;
-      o.size = c.size;
-      o.batch = c.batch;
-      have_config = true;
-    } else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
-    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
-    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
-    else if (flag == "--json") {
-      if (value.empty()) usage_error("--json needs a file path");
-      o.json_path = value;
-    } else if (flag == "--precision") {
-      o.bf16 = rd::bench::parse_bf16(value);
-    } else if (flag == "--conv-algo") {
-      o.conv_algo = rd::bench::parse_conv_algo(value);
-    } else if (flag == "--layout") {
-      o.layout = rd::bench::parse_layout(value);
-    } else {
-      usage_error("unknown flag " + flag);
-    }
-  }
+  rd::bench::parse_flags(
+      argc, argv,
+      "usage: op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]\n"
+      "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
+      "       [--layout nchw16c|nhwc|nchw] [--json PATH]\n"
+      "e.g. --config resnet34:244:16 (arch resnet18|resnet34|resnet50)\n",
+      o, [&](const std::string& flag, const std::string& value) {
+        if (flag == "--config") {
+          const rd::bench::ModelConfig c = rd::bench::parse_config(value);
+          o.arch = c.arch;
+          o.size = c.size;
+          o.batch = c.batch;
+          have_config = true;
+        } else if (flag == "--json") {
+          if (value.empty()) usage_error("--json needs a file path");
+          o.json_path = value;
+        } else {
+          return false;
+        }
+        return true;
+      });
   if (!have_config) usage_error("--config ARCH:SIZE:BATCH is required");
   o.threads = rd::bench::resolve_threads(o.threads);
   return o;

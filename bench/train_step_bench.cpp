@@ -26,16 +26,10 @@ namespace {
 
 using BenchConfig = rd::bench::ModelConfig;
 
-struct Options {
+struct Options : rd::bench::StepOptions {  // warm-up 1, 3 timed steps
   std::vector<BenchConfig> configs;
-  int threads = 0;
-  int warmup = 1;
-  int steps = 3;
   rd::HeadKind head = rd::HeadKind::Mlp;
   int num_classes = 3;
-  std::optional<rd::Layout> layout;  // default: the trainer's for the precision
-  bool bf16 = false;  // --precision bf16: bf16 convolutions (AVX512-BF16 / AMX)
-  rd::ConvAlgo conv_algo = rd::ConvAlgo::Auto;
 };
 
 using rd::bench::parse_int;
@@ -44,36 +38,21 @@ using rd::bench::usage_error;
 Options parse_args(int argc, char** argv) {
   rd::bench::program_name() = "train_step_bench";
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
-                  "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]\n"
-                  "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
-                  "default configs: resnet34:244:16 resnet18:64:32\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
-    const std::string value = argv[++i];
-    if (flag == "--config") o.configs.push_back(rd::bench::parse_config(value));
-    else if (flag == "--threads") o.threads = parse_int(flag, value, 0);
-    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
-    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
-    else if (flag == "--num-classes") o.num_classes = parse_int(flag, value, 1);
-    else if (flag == "--head") {
-      if (value == "fc") o.head = rd::HeadKind::Fc;
-      else if (value == "mlp") o.head = rd::HeadKind::Mlp;
-      else usage_error("--head '" + value + "': expected fc or mlp");
-    } else if (flag == "--precision") {
-      o.bf16 = rd::bench::parse_bf16(value);
-    } else if (flag == "--conv-algo") {
-      o.conv_algo = rd::bench::parse_conv_algo(value);
-    } else if (flag == "--layout") {
-      o.layout = rd::bench::parse_layout(value);
-    } else {
-      usage_error("unknown flag " + flag);
-    }
-  }
+  rd::bench::parse_flags(
+      argc, argv,
+      "usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
+      "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]\n"
+      "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
+      "default configs: resnet34:244:16 resnet18:64:32\n",
+      o, [&](const std::string& flag, const std::string& value) {
+        if (flag == "--config") o.configs.push_back(rd::bench::parse_config(value));
+        else if (flag == "--num-classes") o.num_classes = parse_int(flag, value, 1);
+        else if (flag == "--head" && value == "fc") o.head = rd::HeadKind::Fc;
+        else if (flag == "--head" && value == "mlp") o.head = rd::HeadKind::Mlp;
+        else if (flag == "--head") usage_error("--head '" + value + "': expected fc or mlp");
+        else return false;
+        return true;
+      });
   if (o.configs.empty()) o.configs = {{"resnet34", 244, 16}, {"resnet18", 64, 32}};
   o.threads = rd::bench::resolve_threads(o.threads);
   return o;
