@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#if H5_VERSION_GE(1, 14, 0)
+#include <H5FDdevelop.h>  // the file-driver struct is a developer header since 1.13
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -191,6 +194,12 @@ herr_t latch_truncate(H5FD_t* file, hid_t, hbool_t) {
 hid_t latch_driver() {
   static const hid_t id = [] {
     static H5FD_class_t c{};
+#if H5_VERSION_GE(1, 14, 0)
+    // HDF5 1.14 versions the driver struct and wants a driver value in the user range
+    // (written from its H5FDdevelop.h; only 1.10 is built and tested here).
+    c.version = H5FD_CLASS_VERSION;
+    c.value = static_cast<H5FD_class_value_t>(600);
+#endif
     c.name = "resnet_ddp_latch";
     c.maxaddr = (haddr_t{1} << 62);  // < 2^63 (off_t), like sec2's limit
     c.fc_degree = H5F_CLOSE_WEAK;
