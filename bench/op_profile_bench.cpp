@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_step.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/forwarding_backend.h"
 #include "resnet_ddp/errors.h"
@@ -167,40 +168,7 @@ Profile run(const Options& o) {
   auto cpu = rd::make_cpu_backend(bo);
   ProfilingBackend backend(*cpu);
 
-  rd::ResNetConfig cfg;
-  cfg.arch = o.arch;
-  cfg.head = rd::HeadKind::Mlp;
-  cfg.num_classes = 3;
-  rd::ResNet model(backend, cfg);
-  model.init_parameters(0);
-  model.train(true);
-
-  std::mt19937 rng(0);
-  std::normal_distribution<float> normal;
-  std::vector<float> host(static_cast<size_t>(o.batch) * 3 * static_cast<size_t>(o.size) * static_cast<size_t>(o.size));
-  for (float& v : host) v = normal(rng);
-  std::vector<int32_t> labels(static_cast<size_t>(o.batch));
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 3);
-  rd::Tensor& input = model.input_buffer(o.batch, o.size, o.size);
-  backend.copy_from_host_nchw(host.data(), input);
-
-  rd::Arena& params = model.params();
-  rd::Arena& grads = model.grads();
-  auto m_owner = backend.allocate(params.bytes());
-  auto v_owner = backend.allocate(params.bytes());
-  auto* m = static_cast<float*>(m_owner.get());
-  auto* v = static_cast<float*>(v_owner.get());
-  rd::Tensor dlogits = backend.matrix(o.batch, 3);
-  int64_t adam_t = 0;
-
-  // The same step as bench/train_step_bench.cpp and trainer: one batch already on the device.
-  auto step = [&] {
-    const rd::Tensor& logits = model.forward(input);
-    backend.softmax_xent(logits, labels.data(), 0.1f, 1.f, &dlogits, nullptr);
-    model.backward(dlogits, false);
-    backend.adam_step(params.data(), grads.data(), m, v, params.size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f, ++adam_t);
-    backend.synchronize();
-  };
+  rd::bench::TrainStep step(backend, o.arch, rd::HeadKind::Mlp, 3, o.batch, o.size);
   for (int i = 0; i < o.warmup; ++i) step();
 
   backend.enabled = true;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_step.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
@@ -117,40 +118,7 @@ std::string json_result(const BenchConfig& c, const Options& o, const std::vecto
 }
 
 std::string run_config(rd::Backend& backend, const BenchConfig& c, const Options& o) {
-  rd::ResNetConfig cfg;
-  cfg.arch = c.arch;
-  cfg.head = o.head;
-  cfg.num_classes = o.num_classes;
-  rd::ResNet model(backend, cfg);
-  model.init_parameters(0);
-  model.train(true);
-
-  std::mt19937 rng(0);
-  std::normal_distribution<float> normal;
-  std::vector<float> host(static_cast<size_t>(c.batch) * 3 * c.size * c.size);
-  for (float& v : host) v = normal(rng);
-  std::vector<int32_t> labels(static_cast<size_t>(c.batch));
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % static_cast<size_t>(o.num_classes));
-  rd::Tensor& input = model.input_buffer(c.batch, c.size, c.size);
-  backend.copy_from_host_nchw(host.data(), input);
-
-  rd::Arena& params = model.params();
-  rd::Arena& grads = model.grads();
-  auto m_owner = backend.allocate(params.bytes());
-  auto v_owner = backend.allocate(params.bytes());
-  float* m = static_cast<float*>(m_owner.get());
-  float* v = static_cast<float*>(v_owner.get());
-  rd::Tensor dlogits = backend.matrix(c.batch, o.num_classes);
-  int64_t adam_t = 0;
-
-  auto step = [&] {
-    const rd::Tensor& logits = model.forward(input);
-    backend.softmax_xent(logits, labels.data(), 0.1f, 1.f, &dlogits, nullptr);
-    model.backward(dlogits, false);
-    backend.adam_step(params.data(), grads.data(), m, v, params.size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f,
-                      ++adam_t);
-    backend.synchronize();
-  };
+  rd::bench::TrainStep step(backend, c.arch, o.head, o.num_classes, c.batch, c.size);
   for (int i = 0; i < o.warmup; ++i) step();
   std::vector<double> times;
   for (int i = 0; i < o.steps; ++i) {
