@@ -84,6 +84,7 @@ TEST_CASE("cpu backend: batch norm train/eval/backward vs reference and finite d
       {4, 16, 2, 2, false}, {3, 20, 3, 5, true}, {8, 3, 1, 1, true},
       {2, 64, 5, 5, true}, {2, 128, 3, 3, false},
       {3, 32, 37, 3, true},  // more than one 32-row float block per plane in nChw16c
+      {4, 32, 1, 1, true},   // 1x1 planes (ResNet's last stage at 32 px) in nChw16c
   };
   for (auto& be : cpu_backends())
     for (const BnCase& c : cases) check_batchnorm(*be, c);
@@ -127,7 +128,7 @@ TEST_CASE("cpu backend: max pool vs reference (ties, -inf padding) and finite di
 
 TEST_CASE("cpu backend: global average pool", "[kernel]") {
   for (auto& be : cpu_backends())
-    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}, Dims{2, 512, 2, 2}, Dims{3, 48, 3, 5}})
+    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}, Dims{2, 512, 2, 2}, Dims{3, 48, 3, 5}, Dims{3, 32, 1, 1}})
       check_global_avgpool(*be, d);
 }
 
