@@ -203,18 +203,16 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
   const std::string split_dir = root + "/" + split_name(split);
   FolderScan scan;
   std::vector<std::string> problems;
-  if (!sharded(opts)) {
+  std::exception_ptr failed;
+  try {
     list_folder_split(root, split, scan, problems);
-  } else {
-    // All shards agree on the listing before dividing the files by index.
-    std::exception_ptr failed;
-    try {
-      list_folder_split(root, split, scan, problems);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    agree_on_listing(opts, failed, static_cast<int64_t>(scan.entries.size()), listing_hash(scan), split_dir);
+  } catch (...) {
+    if (!sharded(opts)) throw;
+    failed = std::current_exception();
   }
+  // All shards agree on the listing before dividing the files by index.
+  if (sharded(opts))
+    agree_on_listing(opts, failed, static_cast<int64_t>(scan.entries.size()), listing_hash(scan), split_dir);
 
   // Validate candidates in parallel; report in scan order so logs are deterministic.
   const bool full = opts.strict || opts.verify == ScanOptions::Verify::Full;
@@ -328,22 +326,18 @@ std::unique_ptr<Dataset> open_packed_or_check_folder(const std::string& path, Sp
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, const ScanOptions& opts) {
   std::unique_ptr<Dataset> packed;
-  if (!sharded(opts)) {
+  std::exception_ptr failed;
+  try {
     packed = open_packed_or_check_folder(path, split);
-  } else {
-    // Sharded verification: a rank whose checks fail here, or that opens a packed
-    // file, still takes part in the listing agreement the folder scans start with.
-    std::exception_ptr failed;
-    try {
-      packed = open_packed_or_check_folder(path, split);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    if (failed || packed) {
-      agree_on_listing(opts, failed, packed ? static_cast<int64_t>(packed->size()) : 0, -1,
-                       path + "/" + split_name(split));
-    }
+  } catch (...) {
+    if (!sharded(opts)) throw;
+    failed = std::current_exception();
   }
+  // Sharded verification: a rank whose checks failed here, or that opened a packed
+  // file, still takes part in the listing agreement the folder scans start with.
+  if (sharded(opts) && (failed || packed))
+    agree_on_listing(opts, failed, packed ? static_cast<int64_t>(packed->size()) : 0, -1,
+                     path + "/" + split_name(split));
   if (packed) return packed;
   FolderScan scan = scan_folder_split(path, split, opts);
   return std::make_unique<FolderDataset>(path + "/" + split_name(split), std::move(scan),

@@ -60,7 +60,6 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
            "conv2d: inconsistent shapes x " << x.str() << " w " << w.str() << " y " << y.str()
                                             << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
   auto plan = std::make_unique<ConvPlan>();
-  plan->bf16 = bf16;
   plan->x_act_md = activation_md(x);
   plan->y_act_md = activation_md(y);
   plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
@@ -95,7 +94,7 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     const dnnl::memory::desc yb({y[0], y[1], y[2], y[3]}, dt::f32, tag::nChw16c);
     try {
       build(dnnl::algorithm::convolution_winograd, xb, yb, yb, xb);
-      built = plan->winograd = true;
+      built = true;
     } catch (const dnnl::error&) {
       // No Winograd implementation on this CPU or for this shape: direct below.
     }

@@ -37,7 +37,6 @@ struct ConvPlan {
   // - bf16 mode: inputs and output gradients in bf16 (outputs and weight gradients
   //   stay fp32), as PyTorch's autocast does;
   // - Winograd: everything in nChw16c, so outputs are converted back as well.
-  bool bf16 = false, winograd = false;
   bool convert_x = false, convert_dy = false, convert_y = false, convert_dx = false;
   dnnl::memory::desc x_act_md, y_act_md, x_conv_md, dy_conv_md, y_conv_md, dx_conv_md;
   dnnl::reorder x_to_conv, dy_to_conv, y_from_conv, dx_from_conv;
