@@ -13,7 +13,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "resnet_ddp/errors.h"
@@ -961,6 +964,173 @@ Snapshot read_checkpoint(const std::string& path, bool weights_only) {
   return s;
 }
 
+// ---- state -> model (from the file or from a Snapshot) --------------------------------
+
+namespace {
+
+// A tensor found in a checkpoint: its shape (empty for an int64 scalar, so it never
+// matches a parameter) and how to read its values.
+struct SourceTensor {
+  std::vector<int64_t> shape;
+  std::function<void(float*)> read;  // fills the shape's element count
+};
+
+// Where restore reads from: the checkpoint file itself (streamed into the arenas) or
+// a Snapshot in memory. One set of checks and messages for both.
+class StateSource {
+ public:
+  explicit StateSource(std::string path) : path_(std::move(path)) {}
+  virtual ~StateSource() = default;
+  // Tensor `name` of the state dict (state == "") or of optimizer state `state`;
+  // nullopt when absent.
+  virtual std::optional<SourceTensor> find(const std::string& state, const std::string& name) = 0;
+  virtual bool has_state(const std::string& type, const std::string& state) = 0;
+  virtual int64_t num_batches_tracked() = 0;  // the largest, -1 when none
+  [[noreturn]] void bad(const std::string& what) const { throw UsageError("checkpoint '" + path_ + "': " + what); }
+
+ private:
+  std::string path_;
+};
+
+std::vector<std::string> restore_model_from(StateSource& src, ResNet& model, bool allow_head_mismatch) {
+  Backend& be = model.backend();
+  std::vector<float> staging;  // grows to the largest tensor
+  std::vector<std::string> skipped;
+  auto load_arena = [&](Arena& arena, const char* kind) {
+    for (size_t i = 0; i < arena.slices().size(); ++i) {
+      const ParamSlice& s = arena.slice(i);
+      const bool head = is_head_tensor(s.name);
+      const std::optional<SourceTensor> t = src.find("", s.name);
+      if (!t || t->shape != s.shape.vec()) {
+        if (allow_head_mismatch && head) {
+          skipped.push_back(s.name);
+          continue;
+        }
+        if (!t) src.bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
+        src.bad("'" + s.name + "' has shape " + Shape::from(t->shape).str() + ", the model expects " + s.shape.str());
+      }
+      if (staging.size() < s.count) staging.resize(s.count);
+      t->read(staging.data());
+      for (size_t k = 0; k < s.count; ++k)
+        if (!std::isfinite(staging[k])) src.bad("'" + s.name + "' contains NaN or Inf");
+      be.copy_from_host(arena.ptr(i), staging.data(), s.count * sizeof(float));
+    }
+  };
+  load_arena(model.params(), "parameter");
+  load_arena(model.buffers(), "buffer");
+  // A head left at its fresh init must not keep half of an old head: all or nothing.
+  if (!skipped.empty()) {
+    const Arena& params = model.params();
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const std::string& n = params.slice(i).name;
+      if (is_head_tensor(n) && std::find(skipped.begin(), skipped.end(), n) == skipped.end())
+        src.bad("head tensors only partly match ('" + n + "' fits, '" + skipped.front() +
+                "' does not); convert the file with a matching head or drop its head");
+    }
+  }
+  const int64_t nbt = src.num_batches_tracked();
+  if (nbt >= 0) model.set_num_batches_tracked(nbt);
+  be.synchronize();
+  return skipped;
+}
+
+void restore_optimizer_from(StateSource& src, const OptimizerSnapshot& o, ResNet& model, Optimizer& opt) {
+  if (!o.present) src.bad("has no /optimizer state to resume from");
+  if (o.type != opt.config().type)
+    src.bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
+  opt.set_steps(o.step);
+  opt.set_lr(o.lr);
+  Backend& be = model.backend();
+  const Arena& params = model.params();
+  std::vector<float> staging;
+  for (size_t k = 0; k < opt.state_count(); ++k) {
+    const std::string name = opt.state_name(k);
+    if (!src.has_state(o.type, name)) {
+      // SGD before its first step has no momentum buffer; anything else is damage.
+      if (o.type == "sgd" && o.step == 0) continue;
+      src.bad("missing optimizer state '" + name + "'");
+    }
+    float* base = opt.state(k);
+    for (size_t i = 0; i < params.slices().size(); ++i) {
+      const ParamSlice& s = params.slice(i);
+      const std::optional<SourceTensor> t = src.find(name, s.name);
+      if (!t) src.bad("missing optimizer state " + name + "/" + s.name);
+      if (t->shape != s.shape.vec()) src.bad("optimizer state " + name + "/" + s.name + " has the wrong shape");
+      if (staging.size() < s.count) staging.resize(s.count);
+      t->read(staging.data());
+      be.copy_from_host(base + s.offset, staging.data(), s.count * sizeof(float));
+    }
+  }
+  be.synchronize();
+}
+
+class SnapshotSource final : public StateSource {
+ public:
+  SnapshotSource(const Snapshot& snap, const std::string& path) : StateSource(path), snap_(snap) {
+    for (const auto& t : snap.state_dict) tensors_[""][t.name] = &t;
+    for (const auto& [state, ts] : snap.optimizer.states)
+      for (const auto& t : ts) tensors_[state][t.name] = &t;
+  }
+  std::optional<SourceTensor> find(const std::string& state, const std::string& name) override {
+    auto g = tensors_.find(state);
+    if (g == tensors_.end()) return std::nullopt;
+    auto it = g->second.find(name);
+    if (it == g->second.end()) return std::nullopt;
+    const HostTensor& t = *it->second;
+    return SourceTensor{t.is_int64_scalar ? std::vector<int64_t>{} : t.shape,
+                        [&t](float* out) { std::copy(t.values.begin(), t.values.end(), out); }};
+  }
+  bool has_state(const std::string&, const std::string& state) override { return tensors_.count(state) > 0; }
+  int64_t num_batches_tracked() override {
+    int64_t nbt = -1;
+    for (const auto& t : snap_.state_dict)
+      if (t.is_int64_scalar) nbt = std::max(nbt, t.int_value);
+    return nbt;
+  }
+
+ private:
+  const Snapshot& snap_;
+  std::map<std::string, std::map<std::string, const HostTensor*>> tensors_;  // state -> name -> tensor
+};
+
+class FileSource final : public StateSource {
+ public:
+  explicit FileSource(const Reader& r) : StateSource(r.path), r_(r) {}
+  std::optional<SourceTensor> find(const std::string& state, const std::string& name) override {
+    const std::string group_name = state.empty() ? "state_dict" : "optimizer/" + state;
+    auto g = groups_.find(group_name);
+    if (g == groups_.end()) g = groups_.emplace(group_name, r_.group(r_.file, group_name)).first;
+    if (!r_.has_link(g->second, name)) return std::nullopt;
+    const std::string where = group_name + "/" + name;
+    auto ds = std::make_shared<Reader::Dataset>(r_.dataset(g->second, where, name));
+    if (ds->cls != H5T_FLOAT) r_.bad("dataset '" + where + "' is not floating point");
+    return SourceTensor{ds->shape, [this, ds, where](float* out) { r_.floats(*ds, where, out); }};
+  }
+  bool has_state(const std::string& type, const std::string& state) override {
+    const auto& known = optimizer_state_names(type);
+    return std::find(known.begin(), known.end(), state) != known.end() &&
+           r_.has_link(r_.group(r_.file, "optimizer"), state);
+  }
+  int64_t num_batches_tracked() override {
+    const H5Id g = r_.group(r_.file, "state_dict");
+    int64_t nbt = -1;
+    for (const std::string& name : r_.link_names(g, "state_dict")) {
+      if (!Reader::is_nbt(name)) continue;
+      const std::string where = "state_dict/" + name;
+      const Reader::Dataset ds = r_.dataset(g, where, name);
+      if (ds.cls == H5T_INTEGER) nbt = std::max(nbt, r_.int64_scalar(ds, where));
+      else if (ds.cls != H5T_FLOAT) r_.bad("dataset '" + where + "' is not floating point");
+    }
+    return nbt;
+  }
+
+ private:
+  Reader r_;
+  std::map<std::string, H5Id> groups_;
+};
+
+}  // namespace
+
 // ---- file -> model ---------------------------------------------------------------------
 
 struct CheckpointReader::Impl {
@@ -983,102 +1153,13 @@ const OptimizerSnapshot& CheckpointReader::optimizer() const { return impl_->hea
 const SchedulerSnapshot& CheckpointReader::scheduler() const { return impl_->header.scheduler; }
 
 std::vector<std::string> CheckpointReader::load_model(ResNet& model, bool allow_head_mismatch) {
-  const Reader r = impl_->reader();
-  Backend& be = model.backend();
-  H5Id g = r.group(r.file, "state_dict");
-  std::vector<float> staging;  // grows to the largest tensor
-  std::vector<std::string> skipped;
-
-  auto load_arena = [&](Arena& arena, const char* kind) {
-    for (size_t i = 0; i < arena.slices().size(); ++i) {
-      const ParamSlice& s = arena.slice(i);
-      const bool head = is_head_tensor(s.name);
-      if (!r.has_link(g, s.name)) {
-        if (allow_head_mismatch && head) {
-          skipped.push_back(s.name);
-          continue;
-        }
-        r.bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
-      }
-      const std::string where = "state_dict/" + s.name;
-      const Reader::Dataset ds = r.dataset(g, where, s.name);
-      if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
-      if (ds.shape != s.shape.vec()) {
-        if (allow_head_mismatch && head) {
-          skipped.push_back(s.name);
-          continue;
-        }
-        r.bad("'" + s.name + "' has shape " + Shape::from(ds.shape).str() + ", the model expects " + s.shape.str());
-      }
-      if (staging.size() < s.count) staging.resize(s.count);
-      r.floats(ds, where, staging.data());
-      for (size_t k = 0; k < s.count; ++k)
-        if (!std::isfinite(staging[k])) r.bad("'" + s.name + "' contains NaN or Inf");
-      be.copy_from_host(arena.ptr(i), staging.data(), s.count * sizeof(float));
-    }
-  };
-  load_arena(model.params(), "parameter");
-  load_arena(model.buffers(), "buffer");
-  // A head left at its fresh init must not keep half of an old head: all or nothing.
-  if (!skipped.empty()) {
-    const Arena& params = model.params();
-    for (size_t i = 0; i < params.slices().size(); ++i) {
-      const std::string& n = params.slice(i).name;
-      if (is_head_tensor(n) && std::find(skipped.begin(), skipped.end(), n) == skipped.end())
-        r.bad("head tensors only partly match ('" + n + "' fits, '" + skipped.front() +
-              "' does not); convert the file with a matching head or drop its head");
-    }
-  }
-  // The largest num_batches_tracked, as restore_model takes it.
-  int64_t nbt = -1;
-  for (const std::string& name : r.link_names(g, "state_dict")) {
-    if (!Reader::is_nbt(name)) continue;
-    const std::string where = "state_dict/" + name;
-    const Reader::Dataset ds = r.dataset(g, where, name);
-    if (ds.cls == H5T_INTEGER) nbt = std::max(nbt, r.int64_scalar(ds, where));
-    else if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
-  }
-  if (nbt >= 0) model.set_num_batches_tracked(nbt);
-  be.synchronize();
-  return skipped;
+  FileSource src(impl_->reader());
+  return restore_model_from(src, model, allow_head_mismatch);
 }
 
 void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
-  const Reader r = impl_->reader();
-  const OptimizerSnapshot& o = impl_->header.optimizer;
-  if (!o.present) r.bad("has no /optimizer state to resume from");
-  if (o.type != opt.config().type)
-    r.bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
-  opt.set_steps(o.step);
-  opt.set_lr(o.lr);
-  Backend& be = model.backend();
-  const Arena& params = model.params();
-  H5Id og = r.group(r.file, "optimizer");
-  std::vector<float> staging;
-  for (size_t k = 0; k < opt.state_count(); ++k) {
-    const std::string name = opt.state_name(k);
-    float* base = opt.state(k);
-    const auto& known = optimizer_state_names(o.type);
-    if (std::find(known.begin(), known.end(), name) == known.end() || !r.has_link(og, name)) {
-      // SGD before its first step has no momentum buffer; anything else is damage.
-      if (o.type == "sgd" && o.step == 0) continue;
-      r.bad("missing optimizer state '" + name + "'");
-    }
-    const std::string group_name = "optimizer/" + name;
-    H5Id g = r.group(r.file, group_name);
-    for (size_t i = 0; i < params.slices().size(); ++i) {
-      const ParamSlice& s = params.slice(i);
-      if (!r.has_link(g, s.name)) r.bad("missing optimizer state " + name + "/" + s.name);
-      const std::string where = group_name + "/" + s.name;
-      const Reader::Dataset ds = r.dataset(g, where, s.name);
-      if (ds.cls != H5T_FLOAT) r.bad("dataset '" + where + "' is not floating point");
-      if (ds.shape != s.shape.vec()) r.bad("optimizer state " + name + "/" + s.name + " has the wrong shape");
-      if (staging.size() < s.count) staging.resize(s.count);
-      r.floats(ds, where, staging.data());
-      be.copy_from_host(base + s.offset, staging.data(), s.count * sizeof(float));
-    }
-  }
-  be.synchronize();
+  FileSource src(impl_->reader());
+  restore_optimizer_from(src, impl_->header.optimizer, model, opt);
 }
 
 // ---- model <-> snapshot --------------------------------------------------------------
@@ -1145,90 +1226,13 @@ void check_compatible(const CheckpointMeta& m, ResNet& model, const std::vector<
 
 std::vector<std::string> restore_model(const Snapshot& snap, ResNet& model, bool allow_head_mismatch,
                                        const std::string& path) {
-  Backend& be = model.backend();
-  Arena& params = model.params();
-  Arena& buffers = model.buffers();
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : snap.state_dict) by_name[t.name] = &t;
-  std::vector<std::string> skipped;
-  auto bad = [&](const std::string& what) { throw UsageError("checkpoint '" + path + "': " + what); };
-
-  auto load_arena = [&](Arena& arena, const char* kind) {
-    for (size_t i = 0; i < arena.slices().size(); ++i) {
-      const ParamSlice& s = arena.slice(i);
-      auto it = by_name.find(s.name);
-      const bool head = is_head_tensor(s.name);
-      if (it == by_name.end()) {
-        if (allow_head_mismatch && head) {
-          skipped.push_back(s.name);
-          continue;
-        }
-        bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
-      }
-      const HostTensor& t = *it->second;
-      if (t.is_int64_scalar || t.shape != s.shape.vec()) {
-        if (allow_head_mismatch && head) {
-          skipped.push_back(s.name);
-          continue;
-        }
-        bad("'" + s.name + "' has shape " + Shape::from(t.shape).str() + ", the model expects " + s.shape.str());
-      }
-      for (float v : t.values)
-        if (!std::isfinite(v)) bad("'" + s.name + "' contains NaN or Inf");
-      be.copy_from_host(arena.ptr(i), t.values.data(), s.count * sizeof(float));
-    }
-  };
-  load_arena(params, "parameter");
-  load_arena(buffers, "buffer");
-  // A head left at its fresh init must not keep half of an old head: all or nothing.
-  if (!skipped.empty()) {
-    for (size_t i = 0; i < params.slices().size(); ++i) {
-      const std::string& n = params.slice(i).name;
-      if (is_head_tensor(n) && std::find(skipped.begin(), skipped.end(), n) == skipped.end())
-        bad("head tensors only partly match ('" + n + "' fits, '" + skipped.front() +
-            "' does not); convert the file with a matching head or drop its head");
-    }
-  }
-  int64_t nbt = -1;
-  for (const auto& t : snap.state_dict)
-    if (t.is_int64_scalar) nbt = std::max(nbt, t.int_value);
-  if (nbt >= 0) model.set_num_batches_tracked(nbt);
-  be.synchronize();
-  return skipped;
+  SnapshotSource src(snap, path);
+  return restore_model_from(src, model, allow_head_mismatch);
 }
 
 void restore_optimizer(const Snapshot& snap, ResNet& model, Optimizer& opt, const std::string& path) {
-  const OptimizerSnapshot& o = snap.optimizer;
-  auto bad = [&](const std::string& what) { throw UsageError("checkpoint '" + path + "': " + what); };
-  if (!o.present) bad("has no /optimizer state to resume from");
-  if (o.type != opt.config().type)
-    bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
-  opt.set_steps(o.step);
-  opt.set_lr(o.lr);
-  Backend& be = model.backend();
-  Arena& params = model.params();
-  for (size_t k = 0; k < opt.state_count(); ++k) {
-    const std::string name = opt.state_name(k);
-    float* base = opt.state(k);
-    const std::vector<HostTensor>* tensors = nullptr;
-    for (const auto& [n, ts] : o.states)
-      if (n == name) tensors = &ts;
-    if (!tensors) {
-      // SGD before its first step has no momentum buffer; anything else is damage.
-      if (o.type == "sgd" && o.step == 0) continue;
-      bad("missing optimizer state '" + name + "'");
-    }
-    std::map<std::string, const HostTensor*> by_name;
-    for (const auto& t : *tensors) by_name[t.name] = &t;
-    for (size_t i = 0; i < params.slices().size(); ++i) {
-      const ParamSlice& s = params.slice(i);
-      auto it = by_name.find(s.name);
-      if (it == by_name.end()) bad("missing optimizer state " + name + "/" + s.name);
-      if (it->second->shape != s.shape.vec()) bad("optimizer state " + name + "/" + s.name + " has the wrong shape");
-      be.copy_from_host(base + s.offset, it->second->values.data(), s.count * sizeof(float));
-    }
-  }
-  be.synchronize();
+  SnapshotSource src(snap, path);
+  restore_optimizer_from(src, snap.optimizer, model, opt);
 }
 
 void restore_scheduler(const Snapshot& snap, Scheduler& sched) { restore_scheduler(snap.scheduler, sched); }
