@@ -40,7 +40,7 @@ class TrainStep {
     model_.backward(dlogits_, false);
     Arena& params = model_.params();
     be_.adam_step(params.data(), model_.grads().data(), static_cast<float*>(m_.get()), static_cast<float*>(v_.get()),
-                  params.size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.f, ++adam_step_);
+                  params.size(), math::AdamArgs{.lr = 1e-4f, .step = ++adam_step_});
     be_.synchronize();
   }
 

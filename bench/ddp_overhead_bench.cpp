@@ -95,7 +95,7 @@ Result run(ResNet& model, Comm& comm, const Options& o, int mode, const std::vec
       bucketer.finish();
     }
     be.adam_step(model.params().data(), model.grads().data(), m.data(), v.data(),
-                 model.params().size(), 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step + 2);
+                 model.params().size(), rd::math::AdamArgs{.lr = 1e-4f, .step = step + 2});
     const double dt = seconds(t0, Clock::now());
     if (step >= 0) {
       r.step_s += dt;

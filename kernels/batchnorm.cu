@@ -10,11 +10,14 @@
 namespace rd::kern {
 namespace {
 
-// Per-element terms summed for the forward statistics: x and x^2.
+// Per-element terms summed for the forward statistics: d and d^2 with
+// d = x - shift[c] (shift null: 0), so float partial sums stay near the spread
+// of x rather than its mean (review #7).
 template <class T> struct ForwardTerms {
   const T* x;
-  __device__ void operator()(int64_t i, int64_t, float& a, float& b) const {
-    const float v = to_f(x[i]);
+  const float* shift;
+  __device__ void operator()(int64_t i, int64_t c, float& a, float& b) const {
+    const float v = to_f(x[i]) - (shift ? shift[c] : 0.f);
     a += v;
     b += v * v;
   }
@@ -125,12 +128,12 @@ template <class Terms> void launch_sums(const ActDesc& d, Terms t, double* sums,
   }
 }
 
-__global__ void pack_kernel(const double* sums, int64_t C, double count, float* packed) {
-  RD_GRID_STRIDE(i, 2 * C + 1) packed[i] = i < 2 * C ? static_cast<float>(sums[i]) : static_cast<float>(count);
+__global__ void pack_kernel(const double* sums, int64_t C, double count, double* packed) {
+  RD_GRID_STRIDE(i, 2 * C + 1) packed[i] = i < 2 * C ? sums[i] : count;
 }
 
 __global__ void finalize_forward_kernel(int64_t C, const double* sums, double count,
-                                        const float* packed, const float* gamma, const float* beta,
+                                        const double* packed, const float* gamma, const float* beta,
                                         float* running_mean, float* running_var, float momentum,
                                         float eps, float* saved_mean, float* saved_invstd,
                                         float* scale_shift) {
@@ -145,8 +148,10 @@ __global__ void finalize_forward_kernel(int64_t C, const double* sums, double co
       sumsq = sums[C + c];
       n = count;
     }
+    // The shift the sums kernel used: running_mean before this update.
+    const double sums_shift = running_mean ? static_cast<double>(running_mean[c]) : 0.0;
     float mean, var;
-    math::bn_stats_from_sums(sum, sumsq, n, mean, var);
+    math::bn_stats_from_shifted_sums(sums_shift, sum, sumsq, n, mean, var);
     const float invstd = math::bn_invstd(var, eps);
     saved_mean[c] = mean;
     saved_invstd[c] = invstd;
@@ -190,7 +195,7 @@ __global__ void param_grads_kernel(int64_t C, const double* sums, float* dgamma,
 }
 
 __global__ void finalize_backward_kernel(int64_t C, const double* sums, double count,
-                                         const float* packed, float* means) {
+                                         const double* packed, float* means) {
   RD_GRID_STRIDE(c, C) {
     if (packed) {
       const double n = packed[2 * C];
@@ -220,10 +225,10 @@ unsigned channel_grid(int64_t c) { return grid_for(c); }
 
 }  // namespace
 
-void bn_sums_forward(const ActDesc& d, const void* x, double* sums, cudaStream_t s) {
+void bn_sums_forward(const ActDesc& d, const void* x, const float* shift, double* sums, cudaStream_t s) {
   dispatch_float(d.dtype, "bn_sums_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_sums(d, ForwardTerms<T>{static_cast<const T*>(x)}, sums, s);
+    launch_sums(d, ForwardTerms<T>{static_cast<const T*>(x), shift}, sums, s);
   });
   RD_LAUNCH_CHECK("bn_sums_forward");
 }
@@ -240,12 +245,12 @@ void bn_sums_backward(const ActDesc& d, const void* x, const void* y, const void
   RD_LAUNCH_CHECK("bn_sums_backward");
 }
 
-void bn_pack_sums(const double* sums, int64_t c, double count, float* packed, cudaStream_t s) {
+void bn_pack_sums(const double* sums, int64_t c, double count, double* packed, cudaStream_t s) {
   pack_kernel<<<grid_for(2 * c + 1), kThreads, 0, s>>>(sums, c, count, packed);
   RD_LAUNCH_CHECK("bn_pack_sums");
 }
 
-void bn_finalize_forward(int64_t c, const double* sums, double count, const float* packed,
+void bn_finalize_forward(int64_t c, const double* sums, double count, const double* packed,
                          const float* gamma, const float* beta, float* running_mean,
                          float* running_var, float momentum, float eps, float* saved_mean,
                          float* saved_invstd, float* scale_shift, cudaStream_t s) {
@@ -280,7 +285,7 @@ void bn_param_grads(int64_t c, const double* sums, float* dgamma, float* dbeta, 
   RD_LAUNCH_CHECK("bn_param_grads");
 }
 
-void bn_finalize_backward(int64_t c, const double* sums, double count, const float* packed,
+void bn_finalize_backward(int64_t c, const double* sums, double count, const double* packed,
                           float* means, cudaStream_t s) {
   finalize_backward_kernel<<<channel_grid(c), kThreads, 0, s>>>(c, sums, count, packed, means);
   RD_LAUNCH_CHECK("bn_finalize_backward");

@@ -30,27 +30,47 @@ __host__ __device__ __forceinline__ int64_t act_offset(const ActDesc& d, int64_t
   return d.nhwc ? ((n * d.h + h) * d.w + w) * d.c + c : ((n * d.c + c) * d.h + h) * d.w + w;
 }
 
-// Logical coordinates of the element at `offset`.
-__device__ __forceinline__ void act_coords(const ActDesc& d, int64_t offset, int64_t& n, int64_t& c,
-                                           int64_t& h, int64_t& w) {
+// Logical coordinates of the element at `offset`, in index type I.
+template <class I>
+__device__ __forceinline__ void act_coords_as(const ActDesc& d, I offset, int64_t& n, int64_t& c, int64_t& h,
+                                              int64_t& w) {
+  const I C = static_cast<I>(d.c), H = static_cast<I>(d.h), W = static_cast<I>(d.w);
   if (d.nhwc) {
-    c = offset % d.c;
-    int64_t r = offset / d.c;
-    w = r % d.w;
-    r /= d.w;
-    h = r % d.h;
-    n = r / d.h;
+    c = offset % C;
+    I r = offset / C;
+    w = r % W;
+    r /= W;
+    h = r % H;
+    n = r / H;
   } else {
-    w = offset % d.w;
-    int64_t r = offset / d.w;
-    h = r % d.h;
-    r /= d.h;
-    c = r % d.c;
-    n = r / d.c;
+    w = offset % W;
+    I r = offset / W;
+    h = r % H;
+    r /= H;
+    c = r % C;
+    n = r / C;
   }
 }
 
+// 32-bit unsigned division and remainder cost a fraction of 64-bit ones, which
+// would make these memory-bound kernels ALU-bound (review #14); every tensor
+// below 2^32 elements (any realistic batch) takes the 32-bit path. The branch
+// is uniform across a launch.
+__device__ __forceinline__ bool fits_u32(const ActDesc& d) { return d.count() <= 0xffffffffLL; }
+
+__device__ __forceinline__ void act_coords(const ActDesc& d, int64_t offset, int64_t& n, int64_t& c,
+                                           int64_t& h, int64_t& w) {
+  if (fits_u32(d))
+    act_coords_as<uint32_t>(d, static_cast<uint32_t>(offset), n, c, h, w);
+  else
+    act_coords_as<int64_t>(d, offset, n, c, h, w);
+}
+
 __device__ __forceinline__ int64_t act_channel(const ActDesc& d, int64_t offset) {
+  if (fits_u32(d)) {
+    const uint32_t o = static_cast<uint32_t>(offset), C = static_cast<uint32_t>(d.c);
+    return d.nhwc ? o % C : (o / static_cast<uint32_t>(d.h * d.w)) % C;
+  }
   return d.nhwc ? offset % d.c : (offset / (d.h * d.w)) % d.c;
 }
 

@@ -53,17 +53,19 @@ void unstage_conv_weight_grad(const void* src, int64_t o, int64_t i, int64_t kh,
                               bool ohwi, DType t, float* dw_oihw, bool accumulate, cudaStream_t s);
 
 // ---- batch norm (and SyncBatchNorm) ------------------------------------------------
-// sums[0..C) = sum x, sums[C..2C) = sum x^2 per channel (sums zeroed here).
-void bn_sums_forward(const ActDesc& d, const void* x, double* sums, cudaStream_t s);
+// sums[0..C) = sum (x - shift), sums[C..2C) = sum (x - shift)^2 per channel
+// (sums zeroed here); shift[C] may be null (0). See math::bn_stats_from_shifted_sums.
+void bn_sums_forward(const ActDesc& d, const void* x, const float* shift, double* sums, cudaStream_t s);
 // With g = dy masked by y > 0 when relu: sums[0..C) = sum g, sums[C..2C) = sum g * xhat.
 void bn_sums_backward(const ActDesc& d, const void* x, const void* y, const void* dy, bool relu,
                       const float* mean, const float* invstd, double* sums, cudaStream_t s);
-// packed[0..2C) = sums as float, packed[2C] = count: what ranks all-reduce.
-void bn_pack_sums(const double* sums, int64_t c, double count, float* packed, cudaStream_t s);
+// packed[0..2C) = sums, packed[2C] = count, all double (exact counts): what ranks all-reduce.
+void bn_pack_sums(const double* sums, int64_t c, double count, double* packed, cudaStream_t s);
 // Batch statistics -> saved mean/invstd, running stats update, per-channel
 // scale/shift (scale_shift[0..C) scale, [C..2C) shift). Reads the double `sums`
-// with `count`, or, when `packed` is non-null, the all-reduced packed floats.
-void bn_finalize_forward(int64_t c, const double* sums, double count, const float* packed,
+// with `count`, or, when `packed` is non-null, the all-reduced packed sums. The
+// forward sums were shifted by running_mean (its value before this update).
+void bn_finalize_forward(int64_t c, const double* sums, double count, const double* packed,
                          const float* gamma, const float* beta, float* running_mean,
                          float* running_var, float momentum, float eps, float* saved_mean,
                          float* saved_invstd, float* scale_shift, cudaStream_t s);
@@ -76,7 +78,7 @@ void bn_apply(const ActDesc& d, const void* x, const float* scale_shift, bool re
 void bn_param_grads(int64_t c, const double* sums, float* dgamma, float* dbeta, bool accumulate,
                     cudaStream_t s);
 // means[0..C) = sum g / count, means[C..2C) = sum g xhat / count (global when packed).
-void bn_finalize_backward(int64_t c, const double* sums, double count, const float* packed,
+void bn_finalize_backward(int64_t c, const double* sums, double count, const double* packed,
                           float* means, cudaStream_t s);
 void bn_backward_dx(const ActDesc& d, const void* x, const void* y, const void* dy, bool relu,
                     const float* gamma, const float* mean, const float* invstd, const float* means,

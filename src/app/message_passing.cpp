@@ -91,10 +91,10 @@ std::string device_problem(const rd::dist::ProcessEnv& env, bool use_cuda) {
 #ifdef RESNET_DDP_HAVE_CUDA
   const int gpus = rd::cuda_device_count();
   if (gpus == 0) return "--device cuda: no CUDA device is visible on node " + env.node;
-  if (env.local_rank >= gpus)
+  if (rd::cuda_device_for_rank(env.local_rank, env.local_world, gpus) < 0)
     return "--device cuda: " + std::to_string(env.local_world) + " ranks on node " + env.node +
            " but only " + std::to_string(gpus) + " GPUs (one GPU per rank: start at most " +
-           std::to_string(gpus) + " ranks per node)";
+           std::to_string(gpus) + " ranks per node, or bind one GPU per task)";
   return "";
 #else
   return "--device cuda: this build has no CUDA support (configure with -DRESNET_DDP_CUDA=ON "
@@ -128,12 +128,12 @@ int run(const rd::dist::ProcessEnv& env, const Options& opt) {
 #ifdef RESNET_DDP_HAVE_CUDA
   if (use_cuda) {
     rd::BackendOptions bo;
-    bo.device_index = env.local_rank;
+    bo.device_index = rd::cuda_device_for_rank(env.local_rank, env.local_world, rd::cuda_device_count());
     buf.backend = rd::make_cuda_backend(bo);
     buf.device_mem = buf.backend->allocate(opt.elements * sizeof(float));
     buf.data = static_cast<float*>(buf.device_mem.get());
-    comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, env.local_rank);
-    device_desc = "cuda:" + std::to_string(env.local_rank);
+    comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, bo.device_index);
+    device_desc = "cuda:" + std::to_string(bo.device_index);
   }
 #endif
   if (!comm) comm = rd::dist::make_mpi_comm(MPI_COMM_WORLD);

@@ -171,10 +171,10 @@ void broadcast_model(Comm& comm, Arena& params, Arena& buffers) {
   comm.broadcast(buffers.data(), buffers.bytes(), 0);
 }
 
-void SyncBatchNormReducer::allreduce_sum(float* data, size_t count) {
+void SyncBatchNormReducer::allreduce_sum(double* data, size_t count) {
   calls_ += 1;
-  bytes_ += count * sizeof(float);
-  if (comm_.size() > 1) comm_.allreduce(data, count, ReduceOp::Sum);
+  bytes_ += count * sizeof(double);
+  if (comm_.size() > 1) comm_.allreduce_stream_ordered(data, count, ReduceOp::Sum);
 }
 
 uint64_t checksum_bytes(const void* data, size_t bytes, uint64_t seed) {

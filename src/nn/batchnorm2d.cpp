@@ -21,15 +21,25 @@ void BatchNorm2d::init(Backend& be, Arena& params, Arena& buffers) {
   be.fill(buffers.ptr(running_var), 1.f, static_cast<size_t>(channels));
 }
 
+BatchNormArgs BatchNorm2d::bn_args(const LayerContext& ctx) const {
+  BatchNormArgs a;
+  a.gamma = ctx.params->ptr(refs.params[0]);
+  a.beta = ctx.params->ptr(refs.params[1]);
+  a.running_mean = ctx.buffers->ptr(running_mean);
+  a.running_var = ctx.buffers->ptr(running_var);
+  a.momentum = momentum;
+  a.eps = eps;
+  a.relu = relu;
+  a.sync = ctx.bn_reducer;
+  return a;
+}
+
 const Tensor& BatchNorm2d::forward(LayerContext& ctx, const Tensor& x) {
   RD_CHECK(x.shape[1] == channels, "BatchNorm2d: expected " << channels << " channels, got "
                                                             << x.describe());
   Backend& be = *ctx.backend;
   ensure_tensor(be, y_, x.shape, x.layout);
-  const float* gamma = ctx.params->ptr(refs.params[0]);
-  const float* beta = ctx.params->ptr(refs.params[1]);
-  float* rm = ctx.buffers->ptr(running_mean);
-  float* rv = ctx.buffers->ptr(running_var);
+  const BatchNormArgs args = bn_args(ctx);
   if (ctx.training) {
     if (!saved_mean_.owner) {
       saved_mean_ = be.tensor(Shape{channels}, Layout::RowMajor);
@@ -37,10 +47,9 @@ const Tensor& BatchNorm2d::forward(LayerContext& ctx, const Tensor& x) {
     }
     saved_.mean = saved_mean_.f32();
     saved_.invstd = saved_invstd_.f32();
-    be.batchnorm_forward_train(x, gamma, beta, rm, rv, momentum, eps, relu, y_, saved_,
-                               ctx.bn_reducer);
+    be.batchnorm_forward_train(x, args, y_, saved_);
   } else {
-    be.batchnorm_forward_eval(x, gamma, beta, rm, rv, eps, relu, y_);
+    be.batchnorm_forward_eval(x, args, y_);
   }
   x_ = &x;
   return y_;
@@ -50,9 +59,11 @@ const Tensor& BatchNorm2d::backward(LayerContext& ctx, const Tensor& dy, Tensor*
   RD_CHECK(ctx.training, "BatchNorm2d: backward needs a training-mode forward");
   Backend& be = *ctx.backend;
   place_grad(be, dx_, x_->shape, x_->layout, into);
-  be.batchnorm_backward(*x_, y_, dy, ctx.params->ptr(refs.params[0]), saved_, relu, dx_,
-                        ctx.grads->ptr(refs.params[0]), ctx.grads->ptr(refs.params[1]),
-                        ctx.accumulate, ctx.bn_reducer);
+  BatchNormGrads grads;
+  grads.dgamma = ctx.grads->ptr(refs.params[0]);
+  grads.dbeta = ctx.grads->ptr(refs.params[1]);
+  grads.accumulate = ctx.accumulate;
+  be.batchnorm_backward(*x_, y_, dy, bn_args(ctx), saved_, dx_, grads);
   ctx.grads_ready(refs);
   return dx_;
 }

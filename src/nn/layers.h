@@ -76,6 +76,9 @@ class BatchNorm2d {
   float momentum = 0.1f, eps = 1e-5f;
 
  private:
+  // This layer's parameters, buffers and settings as the backend ops take them.
+  BatchNormArgs bn_args(const LayerContext& ctx) const;
+
   const Tensor* x_ = nullptr;
   Tensor y_, dx_;
   Tensor saved_mean_, saved_invstd_;

@@ -36,16 +36,25 @@ void Optimizer::step() {
   ++step_;
   const size_t n = params_.size();
   if (cfg_.type == "adam") {
-    backend_.adam_step(params_.data(), grads_.data(), state(0), state(1), n,
-                       static_cast<float>(lr_), static_cast<float>(cfg_.beta1),
-                       static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                       static_cast<float>(cfg_.weight_decay), step_);
+    math::AdamArgs a;
+    a.lr = static_cast<float>(lr_);
+    a.beta1 = static_cast<float>(cfg_.beta1);
+    a.beta2 = static_cast<float>(cfg_.beta2);
+    a.eps = static_cast<float>(cfg_.eps);
+    a.weight_decay = static_cast<float>(cfg_.weight_decay);
+    a.step = step_;
+    backend_.adam_step(params_.data(), grads_.data(), state(0), state(1), n, a);
   } else {
     float* buf = cfg_.momentum != 0.0 ? state(0) : nullptr;
     // PyTorch seeds the momentum buffer with the first gradient it sees.
-    backend_.sgd_step(params_.data(), grads_.data(), buf, n, static_cast<float>(lr_),
-                      static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.dampening),
-                      static_cast<float>(cfg_.weight_decay), cfg_.nesterov, step_ == 1);
+    math::SgdHyper h{};
+    h.lr = static_cast<float>(lr_);
+    h.momentum = static_cast<float>(cfg_.momentum);
+    h.dampening = static_cast<float>(cfg_.dampening);
+    h.weight_decay = static_cast<float>(cfg_.weight_decay);
+    h.nesterov = cfg_.nesterov;
+    h.first_step = step_ == 1;
+    backend_.sgd_step(params_.data(), grads_.data(), buf, n, h);
   }
 }
 

@@ -179,6 +179,7 @@ void Trainer::setup_device() {
       notice("no CUDA device available (or CUDA backend not built); using the CPU backend");
     }
   }
+  int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
   agree([&] {
     if (o_.precision == "fp16" && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
@@ -198,7 +199,15 @@ void Trainer::setup_device() {
     bo.conv_algo = o_.conv_algo == "direct" ? ConvAlgo::Direct
                    : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
                                                 : ConvAlgo::Auto;
-    bo.device_index = env_.local_rank;
+    if (device == "cuda") {
+      const int visible = cuda_device_count();
+      cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
+      if (cuda_index < 0)
+        throw UsageError("--device cuda: " + std::to_string(env_.local_world) + " ranks on node " + env_.node +
+                         " but " + std::to_string(visible) + " GPUs visible (one GPU per rank: start at most " +
+                         std::to_string(visible) + " ranks per node, or bind one GPU per task)");
+      bo.device_index = cuda_index;
+    }
     if (device == "cpu") bo.layout = default_cpu_layout(bo.precision);
     if (o_.deterministic) omp_set_dynamic(0);
     try {
@@ -214,7 +223,7 @@ void Trainer::setup_device() {
   fp16_ = o_.precision == "fp16";
 #ifdef RESNET_DDP_HAVE_CUDA
   if (backend_->device() == DeviceKind::CUDA) {
-    agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, env_.local_rank); });
+    agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, cuda_index); });
   }
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
@@ -568,15 +577,17 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
     auto t5 = Clock::now();
     bool skip_step = false;
     if (fp16_) {
-      // AMP's GradScaler: skip steps with overflowing gradients and back off.
-      const bool finite = !any_nonfinite && backend_->all_finite(model_->grads().data(), model_->grads().size());
+      // AMP's GradScaler: unscale and check in one pass; skip steps with
+      // overflowing gradients (their unscaled values are discarded) and back off.
+      const bool finite =
+          !any_nonfinite && backend_->unscale_and_check(model_->grads().data(), static_cast<float>(1.0 / loss_scale_),
+                                                        model_->grads().size());
       if (!finite) {
         skip_step = true;
         loss_scale_ = std::max(loss_scale_ * 0.5, 1.0);
         good_steps_ = 0;
-      } else {
-        backend_->scale(model_->grads().data(), static_cast<float>(1.0 / loss_scale_), model_->grads().size());
-        if (++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
+      } else if (++good_steps_ % 2000 == 0) {
+        loss_scale_ *= 2.0;
       }
     } else if (any_nonfinite) {
       if (rank0())

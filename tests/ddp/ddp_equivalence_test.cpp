@@ -87,7 +87,7 @@ struct Adam {
   void apply(ResNet& model) {
     ++step;
     model.backend().adam_step(model.params().data(), model.grads().data(), m.data(), v.data(),
-                              model.params().size(), kLr, 0.9f, 0.999f, 1e-8f, 0.0f, step);
+                              model.params().size(), math::AdamArgs{.lr = kLr, .step = step});
   }
 };
 

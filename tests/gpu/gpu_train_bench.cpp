@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
         return;
       }
       be.adam_step(model.params().data(), g, static_cast<float*>(m.get()), static_cast<float*>(v.get()), P,
-                   1e-4f, 0.9f, 0.999f, 1e-8f, 0.f, ++adam_steps);
+                   rd::math::AdamArgs{.lr = 1e-4f, .step = ++adam_steps});
     };
     for (int i = 0; i < warmup; ++i) step();
     be.synchronize();

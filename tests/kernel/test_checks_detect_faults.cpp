@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernel/backend_checks.h"
+#include "resnet_ddp/backend/forwarding_backend.h"
 
 using namespace rd;
 using namespace rd::test;
@@ -26,104 +27,71 @@ enum class Fault {
   AvgpoolSum,              // backward forgets the 1 / (H W)
 };
 
+// Owns the inner backend; a base so that it exists before ForwardingBackend binds to it.
+struct OwnsInner {
+  std::unique_ptr<Backend> owned;
+};
+
 // Forwards every call to a real backend, except for one planted fault.
-class FaultyBackend final : public Backend {
+class FaultyBackend final : private OwnsInner, public ForwardingBackend {
  public:
-  FaultyBackend(std::unique_ptr<Backend> inner, Fault fault) : in_(std::move(inner)), fault_(fault) {}
+  FaultyBackend(std::unique_ptr<Backend> inner, Fault fault)
+      : OwnsInner{std::move(inner)}, ForwardingBackend(*owned), fault_(fault) {}
 
-  DeviceKind device() const override { return in_->device(); }
-  std::string name() const override { return "faulty " + in_->name(); }
-  Layout activation_layout() const override { return in_->activation_layout(); }
-  std::shared_ptr<void> allocate(size_t bytes) override { return in_->allocate(bytes); }
-  void copy_from_host(void* d, const void* s, size_t b) override { in_->copy_from_host(d, s, b); }
-  void copy_to_host(void* d, const void* s, size_t b) override { in_->copy_to_host(d, s, b); }
-  void fill(float* d, float v, size_t n) override { in_->fill(d, v, n); }
-  void copy_from_host_nchw(const float* s, Tensor& d) override { in_->copy_from_host_nchw(s, d); }
-  void copy_to_host_nchw(const Tensor& s, float* d) override { in_->copy_to_host_nchw(s, d); }
-  void images_u8_to_activation(const uint8_t* s, Tensor& d, const float* m, const float* sd) override {
-    in_->images_u8_to_activation(s, d, m, sd);
-  }
-  void synchronize() override { in_->synchronize(); }
+  std::string name() const override { return "faulty " + owned->name(); }
 
-  void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override {
-    in_->conv2d_forward(x, w, y, g);
+ protected:
+  void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx, const ConvGeometry& g) override {
+    ForwardingBackend::conv2d_backward_data_impl(dy, w, dx, g);
+    if (fault_ == Fault::ConvDataScaled) owned->scale(dx.f32(), 1.001f, static_cast<size_t>(dx.storage_elems()));
   }
-  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ConvGeometry& g) override {
-    in_->conv2d_backward_data(dy, w, dx, g);
-    if (fault_ == Fault::ConvDataScaled) in_->scale(dx.f32(), 1.001f, static_cast<size_t>(dx.storage_elems()));
+  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
+                                    bool accumulate) override {
+    ForwardingBackend::conv2d_backward_weights_impl(x, dy, dw, g,
+                                                    fault_ == Fault::ConvWeightsOverwrite ? false : accumulate);
   }
-  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
-                               bool accumulate) override {
-    in_->conv2d_backward_weights(x, dy, dw, g, fault_ == Fault::ConvWeightsOverwrite ? false : accumulate);
+  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                    BatchNormSaved& saved) override {
+    BatchNormArgs changed = a;
+    if (fault_ == Fault::BnMomentum) changed.momentum = 0.2f;
+    ForwardingBackend::batchnorm_forward_train_impl(x, changed, y, saved);
   }
-  void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta, float* rm, float* rv,
-                               float momentum, float eps, bool relu, Tensor& y, BatchNormSaved& saved,
-                               ChannelReducer* sync) override {
-    in_->batchnorm_forward_train(x, gamma, beta, rm, rv, fault_ == Fault::BnMomentum ? 0.2f : momentum, eps, relu,
-                                 y, saved, sync);
+  void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
+                               const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads) override {
+    BatchNormGrads changed = grads;
+    if (fault_ == Fault::BnGradsSwapped) std::swap(changed.dgamma, changed.dbeta);
+    ForwardingBackend::batchnorm_backward_impl(x, y, dy, a, saved, dx, changed);
   }
-  void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta, const float* rm,
-                              const float* rv, float eps, bool relu, Tensor& y) override {
-    in_->batchnorm_forward_eval(x, gamma, beta, rm, rv, eps, relu, y);
-  }
-  void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const float* gamma,
-                          const BatchNormSaved& saved, bool relu, Tensor& dx, float* dgamma, float* dbeta,
-                          bool accumulate, ChannelReducer* sync) override {
-    if (fault_ == Fault::BnGradsSwapped) std::swap(dgamma, dbeta);
-    in_->batchnorm_backward(x, y, dy, gamma, saved, relu, dx, dgamma, dbeta, accumulate, sync);
-  }
-  void relu_forward(const Tensor& x, Tensor& y) override { in_->relu_forward(x, y); }
-  void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
-    if (fault_ != Fault::ReluBackwardFromInput) return in_->relu_backward(y, dy, dx);
+  void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    if (fault_ != Fault::ReluBackwardFromInput) return ForwardingBackend::relu_backward_impl(y, dy, dx);
     std::vector<float> yh(static_cast<size_t>(y.numel())), gh(yh.size());
-    in_->copy_to_host_nchw(y, yh.data());
-    in_->copy_to_host_nchw(dy, gh.data());
+    owned->copy_to_host_nchw(y, yh.data());
+    owned->copy_to_host_nchw(dy, gh.data());
     for (size_t i = 0; i < yh.size(); ++i) gh[i] = yh[i] >= 0.f ? gh[i] : 0.f;
-    in_->copy_from_host_nchw(gh.data(), dx);
+    owned->copy_from_host_nchw(gh.data(), dx);
   }
-  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override { in_->add_forward(a, b, relu, y); }
-  void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& ds) override {
-    in_->add_backward(y, dy, relu, ds);
-  }
-  void accumulate(const Tensor& s, Tensor& d) override { in_->accumulate(s, d); }
-  size_t maxpool_workspace_bytes(const Tensor& y) override { return in_->maxpool_workspace_bytes(y); }
-  void maxpool_forward(const Tensor& x, Tensor& y, int k, int s, int p, void* ws) override {
-    in_->maxpool_forward(x, y, k, s, p, ws);
-  }
-  void maxpool_backward(const Tensor& dy, Tensor& dx, int k, int s, int p, const void* ws) override {
-    in_->maxpool_backward(dy, dx, k, s, p, ws);
-  }
-  void global_avgpool_forward(const Tensor& x, Tensor& y) override { in_->global_avgpool_forward(x, y); }
-  void global_avgpool_backward(const Tensor& dy, Tensor& dx) override {
-    in_->global_avgpool_backward(dy, dx);
+  void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) override {
+    ForwardingBackend::global_avgpool_backward_impl(dy, dx);
     if (fault_ == Fault::AvgpoolSum)
-      in_->scale(dx.f32(), static_cast<float>(dx.shape[2] * dx.shape[3]), static_cast<size_t>(dx.storage_elems()));
+      owned->scale(dx.f32(), static_cast<float>(dx.shape[2] * dx.shape[3]), static_cast<size_t>(dx.storage_elems()));
   }
-  void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override {
-    in_->linear_forward(x, w, b, y);
-  }
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw, float* db,
-                       bool accumulate) override {
-    in_->linear_backward(x, w, dy, dx, dw, db, accumulate);
-  }
-  double softmax_xent(const Tensor& z, const int32_t* labels, float s, float grad_scale, Tensor* dz,
-                      int32_t* pred) override {
+  double softmax_xent_impl(const Tensor& z, const int32_t* labels, float s, float grad_scale, Tensor* dz,
+                           int32_t* pred) override {
     const float scale = fault_ == Fault::XentNotMean ? grad_scale * static_cast<float>(z.shape[0]) : grad_scale;
-    return in_->softmax_xent(z, labels, s, scale, dz, pred);
+    return ForwardingBackend::softmax_xent_impl(z, labels, s, scale, dz, pred);
   }
-  void adam_step(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
-                 float wd, int64_t step) override {
-    in_->adam_step(p, g, m, v, n, lr, b1, b2, eps, wd, fault_ == Fault::AdamNoBiasCorrection ? step + 100000 : step);
+  void adam_step_impl(float* p, const float* g, float* m, float* v, size_t n, const math::AdamArgs& a) override {
+    math::AdamArgs changed = a;
+    if (fault_ == Fault::AdamNoBiasCorrection) changed.step += 100000;
+    ForwardingBackend::adam_step_impl(p, g, m, v, n, changed);
   }
-  void sgd_step(float* p, const float* g, float* buf, size_t n, float lr, float mom, float damp, float wd,
-                bool nesterov, bool first) override {
-    in_->sgd_step(p, g, buf, n, lr, mom, damp, wd, nesterov, fault_ == Fault::SgdFirstStepIgnored ? false : first);
+  void sgd_step_impl(float* p, const float* g, float* buf, size_t n, const math::SgdHyper& h) override {
+    math::SgdHyper changed = h;
+    if (fault_ == Fault::SgdFirstStepIgnored) changed.first_step = false;
+    ForwardingBackend::sgd_step_impl(p, g, buf, n, changed);
   }
-  void scale(float* d, float f, size_t n) override { in_->scale(d, f, n); }
-  bool all_finite(const float* d, size_t n) override { return in_->all_finite(d, n); }
 
  private:
-  std::unique_ptr<Backend> in_;
   Fault fault_;
 };
 

@@ -116,6 +116,13 @@ TEST_CASE("cpu backend: relu, residual add, accumulate", "[kernel]") {
     }
 }
 
+TEST_CASE("cpu backend: relu on the MLP head's (N, 512) matrix", "[kernel]") {
+  for (auto& be : cpu_backends()) {
+    check_relu_matrix(*be, 16, 512);
+    check_relu_matrix(*be, 3, 7);
+  }
+}
+
 TEST_CASE("cpu backend: max pool vs reference (ties, -inf padding) and finite differences", "[kernel]") {
   const std::vector<PoolCase> cases{
       {2, 3, 8, 8}, {1, 5, 7, 9}, {2, 17, 5, 5}, {1, 2, 1, 1}, {1, 4, 6, 6, 2, 2, 0}, {2, 64, 9, 9},

@@ -246,8 +246,8 @@ TEST_CASE("model: loss falls over 20 Adam steps on a fixed synthetic batch", "[m
   for (int step = 1; step <= 20; ++step) {
     losses.push_back(model_loss(*m, input, labels, 0.1f, &dz));
     m->backward(dz, false);
-    be->adam_step(m->params().data(), m->grads().data(), mom.ptr(), var.ptr(), count, 1e-2f, 0.9f, 0.999f,
-                  1e-8f, 0.f, step);
+    be->adam_step(m->params().data(), m->grads().data(), mom.ptr(), var.ptr(), count,
+                  math::AdamArgs{.lr = 1e-2f, .step = step});
   }
   losses.push_back(model_loss(*m, input, labels, 0.1f, nullptr));
   std::ostringstream trace;
@@ -285,8 +285,8 @@ TEST_CASE("model: Adam and SGD steps on the flat arenas equal hand-computed valu
     const float lr = 1e-3f, eps = 1e-8f;
     DeviceVector mom(*be, filled(count, 0.f)), var(*be, filled(count, 0.f));
     for (int step = 1; step <= 2; ++step)
-      be->adam_step(m->params().data(), m->grads().data(), mom.ptr(), var.ptr(), count, lr, 0.9f, 0.999f, eps,
-                    0.f, step);
+      be->adam_step(m->params().data(), m->grads().data(), mom.ptr(), var.ptr(), count,
+                    math::AdamArgs{.lr = lr, .eps = eps, .step = step});
     std::vector<double> expected(count);
     size_t moved = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -300,7 +300,8 @@ TEST_CASE("model: Adam and SGD steps on the flat arenas equal hand-computed valu
     ref::Vec pr = to_double(params_now());
     ref::AdamState st;
     DeviceVector m2(*be, filled(count, 0.f)), v2(*be, filled(count, 0.f));
-    be->adam_step(m->params().data(), m->grads().data(), m2.ptr(), v2.ptr(), count, lr, 0.9f, 0.999f, eps, 0.01f, 1);
+    be->adam_step(m->params().data(), m->grads().data(), m2.ptr(), v2.ptr(), count,
+                  math::AdamArgs{.lr = lr, .eps = eps, .weight_decay = 0.01f, .step = 1});
     ref::adam_step(pr, to_double(g), st, lr, 0.9, 0.999, eps, 0.01);
     RD_CHECK_CLOSE("Adam with weight decay", params_now(), pr, (Tol{1e-6, 1e-6}));
   }
@@ -308,8 +309,12 @@ TEST_CASE("model: Adam and SGD steps on the flat arenas equal hand-computed valu
     // First step: buf = g, p -= lr g. Second (same g): buf = (1 + momentum) g.
     const float lr = 0.1f, mu = 0.9f;
     DeviceVector buf(*be, filled(count, 5.f));
-    be->sgd_step(m->params().data(), m->grads().data(), buf.ptr(), count, lr, mu, 0.f, 0.f, false, true);
-    be->sgd_step(m->params().data(), m->grads().data(), buf.ptr(), count, lr, mu, 0.f, 0.f, false, false);
+    be->sgd_step(m->params().data(), m->grads().data(), buf.ptr(), count,
+                 math::SgdHyper{.lr = lr, .momentum = mu, .dampening = 0.f, .weight_decay = 0.f, .nesterov = false,
+                                .first_step = true});
+    be->sgd_step(m->params().data(), m->grads().data(), buf.ptr(), count,
+                 math::SgdHyper{.lr = lr, .momentum = mu, .dampening = 0.f, .weight_decay = 0.f, .nesterov = false,
+                                .first_step = false});
     std::vector<double> expected(count), expected_buf(count);
     for (size_t i = 0; i < count; ++i) {
       expected[i] = p0[i] - lr * (2.0 + mu) * g[i];

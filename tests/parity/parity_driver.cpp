@@ -369,7 +369,7 @@ int run(const Args& args) {
       write_int_attr(out.get(), "num_batches_tracked_after_step1", model.num_batches_tracked());
       write_masks(recorder, out.get());
     }
-    backend->adam_step(params.data(), grads.data(), m, v, params.size(), lr, 0.9f, 0.999f, 1e-8f, 0.f, step);
+    backend->adam_step(params.data(), grads.data(), m, v, params.size(), rd::math::AdamArgs{.lr = lr, .step = step});
     if (step == 1) {
       H5Id p = create_group(out.get(), "params_adam1");
       write_arena(*backend, params, p.get());

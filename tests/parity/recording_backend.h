@@ -37,28 +37,28 @@ class RecordingBackend final : public ForwardingBackend {
   std::vector<int64_t> maxpool_dims;
   std::vector<float> maxpool_input;  // NCHW
 
-  void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta, float* running_mean,
-                               float* running_var, float momentum, float eps, bool relu, Tensor& y,
-                               BatchNormSaved& saved, ChannelReducer* sync) override {
-    ForwardingBackend::batchnorm_forward_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu, y,
-                                               saved, sync);
-    if (relu) record("bn_relu", y);
+
+ protected:
+  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                    BatchNormSaved& saved) override {
+    ForwardingBackend::batchnorm_forward_train_impl(x, a, y, saved);
+    if (a.relu) record("bn_relu", y);
   }
-  void relu_forward(const Tensor& x, Tensor& y) override {
-    ForwardingBackend::relu_forward(x, y);
+  void relu_forward_impl(const Tensor& x, Tensor& y) override {
+    ForwardingBackend::relu_forward_impl(x, y);
     record("relu", y);
   }
-  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override {
-    ForwardingBackend::add_forward(a, b, relu, y);
+  void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override {
+    ForwardingBackend::add_forward_impl(a, b, relu, y);
     if (relu) record("add_relu", y);
   }
-  void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad, void* workspace) override {
+  void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad, void* workspace) override {
     if (recording) {
       maxpool_dims = x.shape.vec();
       maxpool_input.resize(static_cast<size_t>(x.numel()));
       inner().copy_to_host_nchw(x, maxpool_input.data());
     }
-    ForwardingBackend::maxpool_forward(x, y, kernel, stride, pad, workspace);
+    ForwardingBackend::maxpool_forward_impl(x, y, kernel, stride, pad, workspace);
   }
 
  private:

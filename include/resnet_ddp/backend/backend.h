@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "resnet_ddp/math/optim.h"
 #include "resnet_ddp/tensor.h"
 
 namespace rd {
@@ -36,21 +37,63 @@ inline int64_t conv_out_size(int64_t in, int kernel, int stride, int pad) {
 }
 
 // SyncBatchNorm seam: a backend calls this in the middle of a batch-norm op to
-// sum per-channel statistics over all ranks (in place, device memory).
+// sum per-channel statistics over all ranks (in place, the backend's device
+// memory). Doubles, so that sums and the element count stay exact (a float
+// count is not, beyond 2^24 elements per channel). A device reducer may return
+// before the sums are there, ordered before the backend's later work on its
+// stream (no host wait per layer).
 struct ChannelReducer {
   virtual ~ChannelReducer() = default;
-  virtual void allreduce_sum(float* data, size_t count) = 0;
+  virtual void allreduce_sum(double* data, size_t count) = 0;
+  // How many ranks contribute (1 when not distributed).
+  virtual int participants() const = 0;
 };
 
 // Saved state of one batch-norm forward in training mode, needed by backward.
 struct BatchNormSaved {
   float* mean = nullptr;    // [C] batch mean (global when synchronised)
   float* invstd = nullptr;  // [C] 1 / sqrt(var + eps)
-  double count = 0;         // elements per channel behind the statistics (all ranks)
+  // Elements per channel behind the statistics (all ranks). The CPU backend
+  // reads the exact all-reduced count; the CUDA backend, which must not wait on
+  // the host per layer, records local count x participants (equal per-rank
+  // batches, as DistributedSampler gives) while its kernels use the exact one.
+  double count = 0;
 };
 
 enum class Precision : uint8_t { FP32, TF32, FP16, BF16 };
 
+// One batch-norm layer's device vectors and settings, shared by its forward and
+// backward ops (instead of eleven positional arguments).
+struct BatchNormArgs {
+  const float* gamma = nullptr;     // [C]
+  const float* beta = nullptr;      // [C]
+  float* running_mean = nullptr;    // [C] updated by forward_train, read by forward_eval
+  float* running_var = nullptr;     // [C]
+  float momentum = 0.1f;            // PyTorch's running-stat momentum
+  float eps = 1e-5f;
+  bool relu = false;                // ReLU fused on the output
+  ChannelReducer* sync = nullptr;   // SyncBatchNorm: statistics summed over ranks
+};
+
+// Where batch-norm backward writes the parameter gradients.
+struct BatchNormGrads {
+  float* dgamma = nullptr;  // [C]
+  float* dbeta = nullptr;   // [C]
+  bool accumulate = false;  // add to what is there
+};
+
+// Backend: every public operation is non-virtual. It first runs the op's
+// contract (src/core/backend_contract.cpp: rank, layout, dtype, device, shapes,
+// aliasing), the same code for every backend, then the backend's protected
+// `*_impl`. So whatever the CPU tests, the model and the trainer ask of the CPU
+// backend is exactly what the CUDA backend is asked to accept.
+//
+// The contract in brief:
+// - an activation is 4-D, in `layout_for_channels(C)`, of `activation_dtype()`;
+// - a matrix is 2-D RowMajor F32 (linear inputs/outputs, logits, pooled features);
+// - relu takes either (elementwise ops dispatch on the tensor's own dtype);
+// - operands of one op live on `device()`; an output either is exactly an input
+//   (in place, where the op allows it) or does not overlap any input.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -83,85 +126,122 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* dst, float value, size_t count) = 0;
   // Host NCHW float data <-> an activation in this backend's layout.
-  virtual void copy_from_host_nchw(const float* src, Tensor& dst) = 0;
-  virtual void copy_to_host_nchw(const Tensor& src, float* dst) = 0;
+  void copy_from_host_nchw(const float* src, Tensor& dst);
+  void copy_to_host_nchw(const Tensor& src, float* dst);
   // Host uint8 images, N x H x W x 3 (HWC per image, 0..255) -> activation
   // (N, 3, H, W) scaled to [0, 1], i.e. torchvision's ToTensor.
   // mean/std (3 floats each, host) apply torchvision's Normalize afterwards when given.
-  virtual void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst,
-                                       const float* mean = nullptr, const float* std = nullptr) = 0;
+  void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst, const float* mean = nullptr,
+                               const float* std = nullptr);
   virtual void synchronize() = 0;
 
   // ---- convolution (no bias: ResNet convs are followed by batch norm) --------
-  virtual void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
-                              const ConvGeometry& g) = 0;
-  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                                    const ConvGeometry& g) = 0;
-  virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
-                                       const ConvGeometry& g, bool accumulate) = 0;
+  // w: RowMajor F32 (O, I, k, k), PyTorch's layout.
+  void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g);
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ConvGeometry& g);
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
+                               bool accumulate);
 
   // ---- batch norm (optionally fused with ReLU on the output) -----------------
   // Training mode: normalises with batch statistics (summed over ranks through
-  // `sync` when given), updates running stats with PyTorch's momentum rule and
+  // `a.sync` when given), updates running stats with PyTorch's momentum rule and
   // unbiased variance, fills `saved` for backward.
-  virtual void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
-                                       float* running_mean, float* running_var,
-                                       float momentum, float eps, bool relu, Tensor& y,
-                                       BatchNormSaved& saved, ChannelReducer* sync) = 0;
-  virtual void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
-                                      const float* running_mean, const float* running_var,
-                                      float eps, bool relu, Tensor& y) = 0;
+  void batchnorm_forward_train(const Tensor& x, const BatchNormArgs& a, Tensor& y, BatchNormSaved& saved);
+  void batchnorm_forward_eval(const Tensor& x, const BatchNormArgs& a, Tensor& y);
   // `y` is the forward output (its sign gives the ReLU mask when relu is fused).
-  // With `sync`, dx uses the all-reduced sums, but dgamma/dbeta stay this rank's
+  // With `a.sync`, dx uses the all-reduced sums, but dgamma/dbeta stay this rank's
   // local sums (DDP averages them with the other gradients).
-  virtual void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                                  const float* gamma, const BatchNormSaved& saved, bool relu,
-                                  Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
-                                  ChannelReducer* sync) = 0;
+  void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
+                          const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads);
 
   // ---- elementwise ----------------------------------------------------------
-  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
-  virtual void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+  // x: an activation or a matrix (the MLP head's hidden layer).
+  void relu_forward(const Tensor& x, Tensor& y);
+  void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
   // y = relu(a + b) (relu optional); backward gives the gradient both inputs share.
-  virtual void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) = 0;
-  virtual void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) = 0;
-  // dst += src (same shape and layout): gradient of a branch point.
-  virtual void accumulate(const Tensor& src, Tensor& dst) = 0;
+  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y);
+  void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum);
+  // dst += src (same shape, layout and dtype): gradient of a branch point.
+  void accumulate(const Tensor& src, Tensor& dst);
 
   // ---- pooling --------------------------------------------------------------
   // Max pool (kernel, stride, pad); `indices` is backend-private workspace that
   // forward fills and backward reads: allocate with maxpool_workspace_bytes.
   virtual size_t maxpool_workspace_bytes(const Tensor& y) = 0;
-  virtual void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
-                               void* workspace) = 0;
-  virtual void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
-                                const void* workspace) = 0;
+  void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad, void* workspace);
+  void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                        const void* workspace);
   // Global average pool: activation (N, C, H, W) -> matrix (N, C).
-  virtual void global_avgpool_forward(const Tensor& x, Tensor& y) = 0;
-  virtual void global_avgpool_backward(const Tensor& dy, Tensor& dx) = 0;
+  void global_avgpool_forward(const Tensor& x, Tensor& y);
+  void global_avgpool_backward(const Tensor& dy, Tensor& dx);
 
   // ---- linear: y = x W^T + b, x (N, in), W (out, in) --------------------------
-  virtual void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) = 0;
-  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                               Tensor& dw, float* db, bool accumulate) = 0;
+  void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y);
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                       float* db, bool accumulate);
 
   // ---- loss: mean label-smoothed softmax cross-entropy over the batch ---------
   // logits (N, K) RowMajor, labels on the host. Writes d(mean loss)/d(logits)
   // * grad_scale into dlogits (if non-null), the per-row argmax into
   // predictions (host, may be null); returns the *sum* of row losses.
-  virtual double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                              float grad_scale, Tensor* dlogits, int32_t* predictions) = 0;
+  double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing, float grad_scale,
+                      Tensor* dlogits, int32_t* predictions);
 
   // ---- optimizers over a flat arena slice (params, grads, state on device) ----
-  virtual void adam_step(float* params, const float* grads, float* m, float* v, size_t count,
-                         float lr, float beta1, float beta2, float eps, float weight_decay,
-                         int64_t step) = 0;
-  virtual void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count,
-                        float lr, float momentum, float dampening, float weight_decay,
-                        bool nesterov, bool first_step) = 0;
+  void adam_step(float* params, const float* grads, float* m, float* v, size_t count,
+                 const math::AdamArgs& a);
+  // momentum_buf may be null when h.momentum == 0.
+  void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count,
+                const math::SgdHyper& h);
   virtual void scale(float* data, float factor, size_t count) = 0;
   // Returns true when every element is finite.
   virtual bool all_finite(const float* data, size_t count) = 0;
+  // data *= factor, then true when every element is finite: fp16 loss-scale
+  // unscaling plus the overflow check. The default makes two passes; a backend
+  // may do both in one.
+  virtual bool unscale_and_check(float* data, float factor, size_t count) {
+    scale(data, factor, count);
+    return all_finite(data, count);
+  }
+
+ protected:
+  // The implementations, called after the contract holds. Forwarding decorators
+  // override these (ForwardingBackend), never the public operations.
+  virtual void copy_from_host_nchw_impl(const float* src, Tensor& dst) = 0;
+  virtual void copy_to_host_nchw_impl(const Tensor& src, float* dst) = 0;
+  virtual void images_u8_to_activation_impl(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
+                                            const float* std) = 0;
+  virtual void conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) = 0;
+  virtual void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                         const ConvGeometry& g) = 0;
+  virtual void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
+                                            const ConvGeometry& g, bool accumulate) = 0;
+  virtual void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                            BatchNormSaved& saved) = 0;
+  virtual void batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) = 0;
+  virtual void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                       const BatchNormArgs& a, const BatchNormSaved& saved, Tensor& dx,
+                                       const BatchNormGrads& grads) = 0;
+  virtual void relu_forward_impl(const Tensor& x, Tensor& y) = 0;
+  virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+  virtual void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) = 0;
+  virtual void add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) = 0;
+  virtual void accumulate_impl(const Tensor& src, Tensor& dst) = 0;
+  virtual void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                                    void* workspace) = 0;
+  virtual void maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                                     const void* workspace) = 0;
+  virtual void global_avgpool_forward_impl(const Tensor& x, Tensor& y) = 0;
+  virtual void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) = 0;
+  virtual void linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) = 0;
+  virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                                    Tensor& dw, float* db, bool accumulate) = 0;
+  virtual double softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                   float grad_scale, Tensor* dlogits, int32_t* predictions) = 0;
+  virtual void adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
+                              const math::AdamArgs& a) = 0;
+  virtual void sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
+                             const math::SgdHyper& h) = 0;
 };
 
 // How the CPU backend computes 3x3 stride-1 convolutions. Winograd F(4x4, 3x3) does
@@ -191,5 +271,16 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts = {});
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts = {});
 bool cuda_backend_available();  // built in and at least one device visible
 int cuda_device_count();        // 0 when not built or no driver
+
+// The CUDA device index a rank uses: local_rank % visible. Under Slurm's
+// --gpus-per-task=1 (or --gpu-bind=single:1) every rank sees exactly one GPU,
+// index 0; with all of a node's GPUs visible, local rank i takes GPU i. Returns
+// -1 when several GPUs are visible but fewer than the node's ranks (ranks would
+// share a GPU, which NCCL refuses), or when none is visible.
+inline int cuda_device_for_rank(int local_rank, int local_world, int visible) {
+  if (visible <= 0 || local_rank < 0) return -1;
+  if (visible > 1 && local_world > visible) return -1;
+  return local_rank % visible;
+}
 
 }  // namespace rd

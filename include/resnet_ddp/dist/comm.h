@@ -130,6 +130,11 @@ class Comm {
   virtual void allreduce(float* data, size_t count, ReduceOp op) = 0;
   virtual void allreduce(double* data, size_t count, ReduceOp op) = 0;
   virtual void allreduce(int64_t* data, size_t count, ReduceOp op) = 0;
+  // Like allreduce, but a device communicator may return before the sum is
+  // there: work its device's compute stream runs afterwards sees it (ordered on
+  // an event, no host wait), while the host must not read `data` before that
+  // stream is synchronised. Host communicators simply block.
+  virtual void allreduce_stream_ordered(double* data, size_t count, ReduceOp op) { allreduce(data, count, op); }
   // Asynchronous all-reduce; `data` must stay valid until the request is done.
   virtual std::unique_ptr<Request> iallreduce(float* data, size_t count, ReduceOp op) = 0;
 
@@ -150,7 +155,7 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm base = MPI_COMM_WORLD);
 
 #ifdef RESNET_DDP_HAVE_CUDA
 // NCCL communicator over device memory among the ranks of `base`, on CUDA
-// device `device_index` (= local rank). Defined in src/backend/cuda/ (rd_cuda),
+// device `device_index` (see cuda_device_for_rank). Defined in src/backend/cuda/ (rd_cuda),
 // so it exists only in CUDA builds: callers guard with RESNET_DDP_HAVE_CUDA.
 // Throws rd::Error on failure (no device, NCCL init error or timeout).
 std::unique_ptr<Comm> make_nccl_comm(MPI_Comm base, int device_index);

@@ -113,7 +113,8 @@ void broadcast_model(Comm& comm, Arena& params, Arena& buffers);
 class SyncBatchNormReducer : public ChannelReducer {
  public:
   explicit SyncBatchNormReducer(Comm& comm) : comm_(comm) {}
-  void allreduce_sum(float* data, size_t count) override;
+  void allreduce_sum(double* data, size_t count) override;
+  int participants() const override { return comm_.size(); }
   uint64_t calls() const { return calls_; }
   uint64_t bytes() const { return bytes_; }
 

@@ -7,12 +7,22 @@
 
 namespace rd::math {
 
-// From per-channel sums over `count` elements to mean and biased variance.
-RD_HD void bn_stats_from_sums(double sum, double sumsq, double count, float& mean, float& var) {
+// From per-channel sums of (x - shift) and (x - shift)^2 over `count` elements
+// to mean and biased variance. A shift near the mean (the GPU uses the running
+// mean, the same on every rank) keeps E[d^2] - E[d]^2 from cancelling when
+// |mean| >> std, and keeps float partial sums small: the shifted-data variance
+// algorithm, as robust as Welford's for this use.
+RD_HD void bn_stats_from_shifted_sums(double shift, double sum, double sumsq, double count, float& mean,
+                                      float& var) {
   const double m = sum / count;
   double v = sumsq / count - m * m;
-  mean = static_cast<float>(m);
+  mean = static_cast<float>(shift + m);
   var = static_cast<float>(v > 0.0 ? v : 0.0);
+}
+
+// From per-channel sums over `count` elements to mean and biased variance.
+RD_HD void bn_stats_from_sums(double sum, double sumsq, double count, float& mean, float& var) {
+  bn_stats_from_shifted_sums(0.0, sum, sumsq, count, mean, var);
 }
 
 // PyTorch running-stat update: momentum-weighted, running_var uses the unbiased

@@ -2,6 +2,7 @@
 // (torch.optim.Adam / torch.optim.SGD with L2 weight decay added to the gradient).
 #pragma once
 #include <math.h>
+#include <stdint.h>
 
 #include "resnet_ddp/math/hd.h"
 
@@ -12,6 +13,22 @@ struct AdamHyper {
   float bias_correction1;       // 1 - beta1^t
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
 };
+
+// One Adam step as the caller states it (torch.optim.Adam's defaults); the
+// backends derive the per-step AdamHyper from it with adam_hyper().
+struct AdamArgs {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
+  int64_t step = 1;  // 1-based count of steps taken, this one included
+};
+
+inline AdamHyper adam_hyper(const AdamArgs& a) {
+  AdamHyper h{};
+  h.lr = a.lr, h.beta1 = a.beta1, h.beta2 = a.beta2, h.eps = a.eps, h.weight_decay = a.weight_decay;
+  const double t = static_cast<double>(a.step);
+  h.bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), t));
+  h.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(a.beta2), t)));
+  return h;
+}
 
 RD_HD void adam_update(float& p, float g, float& m, float& v, const AdamHyper& h) {
   if (h.weight_decay != 0.f) g += h.weight_decay * p;

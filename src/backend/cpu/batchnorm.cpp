@@ -185,12 +185,13 @@ Layout bn_layout(const Tensor& x) {
 
 }  // namespace
 
-void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
-                                         float* running_mean, float* running_var,
-                                         float momentum, float eps, bool relu, Tensor& y,
-                                         BatchNormSaved& saved, ChannelReducer* sync) {
-  RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_train: x "
-                                                           << x.describe() << " y " << y.describe());
+void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                              BatchNormSaved& saved) {
+  const float *gamma = a.gamma, *beta = a.beta;
+  float *running_mean = a.running_mean, *running_var = a.running_var;
+  const float momentum = a.momentum, eps = a.eps;
+  const bool relu = a.relu;
+  ChannelReducer* sync = a.sync;
   const Dims d = dims_of(x);
   const Layout layout = bn_layout(x);
   const int64_t C = d.c;
@@ -207,14 +208,13 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
                });
   double count = static_cast<double>(d.n * d.h * d.w);
   if (sync) {
-    // One all-reduce of [sum | sumsq | count]: exact even when ranks hold unequal batches.
-    std::vector<float>& f = bn_scratch_f_;
-    f.resize(static_cast<size_t>(2 * C + 1));
-    for (int64_t c = 0; c < 2 * C; ++c) f[static_cast<size_t>(c)] = static_cast<float>(sum[c]);
-    f[static_cast<size_t>(2 * C)] = static_cast<float>(count);
-    sync->allreduce_sum(f.data(), f.size());
-    for (int64_t c = 0; c < 2 * C; ++c) sum[c] = f[static_cast<size_t>(c)];
-    count = f[static_cast<size_t>(2 * C)];
+    // One all-reduce of [sum | sumsq | count] in double: exact even when ranks
+    // hold unequal batches (sum and sumsq sit contiguously in the scratch).
+    std::vector<double> packed(sum, sum + 2 * C);
+    packed.push_back(count);
+    sync->allreduce_sum(packed.data(), packed.size());
+    std::copy(packed.begin(), packed.begin() + 2 * C, sum);
+    count = packed[static_cast<size_t>(2 * C)];
   }
   RD_CHECK(count > 0, "batchnorm: empty batch");
   saved.count = count;
@@ -237,11 +237,11 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, co
   apply_scale_shift(d, layout, threads_, xs, ys, scale, shift, relu);
 }
 
-void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
-                                        const float* running_mean, const float* running_var,
-                                        float eps, bool relu, Tensor& y) {
-  RD_CHECK(x.shape == y.shape && x.layout == y.layout, "batchnorm_forward_eval: x "
-                                                           << x.describe() << " y " << y.describe());
+void CpuBackend::batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) {
+  const float *gamma = a.gamma, *beta = a.beta;
+  const float *running_mean = a.running_mean, *running_var = a.running_var;
+  const float eps = a.eps;
+  const bool relu = a.relu;
   const Dims d = dims_of(x);
   const Layout layout = bn_layout(x);
   std::vector<float>& ss = bn_scratch_f_;
@@ -256,14 +256,13 @@ void CpuBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, con
   apply_scale_shift(d, layout, threads_, xs, ys, scale, shift, relu);
 }
 
-void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                                    const float* gamma, const BatchNormSaved& saved, bool relu,
-                                    Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
-                                    ChannelReducer* sync) {
-  RD_CHECK(x.shape == dy.shape && x.shape == dx.shape && x.layout == dy.layout &&
-               x.layout == dx.layout,
-           "batchnorm_backward: x " << x.describe() << " dy " << dy.describe() << " dx "
-                                    << dx.describe());
+void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                         const BatchNormArgs& a, const BatchNormSaved& saved, Tensor& dx,
+                                         const BatchNormGrads& grads) {
+  const float* gamma = a.gamma;
+  const bool relu = a.relu, accumulate = grads.accumulate;
+  ChannelReducer* sync = a.sync;
+  float *dgamma = grads.dgamma, *dbeta = grads.dbeta;
   const Dims d = dims_of(x);
   const Layout layout = bn_layout(x);
   const int64_t C = d.c;
@@ -288,29 +287,34 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tens
                    a = g[i];
                    b = g[i] * (xs[i] - mean[c]);
                  });
-  std::vector<float>& f = bn_scratch_f_;
-  f.resize(static_cast<size_t>(5 * C));
-  float* red = f.data();  // [sum_dy | sum_dy_xhat], then the dx coefficients [k | p | q]
+  // [sum_dy | sum_dy_xhat] in float, as before SyncBN existed (the dgamma/dbeta
+  // values stay bit-identical), all-reduced in double.
+  std::vector<double> red(static_cast<size_t>(2 * C));
   for (int64_t c = 0; c < C; ++c) {
-    red[c] = static_cast<float>(sum_dy[c]);
-    red[C + c] = static_cast<float>(sum_dy_xmu[c] * saved.invstd[c]);
+    red[static_cast<size_t>(c)] = static_cast<float>(sum_dy[c]);
+    red[static_cast<size_t>(C + c)] = static_cast<float>(sum_dy_xmu[c] * saved.invstd[c]);
   }
   // dgamma/dbeta are this rank's own sums: DDP averages them like every other
   // gradient (taking them after the all-reduce would scale them by the world size).
   for (int64_t c = 0; c < C; ++c) {
-    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + red[c] : red[c];
-    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + red[C + c] : red[C + c];
+    const float db = static_cast<float>(red[static_cast<size_t>(c)]);
+    const float dg = static_cast<float>(red[static_cast<size_t>(C + c)]);
+    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + db : db;
+    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + dg : dg;
   }
-  if (sync) sync->allreduce_sum(red, static_cast<size_t>(2 * C));
+  if (sync) sync->allreduce_sum(red.data(), red.size());
   // dx = gamma*invstd * (dy - mean_dy - xhat*mean_dy_xhat) is affine in (dy, x) per
   // channel: dx = k*dy + p*x + q. Three per-channel vectors instead of six keep the
   // element loop to two FMAs (it runs on every activation of the network).
-  float* k = red + 2 * C;
+  std::vector<float>& f = bn_scratch_f_;
+  f.resize(static_cast<size_t>(3 * C));
+  float* k = f.data();
   float* p = k + C;
   float* q = p + C;
   for (int64_t c = 0; c < C; ++c)
-    math::bn_backward_coefficients(gamma[c], mean[c], saved.invstd[c], red[c] / saved.count,
-                                   red[C + c] / saved.count, k[c], p[c], q[c]);
+    math::bn_backward_coefficients(gamma[c], mean[c], saved.invstd[c],
+                                   red[static_cast<size_t>(c)] / saved.count,
+                                   red[static_cast<size_t>(C + c)] / saved.count, k[c], p[c], q[c]);
   float* out = dx.f32();
   if (relu)
     for_each_element(d, layout, threads_, [=](int64_t i, int64_t c) {

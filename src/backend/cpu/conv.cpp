@@ -193,7 +193,7 @@ dnnl::memory CpuBackend::primitive_weights(ConvPlan& p, const Tensor& w, bool pl
   return blocked;
 }
 
-void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
+void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y,
                                 const ConvGeometry& g) {
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
   dy_conv_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
@@ -213,7 +213,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y,
   stream_.wait();
 }
 
-void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+void CpuBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
                                       const ConvGeometry& g) {
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
   dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
@@ -234,7 +234,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor&
   stream_.wait();
 }
 
-void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
                                          const ConvGeometry& g, bool accumulate) {
   ConvPlan& p = conv_plan(x.shape, dw.shape, dy.shape, g);
   dnnl::memory src(p.bwd_weights_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));

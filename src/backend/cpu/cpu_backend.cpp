@@ -97,7 +97,7 @@ void CpuBackend::reorder_nchw_blocked(const Tensor& t, float* nchw, bool to_bloc
   stream_.wait();
 }
 
-void CpuBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
+void CpuBackend::copy_from_host_nchw_impl(const float* src, Tensor& dst) {
   if (dst.layout == Layout::RowMajor || dst.layout == Layout::NCHW) {
     copy_from_host(dst.data, src, static_cast<size_t>(dst.numel()) * sizeof(float));
     return;
@@ -106,7 +106,7 @@ void CpuBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
   transpose_nchw_nhwc(dims_of(dst), src, dst.f32(), true);
 }
 
-void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
+void CpuBackend::copy_to_host_nchw_impl(const Tensor& src, float* dst) {
   if (src.layout == Layout::RowMajor || src.layout == Layout::NCHW) {
     copy_to_host(dst, src.data, static_cast<size_t>(src.numel()) * sizeof(float));
     return;
@@ -115,7 +115,7 @@ void CpuBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
   transpose_nchw_nhwc(dims_of(src), src.f32(), dst, false);
 }
 
-void CpuBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,
+void CpuBackend::images_u8_to_activation_impl(const uint8_t* src, Tensor& dst, const float* mean,
                                          const float* std) {
   const Dims d = dims_of(dst);
   RD_CHECK(d.c == 3 && (dst.layout == Layout::NHWC || dst.layout == Layout::NCHW),
@@ -148,7 +148,7 @@ static void check_same(const Tensor& a, const Tensor& b, const char* op) {
            op << ": tensors differ: " << a.describe() << " vs " << b.describe());
 }
 
-void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
+void CpuBackend::relu_forward_impl(const Tensor& x, Tensor& y) {
   check_same(x, y, "relu_forward");
   const float* in = x.f32();
   float* out = y.f32();
@@ -157,7 +157,7 @@ void CpuBackend::relu_forward(const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < n; ++i) out[i] = math::relu_forward(in[i]);
 }
 
-void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+void CpuBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) {
   check_same(y, dy, "relu_backward");
   check_same(y, dx, "relu_backward");
   const float* yo = y.f32();
@@ -168,7 +168,7 @@ void CpuBackend::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   for (int64_t i = 0; i < n; ++i) out[i] = math::relu_backward(yo[i], g[i]);
 }
 
-void CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
+void CpuBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
   check_same(a, b, "add_forward");
   check_same(a, y, "add_forward");
   const float* pa = a.f32();
@@ -184,7 +184,7 @@ void CpuBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor
   }
 }
 
-void CpuBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
+void CpuBackend::add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
   check_same(y, dy, "add_backward");
   check_same(y, dsum, "add_backward");
   if (!relu) {
@@ -194,7 +194,7 @@ void CpuBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Tens
   relu_backward(y, dy, dsum);
 }
 
-void CpuBackend::accumulate(const Tensor& src, Tensor& dst) {
+void CpuBackend::accumulate_impl(const Tensor& src, Tensor& dst) {
   check_same(src, dst, "accumulate");
   const float* in = src.f32();
   float* out = dst.f32();
@@ -211,7 +211,7 @@ size_t CpuBackend::maxpool_workspace_bytes(const Tensor& y) {
   return static_cast<size_t>(y.numel()) * sizeof(int32_t);
 }
 
-void CpuBackend::maxpool_forward(const Tensor& x, Tensor& y, int k, int stride, int pad,
+void CpuBackend::maxpool_forward_impl(const Tensor& x, Tensor& y, int k, int stride, int pad,
                                  void* workspace) {
   RD_CHECK(x.layout == y.layout, "maxpool_forward: layouts differ");
   const Dims in = dims_of(x), out = dims_of(y);
@@ -290,7 +290,7 @@ void CpuBackend::maxpool_forward(const Tensor& x, Tensor& y, int k, int stride, 
         }
 }
 
-void CpuBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int, int, int,
+void CpuBackend::maxpool_backward_impl(const Tensor& dy, Tensor& dx, int, int, int,
                                   const void* workspace) {
   const Dims out = dims_of(dy), in = dims_of(dx);
   const float* g = dy.f32();
@@ -307,7 +307,7 @@ void CpuBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int, int, int,
   }
 }
 
-void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+void CpuBackend::global_avgpool_forward_impl(const Tensor& x, Tensor& y) {
   const Dims d = dims_of(x);
   RD_CHECK(y.shape == (Shape{d.n, d.c}), "global_avgpool_forward: output " << y.describe());
   const float* src = x.f32();
@@ -351,7 +351,7 @@ void CpuBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
   }
 }
 
-void CpuBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) {
   const Dims d = dims_of(dx);
   const float* g = dy.f32();
   float* dst = dx.f32();
@@ -398,7 +398,7 @@ static void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha
   RD_CHECK(st == dnnl_success, "dnnl_sgemm failed with status " << static_cast<int>(st));
 }
 
-void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
+void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
   const int64_t n = x.shape[0], in = x.shape[1], out = w.shape[0];
   RD_CHECK(w.shape[1] == in && y.shape == (Shape{n, out}),
            "linear_forward: x " << x.describe() << " w " << w.describe() << " y " << y.describe());
@@ -411,7 +411,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const float* b
   sgemm('N', 'T', n, out, in, 1.f, x.f32(), in, w.f32(), in, b ? 1.f : 0.f, yo, out);
 }
 
-void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                  Tensor& dw, float* db, bool accumulate) {
   const int64_t n = x.shape[0], in = x.shape[1], out = w.shape[0];
   const float beta = accumulate ? 1.f : 0.f;
@@ -429,7 +429,7 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
 
 // ---- loss ---------------------------------------------------------------------------
 
-double CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+double CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
                                 float grad_scale, Tensor* dlogits, int32_t* predictions) {
   const int64_t n = logits.shape[0], k = logits.shape[1];
   const float* z = logits.f32();
@@ -449,26 +449,14 @@ double CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, flo
 
 // ---- optimizers -------------------------------------------------------------------------
 
-void CpuBackend::adam_step(float* p, const float* g, float* m, float* v, size_t count, float lr,
-                           float beta1, float beta2, float eps, float weight_decay,
-                           int64_t step) {
-  math::AdamHyper h{};
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), step));
-  h.bias_correction2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), step)));
+void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,
+                                const math::AdamArgs& a) {
+  const math::AdamHyper h = math::adam_hyper(a);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < count; ++i) math::adam_update(p[i], g[i], m[i], v[i], h);
 }
 
-void CpuBackend::sgd_step(float* p, const float* g, float* buf, size_t count, float lr,
-                          float momentum, float dampening, float weight_decay, bool nesterov,
-                          bool first_step) {
-  math::SgdHyper h{lr, momentum, dampening, weight_decay, nesterov, first_step};
+void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h) {
   float dummy = 0.f;
 #pragma omp parallel for schedule(static) firstprivate(dummy)
   for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);

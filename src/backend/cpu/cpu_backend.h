@@ -54,57 +54,53 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void fill(float* dst, float value, size_t count) override;
-  void copy_from_host_nchw(const float* src, Tensor& dst) override;
-  void copy_to_host_nchw(const Tensor& src, float* dst) override;
-  void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
-                               const float* std) override;
   void synchronize() override {}
-
-  void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
-  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                            const ConvGeometry& g) override;
-  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
-                               const ConvGeometry& g, bool accumulate) override;
-
-  void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
-                               float* running_mean, float* running_var, float momentum,
-                               float eps, bool relu, Tensor& y, BatchNormSaved& saved,
-                               ChannelReducer* sync) override;
-  void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
-                              const float* running_mean, const float* running_var, float eps,
-                              bool relu, Tensor& y) override;
-  void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const float* gamma,
-                          const BatchNormSaved& saved, bool relu, Tensor& dx, float* dgamma,
-                          float* dbeta, bool accumulate, ChannelReducer* sync) override;
-
-  void relu_forward(const Tensor& x, Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
-  void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
-  void accumulate(const Tensor& src, Tensor& dst) override;
-
   size_t maxpool_workspace_bytes(const Tensor& y) override;
-  void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
-                       void* workspace) override;
-  void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
-                        const void* workspace) override;
-  void global_avgpool_forward(const Tensor& x, Tensor& y) override;
-  void global_avgpool_backward(const Tensor& dy, Tensor& dx) override;
-
-  void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                       Tensor& dw, float* db, bool accumulate) override;
-
-  double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
-                      float grad_scale, Tensor* dlogits, int32_t* predictions) override;
-
-  void adam_step(float* params, const float* grads, float* m, float* v, size_t count, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
-  void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
-                float momentum, float dampening, float weight_decay, bool nesterov,
-                bool first_step) override;
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
+
+ protected:
+  void copy_from_host_nchw_impl(const float* src, Tensor& dst) override;
+  void copy_to_host_nchw_impl(const Tensor& src, float* dst) override;
+  void images_u8_to_activation_impl(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
+                                    const float* std) override;
+
+  void conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
+  void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                 const ConvGeometry& g) override;
+  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
+                                    const ConvGeometry& g, bool accumulate) override;
+
+  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                    BatchNormSaved& saved) override;
+  void batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) override;
+  void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
+                               const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads) override;
+
+  void relu_forward_impl(const Tensor& x, Tensor& y) override;
+  void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
+  void add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
+  void accumulate_impl(const Tensor& src, Tensor& dst) override;
+
+  void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                            void* workspace) override;
+  void maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                             const void* workspace) override;
+  void global_avgpool_forward_impl(const Tensor& x, Tensor& y) override;
+  void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) override;
+
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
+  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                            Tensor& dw, float* db, bool accumulate) override;
+
+  double softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                           float grad_scale, Tensor* dlogits, int32_t* predictions) override;
+
+  void adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
+                      const math::AdamArgs& a) override;
+  void sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
+                     const math::SgdHyper& h) override;
 
  private:
   ConvPlan& conv_plan(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);

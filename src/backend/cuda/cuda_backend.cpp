@@ -1,15 +1,18 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::cuda {
@@ -65,16 +68,57 @@ void fail_oom(size_t asked, const char* what, const char* file, int line) {
 
 Scratch::~Scratch() { release(); }
 
+bool wait_stream_bounded(cudaStream_t s, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e != cudaErrorNotReady) {
+      if (e != cudaSuccess) cudaGetLastError();
+      return true;  // done, or failed (nothing left to wait for)
+    }
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+double teardown_wait_s() { return dist::collective_timeout_s(); }
+
 void Scratch::release() {
   if (!ptr_) return;
-  // The buffer may still be in use by queued work: wait for the device first.
-  cudaDeviceSynchronize();
+  // The buffer may still be in use by queued work: wait for its streams (or the
+  // device when unbound) first; if they never finish, leak it rather than hang.
+  if (streams_[0]) {
+    for (cudaStream_t s : streams_)
+      if (s && !wait_stream_bounded(s, teardown_wait_s())) {
+        ptr_ = nullptr;
+        bytes_ = 0;
+        return;
+      }
+  } else {
+    cudaDeviceSynchronize();
+  }
   if (pinned_)
     cudaFreeHost(ptr_);
   else
     cudaFree(ptr_);
   ptr_ = nullptr;
   bytes_ = 0;
+}
+
+void* Scratch::try_get(size_t bytes) {
+  if (bytes <= bytes_ && ptr_) return ptr_;
+  const size_t want = std::max<size_t>(bytes, 256);
+  void* fresh = nullptr;
+  const cudaError_t e = pinned_ ? cudaMallocHost(&fresh, want) : cudaMalloc(&fresh, want);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it so later calls report their own errors
+    return nullptr;
+  }
+  if (e != cudaSuccess) fail_cuda(e, pinned_ ? "cudaMallocHost" : "cudaMalloc", __FILE__, __LINE__);
+  release();
+  ptr_ = fresh;
+  bytes_ = want;
+  return ptr_;
 }
 
 void* Scratch::get(size_t bytes, const char* what) {
@@ -101,11 +145,9 @@ struct CudaBackend::ConvPlan {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
-  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  // Measured algorithms, fastest first (cudnnFind's order); the first one whose
+  // workspace can be allocated runs, the others are the out-of-memory fallbacks.
+  std::vector<ConvChoice> fwd, bwd_data, bwd_filter;
   int64_t yh = 0, yw = 0;
 
   ~ConvPlan() {
@@ -150,11 +192,17 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
-// Picks the fastest successful result that fits the workspace limit.
-template <class Perf> const Perf* pick(const Perf* perfs, int n, size_t limit) {
+// Every successful result within the workspace limit, fastest first. FP32 never
+// takes a TF32 variant: its math type is forced to FMA (PyTorch does the same
+// when allow_tf32 is off).
+template <class Perf>
+std::vector<CudaBackend::ConvChoice> choices(const Perf* perfs, int n, size_t limit, Precision precision) {
+  std::vector<CudaBackend::ConvChoice> out;
   for (int i = 0; i < n; ++i)
-    if (perfs[i].status == CUDNN_STATUS_SUCCESS && perfs[i].memory <= limit) return &perfs[i];
-  return nullptr;
+    if (perfs[i].status == CUDNN_STATUS_SUCCESS && perfs[i].memory <= limit)
+      out.push_back({static_cast<int>(perfs[i].algo),
+                     precision == Precision::FP32 ? CUDNN_FMA_MATH : perfs[i].mathType, perfs[i].memory});
+  return out;
 }
 
 }  // namespace
@@ -170,8 +218,21 @@ cudnnMathType_t CudaBackend::wanted_conv_math() const {
 size_t CudaBackend::find_workspace_limit() const {
   size_t free_b = 0, total_b = 0;
   RD_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  // Leave room for the activations still to be allocated, keep what is already ours.
-  return std::max(workspace_.capacity(), free_b / 2);
+  // Leave room for the activations still to be allocated, keep what is already ours;
+  // never more than a quarter of the GPU (16 GB cards: 4 GB). A later shortage is
+  // handled by the fallbacks (affordable) and by allocate() releasing the workspace.
+  return std::max(workspace_.capacity(), std::min(free_b / 2, total_b / 4));
+}
+
+CudaBackend::ConvChoice CudaBackend::affordable(std::vector<ConvChoice>& list, void*& ws, const char* op) {
+  for (;;) {
+    RD_CHECK(!list.empty(), op << ": no convolution algorithm's workspace fits in the free GPU memory");
+    const ConvChoice c = list.front();
+    ws = c.ws ? workspace_.try_get(c.ws) : nullptr;
+    if (!c.ws || ws) return c;
+    // Out of memory for this one: drop it for good, try the next (smaller or slower) one.
+    list.erase(list.begin());
+  }
 }
 
 CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w,
@@ -216,29 +277,43 @@ CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w
   return ref;
 }
 
-// FP32 must never fall back to TF32 even if cuDNN reports a tensor-op variant
-// as fastest (PyTorch does the same when allow_tf32 is off).
-#define RD_CONV_MATH(perf_math) (precision_ == Precision::FP32 ? CUDNN_FMA_MATH : (perf_math))
-
 bool CudaBackend::stages_weights() const {
   return layout_ == Layout::NHWC || act_dtype_ != DType::F32;
 }
 
-const void* CudaBackend::staged_weight(const Tensor& w, const char* op) {
+// One staged copy per weight buffer. The forward stages it; backward-data reuses
+// that copy unless something may have written weights since (weights_version_:
+// optimizer steps, host copies, fills, new allocations), so a training step
+// converts each weight once, not twice (review #11). Copies unused for a whole
+// optimizer step are released (prune_staged_weights), so reloaded models and
+// finite-difference tests do not keep stale device copies.
+const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
   if (!stages_weights()) return w.data;
-  auto& slot = staged_weights_[w.data];
-  if (!slot) slot = std::make_unique<Scratch>();
-  void* dst = slot->get(static_cast<size_t>(w.numel()) * dtype_size(act_dtype_), "staged conv weight");
-  // Re-staged on every call: the optimizer may have changed the weights.
+  // Without optimizer steps (inference, tests) nothing is pruned: bound the count
+  // instead, far above any ResNet's conv layers (ResNet-152: 155).
+  if (staged_weights_.size() >= 1024 && !staged_weights_.count(w.data)) staged_weights_.clear();
+  StagedWeight& slot = staged_weights_[w.data];
+  const size_t bytes = static_cast<size_t>(w.numel()) * dtype_size(act_dtype_);
+  const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes && !from_forward;
+  slot.last_used_step = optimizer_steps_;
+  if (fresh) return slot.buffer->get(bytes, "staged conv weight");
+  if (!slot.buffer) {
+    slot.buffer = std::make_unique<Scratch>();
+    slot.buffer->bind(compute_);
+  }
+  void* dst = slot.buffer->get(bytes, "staged conv weight");
   kern::stage_conv_weight(w.f32(), w.shape[0], w.shape[1], w.shape[2], w.shape[3],
                           layout_ == Layout::NHWC, act_dtype_, dst, compute_);
+  slot.version = weights_version_;
+  slot.bytes = bytes;
   return dst;
 }
 
-void* CudaBackend::workspace(size_t bytes) {
-  if (bytes == 0) return nullptr;
-  return workspace_.get(bytes, "cuDNN convolution workspace");
+void CudaBackend::prune_staged_weights() {
+  for (auto it = staged_weights_.begin(); it != staged_weights_.end();)
+    it = it->second.last_used_step + 1 < optimizer_steps_ ? staged_weights_.erase(it) : std::next(it);
 }
+
 
 // ---- compute-stream registry (for NcclComm) -------------------------------------------
 
@@ -247,8 +322,9 @@ std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<int, cudaStream_t>& registry() {
-  static std::map<int, cudaStream_t> r;
+// Per device, the compute streams of its live backends, oldest first.
+std::map<int, std::vector<cudaStream_t>>& registry() {
+  static std::map<int, std::vector<cudaStream_t>> r;
   return r;
 }
 }  // namespace
@@ -256,7 +332,7 @@ std::map<int, cudaStream_t>& registry() {
 cudaStream_t registered_compute_stream(int device) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto it = registry().find(device);
-  return it == registry().end() ? nullptr : it->second;
+  return it == registry().end() || it->second.empty() ? nullptr : it->second.back();
 }
 
 // ---- construction -----------------------------------------------------------------------
@@ -296,18 +372,35 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
   RD_CUBLAS(cublasSetStream(cublas_, compute_));
   RD_CUBLAS(cublasSetMathMode(cublas_, precision_ == Precision::FP32 ? CUBLAS_DEFAULT_MATH
                                                                      : CUBLAS_TF32_TENSOR_OP_MATH));
+  for (Scratch* buf : {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_,
+                       &nchw_scratch_, &labels_device_, &row_loss_device_, &argmax_device_, &loss_host_,
+                       &flag_device_, &flag_host_})
+    buf->bind(compute_);
+  images_device_.bind(compute_, copy_);  // written by the copy stream, read by compute
+  images_pinned_.bind(copy_);
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[device_] = compute_;
+  registry()[device_].push_back(compute_);
 }
 
 CudaBackend::~CudaBackend() {
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(device_);
-    if (it != registry().end() && it->second == compute_) registry().erase(it);
+    auto& streams = registry()[device_];
+    streams.erase(std::remove(streams.begin(), streams.end(), compute_), streams.end());
   }
-  cudaStreamSynchronize(compute_);
-  cudaStreamSynchronize(copy_);
+  // Bounded (review #10): a stream stuck behind a dead peer's collective must not
+  // hang the exit; the watchdog or the caller's error path ends the process.
+  const bool idle = wait_stream_bounded(compute_, teardown_wait_s()) && wait_stream_bounded(copy_, teardown_wait_s());
+  if (!idle) {
+    std::fprintf(stderr, "resnet_ddp: CUDA device %d still busy at shutdown; not waiting any longer\n", device_);
+    // Leak handles and buffers rather than block in their destruction.
+    for (Scratch* buf : {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_,
+                         &nchw_scratch_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
+                         &argmax_device_, &loss_host_, &flag_device_, &flag_host_})
+      buf->abandon();
+    for (auto& entry : staged_weights_) entry.second.buffer->abandon();
+    return;
+  }
   plans_.clear();
   if (cublas_) cublasDestroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
@@ -321,7 +414,7 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::name() const {
   const size_t v = cudnnGetVersion();
   std::ostringstream os;
-  os << "cuda (" << props_.name << ", cc " << props_.major << "." << props_.minor << ", cuDNN "
+  os << "cuda:" << device_ << " (" << props_.name << ", cc " << props_.major << "." << props_.minor << ", cuDNN "
      << v / 10000 << "." << (v % 10000) / 100 << "." << v % 100 << ", " << precision_name(precision_)
      << ", " << layout_name(layout_) << ")";
   return os.str();
@@ -337,7 +430,7 @@ kern::ActDesc CudaBackend::act(const Tensor& t, const char* op, const char* role
   kern::ActDesc d;
   d.n = t.shape[0], d.c = t.shape[1], d.h = t.shape[2], d.w = t.shape[3];
   d.nhwc = layout_ == Layout::NHWC;
-  d.dtype = act_dtype_;
+  d.dtype = t.dtype;
   return d;
 }
 
@@ -366,8 +459,17 @@ std::string dims(const kern::ActDesc& a) {
 
 std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
   const size_t want = std::max<size_t>(bytes, 256);
+  ++weights_version_;  // a new buffer may reuse a freed weight's address
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, want);
+  cudaError_t e = cudaMalloc(&p, want);
+  if (e == cudaErrorMemoryAllocation && workspace_.capacity() > 0) {
+    // The convolution workspace was sized while memory was free (review #5):
+    // give it back and retry; convolutions then fall back to algorithms whose
+    // workspace still fits (affordable).
+    cudaGetLastError();
+    workspace_.release();
+    e = cudaMalloc(&p, want);
+  }
   if (e == cudaErrorMemoryAllocation) fail_oom(want, "a tensor", __FILE__, __LINE__);
   if (e != cudaSuccess) fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
   RD_CUDA(cudaMemsetAsync(p, 0, want, compute_));
@@ -377,6 +479,7 @@ std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  ++weights_version_;  // may be a weight: staged copies are stale
   RD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
   // Pageable sources are staged before cudaMemcpyAsync returns, but a pinned
   // source would be read later: wait so the caller may reuse `src` at once.
@@ -389,9 +492,12 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   RD_CUDA(cudaStreamSynchronize(compute_));
 }
 
-void CudaBackend::fill(float* dst, float value, size_t count) { kern::fill_f32(dst, value, count, compute_); }
+void CudaBackend::fill(float* dst, float value, size_t count) {
+  ++weights_version_;  // may be a weight: staged copies are stale
+  kern::fill_f32(dst, value, count, compute_);
+}
 
-void CudaBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
+void CudaBackend::copy_from_host_nchw_impl(const float* src, Tensor& dst) {
   const kern::ActDesc d = act(dst, "copy_from_host_nchw", "destination");
   const size_t bytes = static_cast<size_t>(d.count()) * sizeof(float);
   if (!d.nhwc && d.dtype == DType::F32) return copy_from_host(dst.data, src, bytes);
@@ -401,7 +507,7 @@ void CudaBackend::copy_from_host_nchw(const float* src, Tensor& dst) {
   RD_CUDA(cudaStreamSynchronize(compute_));
 }
 
-void CudaBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
+void CudaBackend::copy_to_host_nchw_impl(const Tensor& src, float* dst) {
   const kern::ActDesc d = act(src, "copy_to_host_nchw", "source");
   const size_t bytes = static_cast<size_t>(d.count()) * sizeof(float);
   if (!d.nhwc && d.dtype == DType::F32) return copy_to_host(dst, src.data, bytes);
@@ -410,14 +516,9 @@ void CudaBackend::copy_to_host_nchw(const Tensor& src, float* dst) {
   copy_to_host(dst, tmp, bytes);
 }
 
-void CudaBackend::images_u8_to_activation(const uint8_t* src, Tensor& dst, const float* mean,
+void CudaBackend::images_u8_to_activation_impl(const uint8_t* src, Tensor& dst, const float* mean,
                                           const float* std) {
   const kern::ActDesc d = act(dst, "images_u8_to_activation", "destination");
-  RD_CHECK(d.c == 3, "images_u8_to_activation: destination must have 3 channels, got " << dst.describe());
-  if (std)
-    for (int c = 0; c < 3; ++c)
-      RD_CHECK(std[c] != 0.f && std::isfinite(std[c]),
-               "images_u8_to_activation: std[" << c << "] = " << std[c] << " (must be finite, non-zero)");
   const float zero[3] = {0.f, 0.f, 0.f}, one[3] = {1.f, 1.f, 1.f};
   const size_t bytes = static_cast<size_t>(d.count());
   if (!bytes) return;
@@ -443,7 +544,7 @@ void CudaBackend::synchronize() {
 
 // ---- convolution -------------------------------------------------------------------------------
 
-void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) {
+void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) {
   const kern::ActDesc xd = act(x, "conv2d_forward", "x"), yd = act(y, "conv2d_forward", "y");
   ConvPlan& p = plan(xd, w, g, "conv2d_forward");
   RD_CHECK(yd.n == xd.n && yd.c == w.shape[0] && yd.h == p.yh && yd.w == p.yw,
@@ -452,23 +553,24 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, co
   if (!p.have_fwd) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     int n = 0;
+    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));  // search the precision's math
     RD_CUDNN(cudnnFindConvolutionForwardAlgorithm(cudnn_, p.x, p.w, p.conv, p.y,
                                                   static_cast<int>(perf.size()), &n, perf.data()));
-    const auto* best = pick(perf.data(), n, find_workspace_limit());
-    RD_CHECK(best, "conv2d_forward: cuDNN found no algorithm for input " << dims(xd) << " weight "
-                                                                          << w.shape.str());
-    p.fwd = best->algo, p.fwd_math = RD_CONV_MATH(best->mathType), p.fwd_ws = best->memory;
+    p.fwd = choices(perf.data(), n, find_workspace_limit(), precision_);
+    RD_CHECK(!p.fwd.empty(), "conv2d_forward: cuDNN found no algorithm for input " << dims(xd) << " weight "
+                                                                                  << w.shape.str());
     p.have_fwd = true;
   }
-  const void* wp = staged_weight(w, "conv2d_forward");
-  void* ws = workspace(p.fwd_ws);
+  const void* wp = staged_weight(w, /*from_forward=*/true);
+  void* ws = nullptr;
+  const ConvChoice c = affordable(p.fwd, ws, "conv2d_forward");
   const float alpha = 1.f, beta = 0.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
-  RD_CUDNN(cudnnConvolutionForward(cudnn_, &alpha, p.x, x.data, p.w, wp, p.conv, p.fwd, ws, p.fwd_ws,
-                                   &beta, p.y, y.data));
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
+  RD_CUDNN(cudnnConvolutionForward(cudnn_, &alpha, p.x, x.data, p.w, wp, p.conv,
+                                   static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws, c.ws, &beta, p.y, y.data));
 }
 
-void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
+void CudaBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
                                        const ConvGeometry& g) {
   const kern::ActDesc dyd = act(dy, "conv2d_backward_data", "dy");
   const kern::ActDesc dxd = act(dx, "conv2d_backward_data", "dx");
@@ -479,23 +581,27 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor
   if (!p.have_bwd_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     int n = 0;
+    // The descriptor still carries the forward's chosen math type: search with the
+    // precision's own (review #4: else fp16/bf16 backward may miss tensor cores).
+    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));
     RD_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(cudnn_, p.w, p.y, p.conv, p.x,
                                                        static_cast<int>(perf.size()), &n, perf.data()));
-    const auto* best = pick(perf.data(), n, find_workspace_limit());
-    RD_CHECK(best, "conv2d_backward_data: cuDNN found no algorithm for dx " << dims(dxd) << " weight "
-                                                                           << w.shape.str());
-    p.bwd_data = best->algo, p.bwd_data_math = RD_CONV_MATH(best->mathType);
-    p.bwd_data_ws = best->memory, p.have_bwd_data = true;
+    p.bwd_data = choices(perf.data(), n, find_workspace_limit(), precision_);
+    RD_CHECK(!p.bwd_data.empty(), "conv2d_backward_data: cuDNN found no algorithm for dx "
+                                      << dims(dxd) << " weight " << w.shape.str());
+    p.have_bwd_data = true;
   }
-  const void* wp = staged_weight(w, "conv2d_backward_data");
-  void* ws = workspace(p.bwd_data_ws);
+  const void* wp = staged_weight(w, /*from_forward=*/false);
+  void* ws = nullptr;
+  const ConvChoice c = affordable(p.bwd_data, ws, "conv2d_backward_data");
   const float alpha = 1.f, beta = 0.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
-  RD_CUDNN(cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, wp, p.y, dy.data, p.conv, p.bwd_data, ws,
-                                        p.bwd_data_ws, &beta, p.x, dx.data));
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
+  RD_CUDNN(cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, wp, p.y, dy.data, p.conv,
+                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, c.ws, &beta, p.x,
+                                        dx.data));
 }
 
-void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw,
+void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
                                           const ConvGeometry& g, bool accumulate) {
   const kern::ActDesc xd = act(x, "conv2d_backward_weights", "x");
   const kern::ActDesc dyd = act(dy, "conv2d_backward_weights", "dy");
@@ -506,82 +612,81 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Ten
   if (!p.have_bwd_filter) {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     int n = 0;
+    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));  // review #4, as backward data
     RD_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(cudnn_, p.x, p.y, p.conv, p.w,
                                                          static_cast<int>(perf.size()), &n, perf.data()));
-    const auto* best = pick(perf.data(), n, find_workspace_limit());
-    RD_CHECK(best, "conv2d_backward_weights: cuDNN found no algorithm for x " << dims(xd)
-                                                                              << " dw " << dw.shape.str());
-    p.bwd_filter = best->algo, p.bwd_filter_math = RD_CONV_MATH(best->mathType);
-    p.bwd_filter_ws = best->memory, p.have_bwd_filter = true;
+    p.bwd_filter = choices(perf.data(), n, find_workspace_limit(), precision_);
+    RD_CHECK(!p.bwd_filter.empty(), "conv2d_backward_weights: cuDNN found no algorithm for x "
+                                        << dims(xd) << " dw " << dw.shape.str());
+    p.have_bwd_filter = true;
   }
-  void* ws = workspace(p.bwd_filter_ws);
+  void* ws = nullptr;
+  const ConvChoice c = affordable(p.bwd_filter, ws, "conv2d_backward_weights");
+  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo);
   const float alpha = 1.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
   if (!stages_weights()) {
     const float beta = accumulate ? 1.f : 0.f;
-    RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv,
-                                            p.bwd_filter, ws, p.bwd_filter_ws, &beta, p.w, dw.data));
+    RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv, algo, ws, c.ws,
+                                            &beta, p.w, dw.data));
     return;
   }
   // Gradient in the staged layout/type first, then back to the f32 OIHW arena.
   void* tmp = staged_grad_.get(static_cast<size_t>(dw.numel()) * dtype_size(act_dtype_),
                                "staged conv weight gradient");
   const float beta = 0.f;
-  RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv,
-                                          p.bwd_filter, ws, p.bwd_filter_ws, &beta, p.w, tmp));
+  RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv, algo, ws, c.ws,
+                                          &beta, p.w, tmp));
   kern::unstage_conv_weight_grad(tmp, dw.shape[0], dw.shape[1], dw.shape[2], dw.shape[3],
                                  layout_ == Layout::NHWC, act_dtype_, dw.f32(), accumulate, compute_);
 }
 
 // ---- batch norm ----------------------------------------------------------------------------------
 
-void CudaBackend::batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
-                                          float* running_mean, float* running_var, float momentum,
-                                          float eps, bool relu, Tensor& y, BatchNormSaved& saved,
-                                          ChannelReducer* sync) {
+void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                               BatchNormSaved& saved) {
+  ChannelReducer* sync = a.sync;
   const kern::ActDesc xd = act(x, "batchnorm_forward_train", "x");
   const kern::ActDesc yd = act(y, "batchnorm_forward_train", "y");
   RD_CHECK(same_dims(xd, yd), "batchnorm_forward_train: x " << dims(xd) << " vs y " << dims(yd));
-  RD_CHECK(saved.mean && saved.invstd, "batchnorm_forward_train: saved.mean/invstd not allocated");
-  RD_CHECK(eps > 0.f, "batchnorm_forward_train: eps must be > 0, got " << eps);
   const size_t C = static_cast<size_t>(xd.c);
   const double count = static_cast<double>(xd.n * xd.h * xd.w);
   double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
   float* ss = bn_scale_shift_.as<float>(2 * C, "batch-norm scale/shift");
-  kern::bn_sums_forward(xd, x.data, sums, compute_);
-  const float* packed = nullptr;
+  // Sums shifted by the running mean (the same on every rank): review #7.
+  kern::bn_sums_forward(xd, x.data, a.running_mean, sums, compute_);
+  const double* packed = nullptr;
   if (sync) {
-    float* buf = bn_packed_.as<float>(2 * C + 1, "SyncBatchNorm buffer");
+    double* buf = bn_packed_.as<double>(2 * C + 1, "SyncBatchNorm buffer");
     kern::bn_pack_sums(sums, xd.c, count, buf, compute_);
-    sync->allreduce_sum(buf, 2 * C + 1);  // comm stream ordered after compute by the reducer's Comm
+    // Ordered on the compute stream by events, no host wait (review #6); the
+    // kernels read the exact global count from buf[2C], the host records
+    // local x participants (see BatchNormSaved::count).
+    sync->allreduce_sum(buf, 2 * C + 1);
     packed = buf;
-    float global_count = 0.f;
-    copy_to_host(&global_count, buf + 2 * C, sizeof(float));
-    saved.count = global_count;
+    saved.count = count * static_cast<double>(sync->participants());
   } else {
     saved.count = count;
   }
-  kern::bn_finalize_forward(xd.c, sums, count, packed, gamma, beta, running_mean, running_var, momentum,
-                            eps, saved.mean, saved.invstd, ss, compute_);
-  kern::bn_apply(xd, x.data, ss, relu, y.data, compute_);
+  kern::bn_finalize_forward(xd.c, sums, count, packed, a.gamma, a.beta, a.running_mean, a.running_var,
+                            a.momentum, a.eps, saved.mean, saved.invstd, ss, compute_);
+  kern::bn_apply(xd, x.data, ss, a.relu, y.data, compute_);
 }
 
-void CudaBackend::batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
-                                         const float* running_mean, const float* running_var,
-                                         float eps, bool relu, Tensor& y) {
+void CudaBackend::batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) {
   const kern::ActDesc xd = act(x, "batchnorm_forward_eval", "x");
   const kern::ActDesc yd = act(y, "batchnorm_forward_eval", "y");
   RD_CHECK(same_dims(xd, yd), "batchnorm_forward_eval: x " << dims(xd) << " vs y " << dims(yd));
-  RD_CHECK(running_mean && running_var, "batchnorm_forward_eval: running statistics missing");
   float* ss = bn_scale_shift_.as<float>(2 * static_cast<size_t>(xd.c), "batch-norm scale/shift");
-  kern::bn_scale_shift_eval(xd.c, gamma, beta, running_mean, running_var, eps, ss, compute_);
-  kern::bn_apply(xd, x.data, ss, relu, y.data, compute_);
+  kern::bn_scale_shift_eval(xd.c, a.gamma, a.beta, a.running_mean, a.running_var, a.eps, ss, compute_);
+  kern::bn_apply(xd, x.data, ss, a.relu, y.data, compute_);
 }
 
-void CudaBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                                     const float* gamma, const BatchNormSaved& saved, bool relu,
-                                     Tensor& dx, float* dgamma, float* dbeta, bool accumulate,
-                                     ChannelReducer* sync) {
+void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                          const BatchNormArgs& a, const BatchNormSaved& saved, Tensor& dx,
+                                          const BatchNormGrads& grads) {
+  const bool relu = a.relu;
+  ChannelReducer* sync = a.sync;
   const kern::ActDesc xd = act(x, "batchnorm_backward", "x");
   const kern::ActDesc dyd = act(dy, "batchnorm_backward", "dy");
   const kern::ActDesc dxd = act(dx, "batchnorm_backward", "dx");
@@ -592,7 +697,6 @@ void CudaBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Ten
     const kern::ActDesc yd = act(y, "batchnorm_backward", "y");
     RD_CHECK(same_dims(xd, yd), "batchnorm_backward: y " << dims(yd) << " vs x " << dims(xd));
   }
-  RD_CHECK(saved.mean && saved.invstd, "batchnorm_backward: saved statistics missing (forward_train first)");
   const size_t C = static_cast<size_t>(xd.c);
   const double count = static_cast<double>(xd.n * xd.h * xd.w);
   double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
@@ -600,35 +704,32 @@ void CudaBackend::batchnorm_backward(const Tensor& x, const Tensor& y, const Ten
   kern::bn_sums_backward(xd, x.data, relu ? y.data : nullptr, dy.data, relu, saved.mean, saved.invstd,
                          sums, compute_);
   // dgamma/dbeta from this rank's batch (DDP averages them like any gradient).
-  kern::bn_param_grads(xd.c, sums, dgamma, dbeta, accumulate, compute_);
-  const float* packed = nullptr;
+  kern::bn_param_grads(xd.c, sums, grads.dgamma, grads.dbeta, grads.accumulate, compute_);
+  const double* packed = nullptr;
   if (sync) {
-    float* buf = bn_packed_.as<float>(2 * C + 1, "SyncBatchNorm buffer");
+    double* buf = bn_packed_.as<double>(2 * C + 1, "SyncBatchNorm buffer");
     kern::bn_pack_sums(sums, xd.c, count, buf, compute_);
-    sync->allreduce_sum(buf, 2 * C + 1);
+    sync->allreduce_sum(buf, 2 * C + 1);  // event-ordered, as in forward
     packed = buf;
   }
   kern::bn_finalize_backward(xd.c, sums, count, packed, means, compute_);
-  kern::bn_backward_dx(xd, x.data, relu ? y.data : nullptr, dy.data, relu, gamma, saved.mean,
+  kern::bn_backward_dx(xd, x.data, relu ? y.data : nullptr, dy.data, relu, a.gamma, saved.mean,
                        saved.invstd, means, dx.data, compute_);
 }
 
 // ---- elementwise -----------------------------------------------------------------------------------
 
-void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {
-  const auto xd = act(x, "relu_forward", "x"), yd = act(y, "relu_forward", "y");
-  RD_CHECK(same_dims(xd, yd), "relu_forward: x " << dims(xd) << " vs y " << dims(yd));
-  kern::relu_forward(act_dtype_, x.data, y.data, static_cast<size_t>(xd.count()), compute_);
+// The contract admits activations and the MLP head's F32 matrices (any
+// precision): dispatch on the tensor's own dtype and element count.
+void CudaBackend::relu_forward_impl(const Tensor& x, Tensor& y) {
+  kern::relu_forward(x.dtype, x.data, y.data, static_cast<size_t>(x.numel()), compute_);
 }
 
-void CudaBackend::relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  const auto yd = act(y, "relu_backward", "y"), dyd = act(dy, "relu_backward", "dy");
-  const auto dxd = act(dx, "relu_backward", "dx");
-  RD_CHECK(same_dims(yd, dyd) && same_dims(yd, dxd), "relu_backward: shapes differ");
-  kern::relu_backward(act_dtype_, y.data, dy.data, dx.data, static_cast<size_t>(yd.count()), compute_);
+void CudaBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  kern::relu_backward(y.dtype, y.data, dy.data, dx.data, static_cast<size_t>(y.numel()), compute_);
 }
 
-void CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
+void CudaBackend::add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) {
   const auto ad = act(a, "add_forward", "a"), bd = act(b, "add_forward", "b");
   const auto yd = act(y, "add_forward", "y");
   RD_CHECK(same_dims(ad, bd) && same_dims(ad, yd),
@@ -636,7 +737,7 @@ void CudaBackend::add_forward(const Tensor& a, const Tensor& b, bool relu, Tenso
   kern::add_forward(act_dtype_, a.data, b.data, y.data, static_cast<size_t>(ad.count()), relu, compute_);
 }
 
-void CudaBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
+void CudaBackend::add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) {
   const auto dyd = act(dy, "add_backward", "dy"), dsd = act(dsum, "add_backward", "dsum");
   RD_CHECK(same_dims(dyd, dsd), "add_backward: dy " << dims(dyd) << " vs dsum " << dims(dsd));
   if (relu) {
@@ -648,7 +749,7 @@ void CudaBackend::add_backward(const Tensor& y, const Tensor& dy, bool relu, Ten
   }
 }
 
-void CudaBackend::accumulate(const Tensor& src, Tensor& dst) {
+void CudaBackend::accumulate_impl(const Tensor& src, Tensor& dst) {
   RD_CHECK(src.device == DeviceKind::CUDA && dst.device == DeviceKind::CUDA && src.shape == dst.shape &&
                src.layout == dst.layout && src.dtype == dst.dtype,
            "accumulate: src " << src.describe() << " and dst " << dst.describe() << " must match");
@@ -661,7 +762,7 @@ size_t CudaBackend::maxpool_workspace_bytes(const Tensor& y) {
   return static_cast<size_t>(y.numel()) * sizeof(int32_t);
 }
 
-void CudaBackend::maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+void CudaBackend::maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
                                   void* workspace) {
   const auto xd = act(x, "maxpool_forward", "x"), yd = act(y, "maxpool_forward", "y");
   RD_CHECK(kernel > 0 && stride > 0 && pad >= 0 && 2 * pad <= kernel,
@@ -674,7 +775,7 @@ void CudaBackend::maxpool_forward(const Tensor& x, Tensor& y, int kernel, int st
                         compute_);
 }
 
-void CudaBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+void CudaBackend::maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
                                    const void* workspace) {
   const auto dyd = act(dy, "maxpool_backward", "dy"), dxd = act(dx, "maxpool_backward", "dx");
   RD_CHECK(dyd.n == dxd.n && dyd.c == dxd.c && dyd.h == conv_out_size(dxd.h, kernel, stride, pad) &&
@@ -685,13 +786,13 @@ void CudaBackend::maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int
                          static_cast<const int32_t*>(workspace), compute_);
 }
 
-void CudaBackend::global_avgpool_forward(const Tensor& x, Tensor& y) {
+void CudaBackend::global_avgpool_forward_impl(const Tensor& x, Tensor& y) {
   const auto xd = act(x, "global_avgpool_forward", "x");
   check_matrix(y, xd.n, xd.c, "global_avgpool_forward", "y");
   kern::global_avgpool_forward(xd, x.data, y.f32(), compute_);
 }
 
-void CudaBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
+void CudaBackend::global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) {
   const auto dxd = act(dx, "global_avgpool_backward", "dx");
   check_matrix(dy, dxd.n, dxd.c, "global_avgpool_backward", "dy");
   kern::global_avgpool_backward(dy.f32(), dxd, dx.data, compute_);
@@ -699,7 +800,7 @@ void CudaBackend::global_avgpool_backward(const Tensor& dy, Tensor& dx) {
 
 // ---- linear (cuBLAS is column-major: a RowMajor (r, c) matrix is its (c, r) transpose) -------------
 
-void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
+void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) {
   check_matrix(w, -1, -1, "linear_forward", "w");
   const int64_t out = w.shape[0], in = w.shape[1];
   check_matrix(x, -1, in, "linear_forward", "x");
@@ -714,7 +815,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const float* 
   kern::add_bias_rows(y.f32(), b, n, out, compute_);
 }
 
-void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                   Tensor& dw, float* db, bool accumulate) {
   check_matrix(w, -1, -1, "linear_backward", "w");
   const int64_t out = w.shape[0], in = w.shape[1];
@@ -741,16 +842,10 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
 
 // ---- loss ---------------------------------------------------------------------------------------------
 
-double CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing,
+double CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
                                  float grad_scale, Tensor* dlogits, int32_t* predictions) {
   check_matrix(logits, -1, -1, "softmax_xent", "logits");
   const int64_t n = logits.shape[0], k = logits.shape[1];
-  RD_CHECK(k > 0, "softmax_xent: logits have no classes");
-  RD_CHECK(smoothing >= 0.f && smoothing <= 1.f, "softmax_xent: smoothing " << smoothing << " not in [0, 1]");
-  for (int64_t i = 0; i < n; ++i)
-    RD_CHECK(labels[i] >= 0 && labels[i] < k,
-             "softmax_xent: label " << labels[i] << " of row " << i << " is outside [0, " << k << ")");
-  if (dlogits) check_matrix(*dlogits, n, k, "softmax_xent", "dlogits");
   if (n == 0) return 0.0;
   const size_t N = static_cast<size_t>(n);
   int32_t* lab = labels_device_.as<int32_t>(N, "labels");
@@ -790,28 +885,28 @@ int64_t CudaBackend::count_correct(const Tensor& logits, const int32_t* labels) 
 
 // ---- optimizers ------------------------------------------------------------------------------------------
 
-void CudaBackend::adam_step(float* params, const float* grads, float* m, float* v, size_t count, float lr,
-                            float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  RD_CHECK(step >= 1, "adam_step: step must be >= 1, got " << step);
-  math::AdamHyper h{};
-  h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.weight_decay = weight_decay;
-  h.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
-  h.bias_correction2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step))));
-  kern::adam_step(params, grads, m, v, count, h, compute_);
+void CudaBackend::adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
+                                 const math::AdamArgs& a) {
+  kern::adam_step(params, grads, m, v, count, math::adam_hyper(a), compute_);
+  weights_changed_by_optimizer();
 }
 
-void CudaBackend::sgd_step(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
-                           float momentum, float dampening, float weight_decay, bool nesterov,
-                           bool first_step) {
-  RD_CHECK(momentum == 0.f || momentum_buf, "sgd_step: momentum " << momentum << " needs a buffer");
-  math::SgdHyper h{};
-  h.lr = lr, h.momentum = momentum, h.dampening = dampening, h.weight_decay = weight_decay;
-  h.nesterov = nesterov, h.first_step = first_step;
+void CudaBackend::sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
+                                const math::SgdHyper& h) {
   kern::sgd_step(params, grads, momentum_buf, count, h, compute_);
+  weights_changed_by_optimizer();
 }
 
-void CudaBackend::scale(float* data, float factor, size_t count) { kern::scale_f32(data, factor, count, compute_); }
+void CudaBackend::weights_changed_by_optimizer() {
+  ++weights_version_;
+  ++optimizer_steps_;
+  prune_staged_weights();
+}
+
+void CudaBackend::scale(float* data, float factor, size_t count) {
+  ++weights_version_;  // may be a weight: staged copies are stale
+  kern::scale_f32(data, factor, count, compute_);
+}
 
 bool CudaBackend::unscale_and_check(float* data, float factor, size_t count) {
   int* flag = flag_device_.as<int>(1, "non-finite flag");

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "launch.cuh"  // kernels/
 #include "resnet_ddp/backend/backend.h"
@@ -38,20 +39,37 @@ class Scratch {
   // Ensures >= bytes; the previous content is lost when it grows. `what`
   // names the buffer in an out-of-memory error.
   void* get(size_t bytes, const char* what);
+  // As get, but nullptr (and the old buffer kept) when the device is out of memory.
+  void* try_get(size_t bytes);
+  // Frees the buffer now (after the device finished with it); the next get grows it again.
+  void release();
   template <class T> T* as(size_t count, const char* what) {
     return static_cast<T*>(get(count * sizeof(T), what));
   }
   size_t capacity() const { return bytes_; }
+  // The streams that use the buffer: release() waits for them (bounded) instead
+  // of for the whole device.
+  void bind(cudaStream_t first, cudaStream_t second = nullptr) { streams_[0] = first, streams_[1] = second; }
+  // Forgets the buffer without freeing it (its streams never finished).
+  void abandon() { ptr_ = nullptr, bytes_ = 0; }
 
  private:
-  void release();
   bool pinned_;
+  cudaStream_t streams_[2] = {nullptr, nullptr};
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
+// Waits until `s` finished its queued work, for at most `seconds`; false on
+// timeout. Destructors and buffer releases use it: a collective whose peer died
+// can block a stream for ever, and a leak at shutdown beats a hang (review #10).
+bool wait_stream_bounded(cudaStream_t s, double seconds);
+// The bound for those waits: the collective deadline (RD_COLLECTIVE_TIMEOUT_S).
+double teardown_wait_s();
+
 // Compute stream of the CudaBackend living on `device` (null when none):
-// NcclComm orders its collectives against it. The newest backend per device wins.
+// NcclComm orders its collectives against it. The newest live backend per device
+// wins; destroying it brings back the previous one's (review #12).
 cudaStream_t registered_compute_stream(int device);
 
 class CudaBackend final : public Backend {
@@ -68,62 +86,58 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void fill(float* dst, float value, size_t count) override;
-  void copy_from_host_nchw(const float* src, Tensor& dst) override;
-  void copy_to_host_nchw(const Tensor& src, float* dst) override;
-  void images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst, const float* mean = nullptr,
-                               const float* std = nullptr) override;
   void synchronize() override;
-
-  void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
-  void conv2d_backward_data(const Tensor& dy, const Tensor& w, Tensor& dx,
-                            const ConvGeometry& g) override;
-  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
-                               bool accumulate) override;
-
-  void batchnorm_forward_train(const Tensor& x, const float* gamma, const float* beta,
-                               float* running_mean, float* running_var, float momentum, float eps,
-                               bool relu, Tensor& y, BatchNormSaved& saved,
-                               ChannelReducer* sync) override;
-  void batchnorm_forward_eval(const Tensor& x, const float* gamma, const float* beta,
-                              const float* running_mean, const float* running_var, float eps,
-                              bool relu, Tensor& y) override;
-  void batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const float* gamma,
-                          const BatchNormSaved& saved, bool relu, Tensor& dx, float* dgamma,
-                          float* dbeta, bool accumulate, ChannelReducer* sync) override;
-
-  void relu_forward(const Tensor& x, Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void add_forward(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
-  void add_backward(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
-  void accumulate(const Tensor& src, Tensor& dst) override;
-
   size_t maxpool_workspace_bytes(const Tensor& y) override;
-  void maxpool_forward(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
-                       void* workspace) override;
-  void maxpool_backward(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
-                        const void* workspace) override;
-  void global_avgpool_forward(const Tensor& x, Tensor& y) override;
-  void global_avgpool_backward(const Tensor& dy, Tensor& dx) override;
-
-  void linear_forward(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
-                       float* db, bool accumulate) override;
-
-  double softmax_xent(const Tensor& logits, const int32_t* labels, float smoothing, float grad_scale,
-                      Tensor* dlogits, int32_t* predictions) override;
-
-  void adam_step(float* params, const float* grads, float* m, float* v, size_t count, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
-  void sgd_step(float* params, const float* grads, float* momentum_buf, size_t count, float lr,
-                float momentum, float dampening, float weight_decay, bool nesterov,
-                bool first_step) override;
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
+  // One pass: data *= factor and the non-finite check together.
+  bool unscale_and_check(float* data, float factor, size_t count) override;
 
+ protected:
+  void copy_from_host_nchw_impl(const float* src, Tensor& dst) override;
+  void copy_to_host_nchw_impl(const Tensor& src, float* dst) override;
+  void images_u8_to_activation_impl(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
+                                    const float* std) override;
+
+  void conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
+  void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
+                                 const ConvGeometry& g) override;
+  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
+                                    bool accumulate) override;
+
+  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
+                                    BatchNormSaved& saved) override;
+  void batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) override;
+  void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
+                               const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads) override;
+
+  void relu_forward_impl(const Tensor& x, Tensor& y) override;
+  void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
+  void add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
+  void accumulate_impl(const Tensor& src, Tensor& dst) override;
+
+  void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
+                            void* workspace) override;
+  void maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
+                             const void* workspace) override;
+  void global_avgpool_forward_impl(const Tensor& x, Tensor& y) override;
+  void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) override;
+
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
+  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                            float* db, bool accumulate) override;
+
+  double softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing, float grad_scale,
+                           Tensor* dlogits, int32_t* predictions) override;
+
+  void adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
+                      const math::AdamArgs& a) override;
+  void sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
+                     const math::SgdHyper& h) override;
+
+ public:
   // ---- CUDA-only extras ---------------------------------------------------------
-  // data *= factor, then true when every element is finite (one pass: fp16
-  // loss-scale unscaling plus the overflow check).
-  bool unscale_and_check(float* data, float factor, size_t count);
   // Rows of `logits` whose first maximum equals the (host) label.
   int64_t count_correct(const Tensor& logits, const int32_t* labels);
   cudaStream_t compute_stream() const { return compute_; }
@@ -144,15 +158,30 @@ class CudaBackend final : public Backend {
     size_t operator()(const ConvKey& k) const;
   };
   struct ConvPlan;
+  // One measured cuDNN algorithm (forward, backward-data or backward-filter enum value).
+  struct ConvChoice {
+    int algo;
+    cudnnMathType_t math;
+    size_t ws;
+  };
 
  private:
+  struct StagedWeight {
+    std::unique_ptr<Scratch> buffer;
+    size_t bytes = 0;
+    uint64_t version = 0;         // weights_version_ when staged
+    uint64_t last_used_step = 0;  // optimizer_steps_ when last used
+  };
   kern::ActDesc act(const Tensor& t, const char* op, const char* role) const;
   void check_matrix(const Tensor& t, int64_t rows, int64_t cols, const char* op,
                     const char* role) const;
   ConvPlan& plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g, const char* op);
   bool stages_weights() const;
-  const void* staged_weight(const Tensor& w, const char* op);
-  void* workspace(size_t bytes);
+  const void* staged_weight(const Tensor& w, bool from_forward);
+  void prune_staged_weights();
+  void weights_changed_by_optimizer();
+  // The fastest of `list` whose workspace can be allocated now (dropping those that cannot).
+  ConvChoice affordable(std::vector<ConvChoice>& list, void*& ws, const char* op);
   size_t find_workspace_limit() const;
   cudnnMathType_t wanted_conv_math() const;
 
@@ -169,7 +198,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
 
   std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans_;
-  std::unordered_map<const void*, std::unique_ptr<Scratch>> staged_weights_;
+  std::unordered_map<const void*, StagedWeight> staged_weights_;
+  uint64_t weights_version_ = 0;  // bumped by anything that may write a weight
+  uint64_t optimizer_steps_ = 0;
   Scratch workspace_;
   Scratch staged_grad_;
   Scratch bn_sums_, bn_packed_, bn_scale_shift_, bn_means_;

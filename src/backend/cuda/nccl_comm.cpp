@@ -48,16 +48,7 @@ class NcclComm final : public dist::Comm {
     int rc = MPI_Comm_rank(base, &rank_);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size_);
     RD_CHECK(rc == MPI_SUCCESS, "NcclComm: MPI_Comm_rank/size failed (is MPI initialised?)");
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof id);
-    if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    RD_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, base) == MPI_SUCCESS,
-             "NcclComm: MPI_Bcast of the NCCL unique id failed");
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // init and collectives return at once; we poll with a deadline
-    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-    if (r != ncclSuccess && r != ncclInProgress) check(r, "ncclCommInitRankConfig");
-    settle("ncclCommInitRankConfig");
+    bootstrap(base);
     RD_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     RD_CUDA(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
     int* scratch = nullptr;
@@ -66,7 +57,12 @@ class NcclComm final : public dist::Comm {
   }
 
   ~NcclComm() override {
-    if (stream_) cudaStreamSynchronize(stream_);
+    // Bounded (review #10): a collective stuck behind a dead peer must not hang
+    // the exit. Abort the communicator instead of destroying it then.
+    if (stream_ && !wait_stream_bounded(stream_, teardown_wait_s())) {
+      if (comm_ && !aborted_) ncclCommAbort(comm_);
+      return;  // leak the stream, events and scratch: the process is ending
+    }
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
     if (scratch_) cudaFree(scratch_);
@@ -89,11 +85,34 @@ class NcclComm final : public dist::Comm {
     run("allreduce(int64)", [&] { return ncclAllReduce(data, data, count, ncclInt64, ncclSum, comm_, stream_); });
     if (op == dist::ReduceOp::Average && count) {
       // Integer average truncates toward zero (C++ division), as MpiComm does.
+      // Both copies run on the comm stream (review #9: not the legacy stream,
+      // which does not order against the non-blocking compute stream); the
+      // compute stream then waits for the write-back.
       std::vector<int64_t> h(count);
-      RD_CUDA(cudaMemcpy(h.data(), data, count * sizeof(int64_t), cudaMemcpyDeviceToHost));
+      const size_t bytes = count * sizeof(int64_t);
+      RD_CUDA(cudaMemcpyAsync(h.data(), data, bytes, cudaMemcpyDeviceToHost, stream_));
+      RD_CUDA(cudaStreamSynchronize(stream_));
       for (auto& v : h) v /= size_;
-      RD_CUDA(cudaMemcpy(data, h.data(), count * sizeof(int64_t), cudaMemcpyHostToDevice));
+      RD_CUDA(cudaMemcpyAsync(data, h.data(), bytes, cudaMemcpyHostToDevice, stream_));
+      // A pageable source may still be read after the call returns: wait before `h` goes.
+      RD_CUDA(cudaStreamSynchronize(stream_));
+      cudaEvent_t done = take_event();
+      RD_CUDA(cudaEventRecord(done, stream_));
+      order_compute_after(done);
+      give_back(done);
     }
+  }
+  void allreduce_stream_ordered(double* data, size_t count, dist::ReduceOp op) override {
+    // SyncBatchNorm, once per BN layer: no host wait (review #6). A failure or
+    // hang surfaces at the next waited collective (gradient buckets, deadline)
+    // or through the watchdog.
+    after_compute();
+    enqueue("allreduce(double, stream-ordered)",
+            [&] { return ncclAllReduce(data, data, count, ncclFloat64, nccl_op(op), comm_, stream_); });
+    cudaEvent_t done = take_event();
+    RD_CUDA(cudaEventRecord(done, stream_));
+    order_compute_after(done);  // the wait is captured now: the event may be reused
+    give_back(done);
   }
   std::unique_ptr<dist::Request> iallreduce(float* data, size_t count, dist::ReduceOp op) override {
     after_compute();
@@ -148,6 +167,85 @@ class NcclComm final : public dist::Comm {
   void give_back(cudaEvent_t ev) { free_events_.push_back(ev); }
 
  private:
+  // Rank 0's unique id to all, then every rank's init; the ranks agree on success
+  // over MPI before going on, so a failure on one rank ends all of them at once
+  // instead of leaving the others in MPI_Bcast or polling init until the
+  // deadline (review #8). Runs on a duplicate of `base`: its messages match nobody else's.
+  void bootstrap(MPI_Comm base) {
+    MPI_Comm boot = MPI_COMM_NULL;
+    RD_CHECK(MPI_Comm_dup(base, &boot) == MPI_SUCCESS, "NcclComm: MPI_Comm_dup failed");
+    struct {
+      int ok;
+      ncclUniqueId id;
+    } root{};
+    std::string root_error;
+    if (rank_ == 0) {
+      const ncclResult_t r = ncclGetUniqueId(&root.id);
+      root.ok = r == ncclSuccess;
+      if (!root.ok) root_error = std::string(ncclGetErrorString(r)) + " " + ncclGetLastError(nullptr);
+    }
+    const bool sent = MPI_Bcast(&root, sizeof root, MPI_BYTE, 0, boot) == MPI_SUCCESS;
+    if (!sent || !root.ok) {
+      MPI_Comm_free(&boot);
+      RD_FAIL("NcclComm: " << (!sent ? "MPI_Bcast of the NCCL unique id failed"
+                                     : "ncclGetUniqueId failed on rank 0" +
+                                           (root_error.empty() ? std::string() : ": " + root_error)));
+    }
+    std::string failure;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // init and collectives return at once; we poll with a deadline
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, root.id, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress) failure = std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r);
+    if (failure.empty()) failure = settle_init(boot);
+    if (!failure.empty()) {
+      // Wake the ranks still waiting for this one's part of the init.
+      const int code = 1;
+      for (int peer = 0; peer < size_; ++peer)
+        if (peer != rank_) MPI_Send(&code, 1, MPI_INT, peer, kInitFailedTag, boot);
+    }
+    int ok = failure.empty() ? 1 : 0, all_ok = 0;
+    const bool agreed = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, boot) == MPI_SUCCESS;
+    // Receive any failure notices still in flight, so none outlives the communicator.
+    for (int pending = 1; pending;) {
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kInitFailedTag, boot, &pending, &st);
+      if (pending) {
+        int code = 0;
+        MPI_Recv(&code, 1, MPI_INT, st.MPI_SOURCE, kInitFailedTag, boot, MPI_STATUS_IGNORE);
+      }
+    }
+    MPI_Comm_free(&boot);
+    if (agreed && all_ok) return;
+    if (comm_ && !aborted_) {
+      ncclCommAbort(comm_);
+      aborted_ = true;
+    }
+    RD_FAIL("NcclComm rank " << rank_ << ": NCCL initialisation failed "
+                             << (failure.empty() ? std::string("on another rank") : "here: " + failure));
+  }
+
+  // settle() for the init, which also leaves when a peer reports its init failed.
+  std::string settle_init(MPI_Comm boot) {
+    const Clock::time_point deadline = deadline_from_now();
+    for (;;) {
+      ncclResult_t async = ncclInProgress;
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+      if (r != ncclSuccess) return std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r);
+      if (async == ncclSuccess) return "";
+      if (async != ncclInProgress)
+        return std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(async) + " " + ncclGetLastError(comm_);
+      int peer_failed = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, kInitFailedTag, boot, &peer_failed, MPI_STATUS_IGNORE);
+      if (peer_failed) return "a peer rank's init failed";
+      if (dist::lost_peer() >= 0) return "lost contact with rank " + std::to_string(dist::lost_peer());
+      if (Clock::now() > deadline)
+        return "did not finish within " + std::to_string(dist::collective_timeout_s()) + " s";
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  static constexpr int kInitFailedTag = 0x4e43;
+
   static ncclRedOp_t nccl_op(dist::ReduceOp op) { return op == dist::ReduceOp::Average ? ncclAvg : ncclSum; }
 
   void check(ncclResult_t r, const char* what) {
