@@ -6,6 +6,9 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 CUDA      ?= AUTO
 WERROR    ?= $(if $(CI),ON,OFF)
 CMAKE_ARGS ?=
+# PyTorch to compare with in `make bench`: debian (python3-torch 1.13) or pypi (torch 2.15 in
+# a venv created on first use, see bench/torch_pypi_venv.sh).
+TORCH     ?= debian
 
 # Exactly what building, testing and the demo need (CUDA comes from NVIDIA's toolkit, not here).
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
@@ -14,7 +17,7 @@ DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 
-.PHONY: all build deps test run demo clean install bench bench-quick gpu-bundle
+.PHONY: all build deps test test-isa run demo clean install bench bench-quick gpu-bundle
 
 all: build
 
@@ -43,6 +46,17 @@ test: deps
 	$(MAKE) build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 2 --timeout 900
 
+# The kernel, model and parity tests again with oneDNN capped to the ISA classes users
+# have (AVX2: AMD Milan, Intel Haswell/Broadwell; AVX512_CORE: Skylake-SP, Zen4 without
+# bf16 use). A cap above this CPU's own ISA changes nothing.
+TEST_ISAS ?= AVX2 AVX512_CORE
+test-isa: deps
+	$(MAKE) build
+	cd $(BUILD_DIR) && for isa in $(TEST_ISAS); do \
+	  echo "== ctest -L 'kernel|model|parity' with DNNL_MAX_CPU_ISA=$$isa"; \
+	  DNNL_MAX_CPU_ISA=$$isa ctest --output-on-failure -j 2 --timeout 900 -L 'kernel|model|parity' || exit 1; \
+	done
+
 run: deps
 	$(MAKE) build
 	$(MAKE) demo
@@ -51,10 +65,10 @@ demo:
 	./tools/demo.sh
 
 bench: build
-	./bench/run_bench.sh
+	./bench/run_bench.sh --torch $(TORCH)
 
 bench-quick: build
-	./bench/run_bench.sh --quick
+	./bench/run_bench.sh --quick --torch $(TORCH)
 
 # Everything a GPU host without package access needs, in bundle/gpu (see docs/cuda.md).
 gpu-bundle:

@@ -146,6 +146,8 @@ def main():
                    help="fp32, or bf16 autocast (default fp32)")
     p.add_argument("--channels-last", action="store_true",
                    help="NHWC memory format (PyTorch's faster CPU path; default plain NCHW)")
+    p.add_argument("--isa", default="native",
+                   help="the ISA cap the caller set in the environment (recorded in the output)")
     args = p.parse_args()
     if args.threads < 0:
         p.error("--threads must be >= 0")
@@ -159,7 +161,12 @@ def main():
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or os.cpu_count()
     torch.set_num_threads(threads)
     results = [bench_one(torch, torchvision, a, s, b, args) for a, s, b in configs]
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # torch < 2.0
+        capability = "unknown"
     print(json.dumps({"framework": "pytorch", "version": torch.__version__, "threads": threads,
+                      "isa": args.isa, "cpu_capability": capability,
                       "precision": args.precision, "channels_last": args.channels_last,
                       "results": results}))
 

@@ -7,7 +7,7 @@
 #   bench/results.raw/   the raw output of every program run
 #
 #   bench/run_bench.sh [--quick] [--build-dir DIR] [--only SECTIONS] [--runs N]
-#                      [--epoch-runs N]
+#                      [--epoch-runs N] [--torch debian|pypi] [--isa-caps LIST]
 #
 #   --quick        fewer runs and a shortened epoch (under 5 minutes); the table says so
 #   --build-dir    where resnet_ddp and build/bench/* are (default: build/)
@@ -16,8 +16,16 @@
 #   --runs N       timed steps per train-step figure (default 5 full, 3 quick)
 #   --epoch-runs N recipe epochs per framework (default 1 full: ~8 min each on 2 busy
 #                  cores; 2 quick)
+#   --torch WHICH  the PyTorch to compare with: debian (python3-torch 1.13, default) or
+#                  pypi (torch 2.15 as users install it today, in a venv that
+#                  bench/torch_pypi_venv.sh creates on first use; `make bench TORCH=pypi`)
+#   --isa-caps L   also time the train step with the CPU capped to each ISA in the comma
+#                  list (oneDNN names: AVX2, AVX512_CORE, AVX512_CORE_BF16, ...), both
+#                  frameworks capped alike (DNNL_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA /
+#                  ATEN_CPU_CAPABILITY); default AVX2,AVX512_CORE in full mode, none quick
 #
-# Sections: (1) train step img/s vs PyTorch, equal threads, fp32; (2) the reference
+# Sections: (1) train step img/s vs PyTorch (channels-last, its fastest CPU eager mode),
+# equal threads, fp32 and bf16, natively and per ISA cap; (2) the reference
 # recipe's epoch, 2 ranks, vs bench/pytorch_reference_recipe.py --launch 2, with its
 # train / validation / data-wait split and peak RSS per rank; (3) DDP exposed
 # communication, overlap on/off, bucket sweep, 1 vs 2 ranks; (4) loader img/s per
@@ -32,6 +40,8 @@ quick=0
 only="step,epoch,ddp,loader"
 runs=""
 epoch_runs=""
+torch_which=debian
+isa_caps=default
 python=${RD_TORCH_PYTHON:-/usr/bin/python3}
 
 die() { echo "run_bench.sh: $*" >&2; exit 2; }
@@ -43,6 +53,8 @@ while [ $# -gt 0 ]; do
     --only) [ $# -ge 2 ] || die "--only needs a value"; only=$2; shift 2 ;;
     --runs) [ $# -ge 2 ] || die "--runs needs a value"; runs=$2; shift 2 ;;
     --epoch-runs) [ $# -ge 2 ] || die "--epoch-runs needs a value"; epoch_runs=$2; shift 2 ;;
+    --torch) [ $# -ge 2 ] || die "--torch needs a value"; torch_which=$2; shift 2 ;;
+    --isa-caps) [ $# -ge 2 ] || die "--isa-caps needs a value"; isa_caps=$2; shift 2 ;;
     -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -51,6 +63,17 @@ for s in ${only//,/ }; do
   case "$s" in step|epoch|ddp|loader) ;; *) die "--only: unknown section '$s' (step, epoch, ddp, loader)" ;; esac
 done
 want() { [[ ",$only," == *",$1,"* ]]; }
+case "$torch_which" in
+  debian) ;;
+  pypi) python=$("$here/torch_pypi_venv.sh") || die "--torch pypi: no PyPI torch (see above)" ;;
+  *) die "--torch '$torch_which': expected debian or pypi" ;;
+esac
+[ "$isa_caps" = default ] && isa_caps=$([ $quick = 1 ] && echo "" || echo "AVX2,AVX512_CORE")
+for cap in ${isa_caps//,/ }; do
+  case "$cap" in AVX2|AVX512_CORE|AVX512_CORE_VNNI|AVX512_CORE_BF16|AVX512_CORE_AMX) ;;
+    *) die "--isa-caps: unknown ISA '$cap' (AVX2, AVX512_CORE, AVX512_CORE_VNNI, AVX512_CORE_BF16, AVX512_CORE_AMX)" ;;
+  esac
+done
 if [ -z "$runs" ]; then runs=$([ $quick = 1 ] && echo 3 || echo 5); fi
 [[ "$runs" =~ ^[0-9]+$ ]] && [ "$runs" -ge 1 ] || die "--runs '$runs': expected a positive integer"
 if [ -z "$epoch_runs" ]; then epoch_runs=$([ $quick = 1 ] && echo 2 || echo 1); fi
@@ -90,6 +113,8 @@ loadlog() { echo "$(date +%s) $1 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$raw/load
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "git_commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "torch_version=$("$python" -c 'import torch; print(torch.__version__)')"
+  echo "torch_cpu_capability=$("$python" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())' 2>/dev/null || echo unknown)"
+  echo "isa_caps=$isa_caps"
   echo "mpi_version=$(mpirun --version 2>/dev/null | head -1)"
   echo "build_dir=$build_dir"
 } > "$raw/machine.txt"
@@ -98,35 +123,40 @@ ps -eo pcpu,etime,comm --sort=-pcpu 2>/dev/null | head -12 > "$raw/top_at_start.
 loadlog start
 
 # --- (1) train step ---------------------------------------------------------------
+# One config, both frameworks back to back (same machine load). $1: ISA cap or "native";
+# $2: ARCH:SIZE:BATCH; $3: precision. The cap reaches oneDNN 2.6 (resnet_ddp, Debian's
+# torch), oneDNN 3.x (PyPI torch) and PyTorch's own kernels alike.
+step_pair() {
+  local cap=$1 cfg=$2 precision=$3 tag env=()
+  tag=${cfg//:/_}
+  [ "$precision" = fp32 ] || tag=${precision}_$tag
+  [ "$cap" = native ] || { tag=isa-${cap}_$tag; env=(DNNL_MAX_CPU_ISA="$cap" ONEDNN_MAX_CPU_ISA="$cap"
+    ATEN_CPU_CAPABILITY="$( [ "$cap" = AVX2 ] && echo avx2 || echo avx512 )"); }
+  loadlog "step_$tag"
+  say "train step $cfg $precision ($cap), $cores threads, $steps timed steps: resnet_ddp, then PyTorch"
+  env "${env[@]}" OMP_NUM_THREADS=$cores "$build_dir/bench/train_step_bench" --config "$cfg" \
+    --threads "$cores" --steps "$steps" --warmup "$warmup" --precision "$precision" > "$raw/step_rd_$tag.json"
+  env "${env[@]}" OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" \
+    --threads "$cores" --steps "$steps" --warmup "$warmup" --precision "$precision" --channels-last \
+    --isa "$cap" > "$raw/step_pt_$tag.json"
+}
+# bf16 where this CPU (or the cap) has bf16 instructions: resnet_ddp's backend says.
+has_bf16() { env ${1:+DNNL_MAX_CPU_ISA=$1} "$build_dir/bench/train_step_bench" --print-isa | grep -q bf16=1; }
 if want step; then
   rm -f "$raw"/step_*.json
   # Quick mode keeps the configs but times fewer steps.
   steps=$runs
   warmup=1
-  for cfg in resnet18:64:32 resnet34:244:16 resnet50:224:16; do
-    tag=${cfg//:/_}
-    loadlog "step_$tag"
-    say "train step $cfg, $cores threads, $steps timed steps: resnet_ddp"
-    OMP_NUM_THREADS=$cores "$build_dir/bench/train_step_bench" --config "$cfg" --threads "$cores" \
-      --steps "$steps" --warmup "$warmup" > "$raw/step_rd_$tag.json"
-    say "train step $cfg: PyTorch"
-    OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" --threads "$cores" \
-      --steps "$steps" --warmup "$warmup" > "$raw/step_pt_$tag.json"
-  done
-  # bf16: resnet_ddp's bf16 convolutions vs PyTorch's CPU autocast, on CPUs that have it.
-  if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null || grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
-    for cfg in resnet18:64:32 resnet34:244:16; do
-      tag=bf16_${cfg//:/_}
-      loadlog "step_$tag"
-      say "train step $cfg bf16: resnet_ddp, then PyTorch autocast"
-      OMP_NUM_THREADS=$cores "$build_dir/bench/train_step_bench" --config "$cfg" --threads "$cores" \
-        --steps "$steps" --warmup "$warmup" --precision bf16 > "$raw/step_rd_$tag.json"
-      OMP_NUM_THREADS=$cores "$python" "$here/pytorch_train_step.py" --config "$cfg" --threads "$cores" \
-        --steps "$steps" --warmup "$warmup" --precision bf16 > "$raw/step_pt_$tag.json"
+  for cap in native ${isa_caps//,/ }; do
+    for cfg in resnet18:64:32 resnet34:244:16 resnet50:224:16; do
+      step_pair "$cap" "$cfg" fp32
     done
-  else
-    say "train step bf16: skipped (this CPU has neither AVX512-BF16 nor AMX)"
-  fi
+    if has_bf16 "$( [ "$cap" = native ] || echo "$cap" )"; then
+      for cfg in resnet18:64:32 resnet34:244:16; do step_pair "$cap" "$cfg" bf16; done
+    else
+      say "train step bf16 ($cap): skipped (no AVX512-BF16 or AMX)"
+    fi
+  done
   loadlog step_end
 fi
 

@@ -5,6 +5,7 @@
 //
 //   train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]
 //                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]
+//   train_step_bench --print-isa      (the CPU backend's ISA, defaults and bf16 support)
 //
 // Prints one JSON object (same keys as the PyTorch script) on stdout.
 #include <algorithm>
@@ -134,6 +135,14 @@ std::string run_config(rd::Backend& backend, const BenchConfig& c, const Options
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--print-isa") {
+    // What the CPU backend runs natively here (after any DNNL_MAX_CPU_ISA cap): run_bench.sh
+    // asks before timing bf16.
+    const rd::CpuIsaDefaults d = rd::cpu_isa_defaults();
+    std::printf("isa=%s avx512=%d bf16=%d fp32_layout=%s\n", d.isa.c_str(), d.avx512, d.bf16,
+                rd::layout_name(d.fp32_layout));
+    return 0;
+  }
   const Options o = parse_args(argc, argv);
   try {
     rd::BackendOptions bo;

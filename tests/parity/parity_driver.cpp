@@ -2,7 +2,7 @@
 //
 //   parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5
 //                 [--train-steps N] [--checkpoint CKPT.h5] [--threads T]
-//                 [--layout nhwc|nchw|nchw16c]    (activation layout of the CPU backend)
+//                 [--layout nhwc|nchw|nchw16c|default]  (CPU activation layout; default: the trainer's for this CPU)
 //                 [--conv-algo auto|direct|winograd]  (CPU 3x3 convolution algorithm)
 //
 // INIT.h5 is a converted torchvision state_dict (docs/checkpoint_format.md).
@@ -210,7 +210,8 @@ Args parse_args(int argc, char** argv) {
       if (value == "nhwc") a.layout = rd::Layout::NHWC;
       else if (value == "nchw") a.layout = rd::Layout::NCHW;
       else if (value == "nchw16c") a.layout = rd::Layout::NCHW16C;
-      else throw rd::UsageError("--layout '" + value + "': expected nhwc, nchw or nchw16c");
+      else if (value == "default") a.layout = rd::default_cpu_layout(rd::Precision::FP32);  // the trainer's
+      else throw rd::UsageError("--layout '" + value + "': expected nhwc, nchw, nchw16c or default");
     }
     else if (flag == "--conv-algo") {
       if (value == "auto") a.conv_algo = rd::ConvAlgo::Auto;
@@ -229,7 +230,7 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.init.empty() || a.input.empty() || a.out.empty())
     throw rd::UsageError("usage: parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5 "
-                         "[--train-steps N] [--checkpoint CKPT.h5] [--threads T] [--layout nhwc|nchw|nchw16c] "
+                         "[--train-steps N] [--checkpoint CKPT.h5] [--threads T] [--layout nhwc|nchw|nchw16c|default] "
                          "[--conv-algo auto|direct|winograd]");
   return a;
 }

@@ -20,12 +20,13 @@ rd_expect_log "$job" '^worker_1 has received data from rank 0$' 1
 rd_expect_log "$job" '^message_passing.slurm: 2 rank\(s\) on 2 node\(s\) \(1 per node\)' 1
 
 # Launcher override, modules through a stand-in `module` command, and the script submitted
-# by a relative path from another directory.
+# by a relative path from / (Slurm then records "//<repo>/jobs/...": the printed folder
+# must still be normalised, wherever the clone lives).
 module() { echo "stand-in module command: $*"; }
 export -f module
 export RESNET_DDP_LAUNCHER="srun --mpi=pmix" RESNET_DDP_MODULES="gcc/12 openmpi/4.1"
-cd "$(dirname "$RD_REPO")"
-job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 2 "$(basename "$RD_REPO")/jobs/message_passing.slurm")
+cd /
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 2 "${RD_REPO#/}/jobs/message_passing.slurm")
 result=$(rd_slurm_wait "$job" 60)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "job $job ended $result"; }
 rd_expect_log "$job" "^message_passing.slurm: job [0-9]+ \\(message_passing\\) on c001-001 c001-002 from $RD_REPO/jobs\$" 1

@@ -26,7 +26,7 @@ rd_skip() { echo "SKIP ($RD_SLURM_CASE): $*"; exit 77; }
 
 # The repository root (this file lives in tests/slurm/); cases use it.
 export RD_REPO
-RD_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+RD_REPO=$(readlink -f "$(dirname "${BASH_SOURCE[0]}")/../..")
 
 rd_slurm_check_prereqs() {
   local missing=() tool

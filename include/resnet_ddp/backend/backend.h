@@ -245,9 +245,11 @@ class Backend {
 };
 
 // How the CPU backend computes 3x3 stride-1 convolutions. Winograd F(4x4, 3x3) does
-// about half the multiplications of direct convolution; oneDNN implements it for
-// fp32 training on AVX-512 (blocked nChw16c tensors, so the backend reorders around it).
-// Auto uses it where it wins (fp32, channels multiple of 16, output at least 8x8).
+// about half the multiplications of direct convolution; oneDNN 2.6 implements it for
+// fp32 training on AVX-512 only (blocked nChw16c tensors, so the backend reorders around
+// it). Auto uses it where it wins: an AVX-512 CPU, fp32, channels a multiple of 16,
+// output at least 8x8 (cpu_isa_defaults() below). Winograd where oneDNN has no kernel
+// for this CPU falls back to direct convolution.
 // The GPU backend ignores it (cuDNN picks its own algorithms).
 enum class ConvAlgo : uint8_t { Auto, Direct, Winograd };
 
@@ -261,10 +263,27 @@ struct BackendOptions {
   int device_index = 0;          // CUDA device
 };
 
-// The CPU activation layout the trainer uses for a precision: nChw16c for fp32 (no
-// reorders around direct or Winograd convolutions), NHWC for bf16 (oneDNN 2.6 runs
-// bf16 convolutions on AMX only for NHWC; nChw16c bf16 is 3.5x slower, measured).
-inline Layout default_cpu_layout(Precision p) { return p == Precision::BF16 ? Layout::NHWC : Layout::NCHW16C; }
+// What the CPU backend runs natively on this machine, from the ISA oneDNN reports
+// (dnnl::get_effective_cpu_isa(), which honours the DNNL_MAX_CPU_ISA cap). oneDNN 2.6's
+// fast kernels differ per ISA, and a layout or algorithm it has no kernel for falls to
+// reference code 100x slower (ResNet-34@244 under the AVX2 cap with nChw16c: 3 steps
+// > 600 s), so the defaults follow the ISA:
+//   AVX-512 (core, VNNI, BF16, AMX): fp32 nChw16c + Winograd 3x3 (no reorders around any
+//     convolution); bf16 NHWC (oneDNN runs bf16 convolutions on AMX only for NHWC;
+//     nChw16c bf16 measured 3.5x slower).
+//   AVX2 and older: NHWC + direct convolutions (oneDNN's AVX2 kernels read and write
+//     NHWC; it has no nChw16c or Winograd kernels there). No bf16 instructions.
+struct CpuIsaDefaults {
+  std::string isa;         // oneDNN's name for it, e.g. "avx2", "avx512_core_amx"
+  bool avx512 = false;     // nChw16c and Winograd run natively
+  bool bf16 = false;       // bf16 convolutions run natively (AVX512-BF16 or AMX)
+  Layout fp32_layout = Layout::NHWC;
+  Layout bf16_layout = Layout::NHWC;
+  Layout layout(Precision p) const { return p == Precision::BF16 ? bf16_layout : fp32_layout; }
+};
+CpuIsaDefaults cpu_isa_defaults();  // implemented by the CPU backend (needs oneDNN)
+// The CPU activation layout the trainer uses for a precision on this CPU.
+inline Layout default_cpu_layout(Precision p) { return cpu_isa_defaults().layout(p); }
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts = {});
 // Throws rd::Error when the CUDA backend was not built or no device is visible.

@@ -39,7 +39,8 @@ void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
 // channels fill the 16-wide blocks; at 2x2 or 4x4 outputs it is slower than direct
 // (measured on ResNet-18 at 64 px, docs/performance.md).
 bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
-  if (conv_algo_ == ConvAlgo::Direct || precision_ != Precision::FP32) return false;
+  // oneDNN 2.6 has Winograd kernels for AVX-512 only (cpu_isa_defaults()).
+  if (conv_algo_ == ConvAlgo::Direct || precision_ != Precision::FP32 || !isa_.avx512) return false;
   if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
   if (conv_algo_ == ConvAlgo::Winograd) return true;
   return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;

@@ -30,24 +30,52 @@ CpuBackend::CpuBackend(const BackendOptions& opts)
     throw UsageError("CPU backend: precision must be fp32 or bf16 (tf32 and fp16 are GPU modes)");
   precision_ = opts.precision;
   conv_algo_ = opts.conv_algo;
-  if (precision_ == Precision::BF16) {
-    const auto isa = dnnl::get_effective_cpu_isa();
-    if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx)
-      throw UsageError("CPU backend: bf16 needs a CPU with AVX512-BF16 or AMX; this one has neither");
-  }
+  isa_ = cpu_isa_defaults();
+  if (precision_ == Precision::BF16 && !isa_.bf16)
+    throw UsageError("CPU backend: bf16 needs a CPU with AVX512-BF16 or AMX; this one has " + isa_.isa +
+                     " (use --precision fp32)");
   threads_ = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   omp_set_num_threads(threads_);
 }
 
+}  // namespace rd::cpu
+
+namespace rd {
+
+CpuIsaDefaults cpu_isa_defaults() {
+  using isa = dnnl::cpu_isa;
+  CpuIsaDefaults d;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case isa::avx512_core_amx: d.isa = "avx512_core_amx", d.avx512 = d.bf16 = true; break;
+    case isa::avx512_core_bf16: d.isa = "avx512_core_bf16", d.avx512 = d.bf16 = true; break;
+    case isa::avx512_core_vnni: d.isa = "avx512_core_vnni", d.avx512 = true; break;
+    case isa::avx512_core: d.isa = "avx512_core", d.avx512 = true; break;
+    case isa::avx2_vnni: d.isa = "avx2_vnni"; break;
+    case isa::avx2: d.isa = "avx2"; break;
+    case isa::avx: d.isa = "avx"; break;
+    case isa::sse41: d.isa = "sse41"; break;
+    default: d.isa = "other"; break;  // Xeon Phi (avx512_mic): treated as AVX2-class
+  }
+  d.fp32_layout = d.avx512 ? Layout::NCHW16C : Layout::NHWC;
+  d.bf16_layout = Layout::NHWC;
+  return d;
+}
+
+}  // namespace rd
+
+namespace rd::cpu {
+
 std::string CpuBackend::name() const {
   const dnnl_version_t* v = dnnl_version();
   return "cpu (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) + ", " + std::to_string(threads_) + " threads, " +
+         std::to_string(v->patch) + ", " + isa_.isa + ", " + std::to_string(threads_) + " threads, " +
          layout_name(layout_) +
          (precision_ == Precision::BF16       ? ", bf16 convolutions"
           : conv_algo_ == ConvAlgo::Direct    ? ", direct convolutions"
-          : conv_algo_ == ConvAlgo::Winograd  ? ", Winograd 3x3 convolutions"
-                                              : ", Winograd 3x3 convolutions where faster") +
+          : conv_algo_ == ConvAlgo::Winograd  ? (isa_.avx512 ? ", Winograd 3x3 convolutions"
+                                                             : ", direct convolutions (no Winograd kernel for this ISA)")
+          : isa_.avx512                       ? ", Winograd 3x3 convolutions where faster"
+                                              : ", direct convolutions") +
          ")";
 }
 

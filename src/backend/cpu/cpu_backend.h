@@ -2,11 +2,10 @@
 // reordered into oneDNN's preferred blocked format each step), OpenMP loops for
 // the memory-bound ops (batch norm, elementwise, pooling, loss, optimizers).
 //
-// Activations: the trainer uses nChw16c (BackendOptions::layout = NCHW16C; the
-// 3-channel input stays NCHW), which oneDNN's direct and Winograd convolutions
-// read and write natively, so no activation is ever reordered between layers and
-// every per-channel op vectorises along 16-wide channel rows. NHWC (the options'
-// default) and NCHW are supported too.
+// Activations: the trainer uses the layout oneDNN runs natively on this CPU
+// (cpu_isa_defaults(): nChw16c on AVX-512, NHWC on AVX2; the 3-channel input stays
+// NCHW), so no activation is ever reordered between layers. nChw16c: every per-channel
+// op vectorises along 16-wide channel rows. All three layouts work on every CPU.
 #pragma once
 
 #include <dnnl.hpp>
@@ -123,6 +122,7 @@ class CpuBackend final : public Backend {
   Precision precision_;
   int threads_;
   ConvAlgo conv_algo_;
+  CpuIsaDefaults isa_;  // what this CPU runs natively (layouts, Winograd, bf16)
   std::shared_ptr<void> x_conv_, dy_conv_, out_conv_;
   size_t x_conv_cap_ = 0, dy_conv_cap_ = 0, out_conv_cap_ = 0;
   const void* dy_conv_source_ = nullptr;  // which gradient dy_conv_ holds, converted by which plan
