@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -512,6 +513,49 @@ void check_predict_paths(const PredictOptions& o) {
   if (!exists(o.checkpoint)) throw UsageError("--checkpoint: no such file: '" + o.checkpoint + "'");
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
+}
+
+namespace {
+// A positive integer from the environment, 0 when unset or not a number.
+long env_count(const char* var) {
+  const char* v = std::getenv(var);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return *end == '\0' && x > 0 ? x : 0;
+}
+}  // namespace
+
+std::string launcher_world_mismatch(int mpi_world) {
+  if (mpi_world != 1) return "";
+  const std::string fix =
+      ". Each task would train its own copy of the model alone. Start the ranks so that they share one MPI "
+      "world: inside the allocation `mpirun -np N resnet_ddp ...`, or `srun --mpi=pmix resnet_ddp ...` "
+      "(`srun --mpi=list` shows the PMI types this Slurm offers; jobs/*.slurm set RESNET_DDP_LAUNCHER)";
+  std::string what;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    // Started by Open MPI's mpirun: it knows the world. A bigger number means this
+    // program's MPI library is not the one mpirun belongs to.
+    const long n = env_count("OMPI_COMM_WORLD_SIZE");
+    if (n > 1)
+      return "MPI gave this process a world of 1 rank, but mpirun started " + std::to_string(n) +
+             " (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) +
+             "): resnet_ddp is linked against another MPI than this mpirun's" + fix;
+    return "";
+  }
+  // Inside a job step (srun), not in the batch script itself, where SLURM_NTASKS is the
+  // allocation's and one process is normal.
+  const bool in_step = std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID");
+  for (const char* var : {"SLURM_NTASKS", "SLURM_NPROCS"}) {
+    const long n = env_count(var);
+    if (in_step && n > 1)
+      return "MPI gave this process a world of 1 rank, but Slurm started " + std::to_string(n) + " tasks (" +
+             var + "=" + std::to_string(n) + "): srun started them without PMI (add --mpi=pmix)" + fix;
+  }
+  if (const long n = env_count("WORLD_SIZE"); n > 1)
+    return "MPI gave this process a world of 1 rank, but WORLD_SIZE=" + std::to_string(n) +
+           " (torchrun or a similar launcher): resnet_ddp communicates through MPI, not torch.distributed" + fix;
+  return "";
 }
 
 int launcher_rank() {

@@ -826,6 +826,16 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
     std::fprintf(stderr, "resnet_ddp: error: cannot initialise MPI: %s\n", e.what());
     return 1;
   }
+  if (const std::string why = launcher_world_mismatch(env.world); !why.empty()) {
+    // Every task is a world of its own here; the launcher's task 0 speaks for all.
+    if (launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
+    std::fflush(stderr);
+    try {
+      dist::finalize_process();
+    } catch (const std::exception&) {
+    }
+    return 2;
+  }
   int code = 0;
   try {
     Trainer t(opts, env);

@@ -106,6 +106,11 @@ std::string train_help();
 std::string predict_help();
 std::string info_help();
 
+// When MPI's world is 1 but the launcher's environment says the job has more tasks
+// (srun without PMI, torchrun, an mpirun of another MPI), the reason and the fix;
+// empty when nothing disagrees.
+std::string launcher_world_mismatch(int mpi_world);
+
 // Rank and world size from the launcher's environment (Open MPI, PMI, PMIx,
 // Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
 int launcher_rank();
