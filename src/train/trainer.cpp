@@ -24,6 +24,7 @@
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
@@ -93,6 +94,7 @@ class Trainer {
   void agree(F&& fn, bool participate = true);
 
   void setup_device();
+  void lock_output();
   void setup_data();
   void setup_model();
   void check_output_space();
@@ -140,6 +142,7 @@ class Trainer {
   std::unique_ptr<Progress> progress_;
   Tensor dlogits_;
   std::string last_path_, best_path_;
+  OutputLock lock_;  // rank 0, for the whole run
 };
 
 template <class F>
@@ -219,6 +222,15 @@ void Trainer::setup_device() {
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   dist::print_startup_lines(env_, backend_->name());
+}
+
+void Trainer::lock_output() {
+  if (o_.eval_only) return;  // reads only
+  std::string stale;
+  agree([&] { lock_ = OutputLock::acquire(o_.output_dir, &stale); }, rank0());
+  if (!stale.empty())
+    notice("the previous run in " + o_.output_dir + " (" + stale +
+           ") ended without releasing it (crashed or killed); this run holds it now");
 }
 
 void Trainer::setup_data() {
@@ -783,6 +795,7 @@ void Trainer::train_epochs() {
 
 int Trainer::run() {
   setup_device();
+  lock_output();
   setup_data();
   say("Train set size: " + std::to_string(train_set_->size()) +
       ", Validation set size: " + std::to_string(val_set_->size()));
