@@ -326,6 +326,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
   fs.choice("--verify-data", &o.verify_data, {"full", "header"},
             "scan check: decode every image before training (full) or read headers only");
+  fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
+             "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
+             std::numeric_limits<int64_t>::max());
 }
 
 void add_predict_flags(FlagSet& fs, PredictOptions& o) {

@@ -761,6 +761,15 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
                       local_seen ? static_cast<double>(local_correct) / static_cast<double>(local_seen) : 0.0,
                       elapsed > 0 ? static_cast<double>(local_seen) * env_.world / elapsed : 0.0);
     }
+    if (!preempt && o_.checkpoint_every > 0 && start_.global_step % o_.checkpoint_every == 0 &&
+        step < steps_total && !loader_done) {
+      // The preemption checkpoint without stopping: a crash loses at most N steps.
+      double sums[1] = {loss_sum};
+      int64_t counts[2] = {correct, seen};
+      ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
+      ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+      save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
+    }
     if (preempt) {
       if (progress_) progress_->end_epoch();
       train_seconds += seconds_since(t_start);

@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string normalize = "none";    // none | imagenet
   bool strict_data = false;
   std::string verify_data = "full";  // full | header
+  int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
 
   // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
   // these may override what the checkpoint records.
