@@ -269,8 +269,8 @@ void Trainer::resolve_resume() {
         auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
           if (theirs.empty() || value == theirs) return;
           if (o_.was_given(flag))
-            throw UsageError(flag + " " + value + ": the checkpoint " + path + " was trained with " + flag + " " +
-                             theirs +
+            throw UsageError(flag + " " + value + ": checkpoint '" + path + "' does not match this run: it was trained with " +
+                             flag + " " + theirs +
                              (o_.eval_only ? std::string("; leave the flag out to evaluate it as trained")
                                            : "; resuming cannot change it" + std::string(kStartFresh)));
           value = theirs;
@@ -294,8 +294,9 @@ void Trainer::resolve_resume() {
         if (o_.eval_only) return;
         const OptimizerSnapshot& os = ck.optimizer();
         if (os.present && !os.type.empty() && os.type != o_.optimizer)
-          throw UsageError("--optimizer " + o_.optimizer + ": the checkpoint " + path + " holds --optimizer " +
-                           os.type + " state; resuming cannot change it" + kStartFresh);
+          throw UsageError("--optimizer " + o_.optimizer + ": checkpoint '" + path +
+                           "' does not match this run: it holds --optimizer " + os.type +
+                           " state; resuming cannot change it" + kStartFresh);
         // The previous run's flags, read back from the command line it recorded (a
         // checkpoint from another version may not parse: then only its metadata counts).
         std::vector<std::pair<std::string, std::string>> theirs;

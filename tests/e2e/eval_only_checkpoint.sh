@@ -33,7 +33,7 @@ conflict() {
   "$RD_BIN" --data "$WORK/data" --threads 1 --eval-only --resume "$OUT/best_model.h5" "$1" "$2" >"$WORK/c.log" 2>&1 || rc=$?
   cat "$WORK/c.log"
   [ "$rc" = 2 ] || fail "$1 $2: exit $rc, expected 2"
-  grep -q -F -- "resnet_ddp: error: $1 $2: the checkpoint $OUT/best_model.h5 was trained with $1 $3" "$WORK/c.log" ||
+  grep -q -F -- "resnet_ddp: error: $1 $2: checkpoint '$OUT/best_model.h5' does not match this run: it was trained with $1 $3" "$WORK/c.log" ||
     fail "$1 $2: the error does not name the flag and the checkpoint's value"
 }
 note "explicit conflicting flags are errors"

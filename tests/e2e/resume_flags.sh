@@ -21,8 +21,8 @@ refused() {
   "$RD_BIN" "$@" >"$WORK/refused.log" 2>&1 || rc=$?
   cat "$WORK/refused.log"
   [ "$rc" = 2 ] || fail "$flag $value: exit $rc, expected 2"
-  grep -q -F -- "resnet_ddp: error: $flag $value: the checkpoint $OUT/last.h5 " "$WORK/refused.log" ||
-    fail "$flag $value: the refusal does not name the flag"
+  grep -q -F -- "resnet_ddp: error: $flag $value: checkpoint '$OUT/last.h5' does not match this run: it " \
+    "$WORK/refused.log" || fail "$flag $value: the refusal does not name the flag"
   grep -q -F -- "$flag $theirs" "$WORK/refused.log" || fail "$flag: the checkpoint's value $theirs is not named"
   grep -q -F -- "to start fresh instead use --resume none or another --output-dir" "$WORK/refused.log" ||
     fail "$flag: no way to start fresh"
