@@ -240,10 +240,11 @@ rd_train() {
   if ((!RD_PREFLIGHT)) && ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
   fi
-  # One folder per job name (sbatch -J), so jobs submitted from one folder do not
-  # continue each other's last.h5; a requeued or resubmitted job of that name resumes.
+  # One folder per job name (sbatch -J; per task of a job array), so jobs submitted from
+  # one folder do not continue each other's last.h5; a requeued or resubmitted job of
+  # that name resumes.
   if ! rd_has_flag --output-dir "$@"; then
-    defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}")
+    defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}")
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
