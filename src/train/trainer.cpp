@@ -264,7 +264,15 @@ void Trainer::resolve_resume() {
           path = o_.resume;
         }
         if (path.empty()) return;
-        CheckpointReader ck(path, o_.eval_only);
+        std::unique_ptr<CheckpointReader> reader;
+        try {
+          reader = std::make_unique<CheckpointReader>(path, o_.eval_only);
+        } catch (const UsageError& e) {
+          // Not HDF5, not a checkpoint, damaged: the way out of an unreadable last.h5.
+          if (o_.eval_only) throw;
+          throw UsageError(e.what() + std::string(kStartFresh));
+        }
+        const CheckpointReader& ck = *reader;
         const CheckpointMeta& m = ck.meta();
         auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
           if (theirs.empty() || value == theirs) return;
