@@ -12,6 +12,8 @@
 #                         staging, ranks read RESNET_DDP_DATA_SRC directly)
 #   RESNET_DDP_THREADS    threads per rank (default: CPUs Slurm gave the node / ranks per node)
 #   RESNET_DDP_JOBS_DIR   where jobs/ lives, if Slurm cannot tell (script piped to sbatch)
+#   RESNET_DDP_REQUEUE    0: after the clean stop on SIGUSR1 (preemption, time limit) end
+#                         the job instead of requeueing it (default 1: `scontrol requeue`)
 #
 # Job scripts call rd_setup, then rd_train (stage + resnet_ddp) or rd_run_command.
 
@@ -21,6 +23,7 @@ RD_STAGED_DEST=""
 RD_CHILD=""
 RD_SIGNALLED=0
 RD_PREEMPT_SIGNAL=""
+RD_REQUEUE=0
 RD_LAUNCH=()
 RD_PREFLIGHT=0
 
@@ -146,6 +149,13 @@ rd_on_exit() {
       SLURM_JOB_ID="" "$RD_JOBS_DIR/stage_data.sh" --remove "$RD_STAGED_SRC" "$RD_STAGED_DEST" || true
     fi
   fi
+  if ((RD_REQUEUE)) && ((rc == 0)); then
+    # Last: Slurm ends this script as it requeues the job.
+    rd_note "requeueing job $SLURM_JOB_ID (scontrol requeue); it resumes from its last.h5"
+    if ! timeout 60 scontrol requeue "$SLURM_JOB_ID"; then
+      rd_note "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? #SBATCH --requeue); resubmit the same command to resume"
+    fi
+  fi
   rd_note "exit status $rc"
   exit "$rc"
 }
@@ -198,7 +208,12 @@ rd_run_command() {
     ((RD_SIGNALLED)) || break
   done
   RD_CHILD=""
-  if [[ -n $RD_PREEMPT_SIGNAL ]]; then
+  if [[ $RD_PREEMPT_SIGNAL == USR1 && $status == 0 && ${RESNET_DDP_REQUEUE:-1} != 0 ]]; then
+    # The clean stop after --signal=B:USR1: come back as the same job (same id, same
+    # log with --open-mode=append, same output folder) and resume from last.h5.
+    RD_REQUEUE=1
+    rd_note "training stopped after SIGUSR1 and saved its last.h5; the job requeues itself when it ends"
+  elif [[ -n $RD_PREEMPT_SIGNAL ]]; then
     rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; resubmit the same command to resume from its last.h5"
   fi
   return "$status"
@@ -224,6 +239,12 @@ rd_train() {
   local defaults=()
   if ((!RD_PREFLIGHT)) && ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
+  fi
+  # One folder per job name (sbatch -J; per task of a job array), so jobs submitted from
+  # one folder do not continue each other's last.h5; a requeued or resubmitted job of
+  # that name resumes.
+  if ! rd_has_flag --output-dir "$@"; then
+    defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}")
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"

@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +33,10 @@ const char* command_name(Command c) {
   return "?";
 }
 
+bool TrainOptions::was_given(const std::string& flag) const {
+  return std::find(given.begin(), given.end(), flag) != given.end();
+}
+
 std::string TrainOptions::metrics_path() const {
   if (!metrics.empty()) return metrics;
   return (fs::path(output_dir) / "metrics.csv").string();
@@ -49,6 +55,7 @@ class FlagSet {
     add(name, metavar, help, *target, [target](const std::string&, const std::string& v) {
       *target = v;
     });
+    flags_.back().get = [target] { return *target; };
   }
   void path(const std::string& name, std::string* target, const std::string& metavar,
             const std::string& help) {
@@ -56,6 +63,7 @@ class FlagSet {
       if (v.empty()) throw UsageError(flag + ": expected a path, got an empty string");
       *target = v;
     });
+    flags_.back().get = [target] { return *target; };
   }
   void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
               const std::string& help) {
@@ -70,6 +78,7 @@ class FlagSet {
         }
       throw UsageError(flag + ": expected one of " + metavar + ", got '" + v + "'");
     });
+    flags_.back().get = [target] { return *target; };
   }
   template <class Int>
   void integer(const std::string& name, Int* target, int64_t min, const std::string& help,
@@ -86,6 +95,7 @@ class FlagSet {
                              std::to_string(max) + "], got " + v);
           *target = static_cast<Int>(x);
         });
+    flags_.back().get = [target] { return std::to_string(*target); };
   }
   // Real number with min (inclusive unless min_exclusive) and optional max.
   void real(const std::string& name, double* target, double min, bool min_exclusive,
@@ -109,6 +119,15 @@ class FlagSet {
           }
           *target = x;
         });
+    // Shortest text that reads back as the same double: 1e-2 and 0.01 compare equal.
+    flags_.back().get = [target] {
+      char buf[32];
+      for (int prec = 1; prec <= 17; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, *target);
+        if (std::strtod(buf, nullptr) == *target) break;
+      }
+      return std::string(buf);
+    };
   }
   // A flag that switches a default-on option off.
   void negated(const std::string& name, bool* target, const std::string& help) {
@@ -117,6 +136,7 @@ class FlagSet {
     f.help = help;
     f.is_bool = true;
     f.set = [target](const std::string&, const std::string&) { *target = false; };
+    f.get = [target] { return std::string(*target ? "on" : "off"); };
     flags_.push_back(std::move(f));
   }
   void boolean(const std::string& name, bool* target, const std::string& help) {
@@ -125,12 +145,13 @@ class FlagSet {
     f.help = help;
     f.is_bool = true;
     f.set = [target](const std::string&, const std::string&) { *target = true; };
+    f.get = [target] { return std::string(*target ? "on" : "off"); };
     flags_.push_back(std::move(f));
   }
 
   // Parses args; positional arguments are returned (an error when !allow_positional).
   std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional,
-                                 bool* help_requested) {
+                                 bool* help_requested, std::vector<std::string>* given = nullptr) {
     std::vector<std::string> positional;
     for (size_t i = 0; i < args.size(); ++i) {
       const std::string& a = args[i];
@@ -155,6 +176,7 @@ class FlagSet {
       }
       Flag* f = find(name);
       if (!f) throw UsageError(unknown_message(name));
+      if (given) given->push_back(name);
       if (f->is_bool) {
         if (has_value) throw UsageError(name + ": takes no value (got '" + value + "')");
         f->set(name, "");
@@ -186,11 +208,19 @@ class FlagSet {
     return out.str();
   }
 
+  std::vector<std::pair<std::string, std::string>> values() const {
+    std::vector<std::pair<std::string, std::string>> v;
+    for (const auto& f : flags_)
+      if (f.get) v.emplace_back(f.name, f.get());
+    return v;
+  }
+
  private:
   struct Flag {
     std::string name, metavar, help, default_value;
     bool is_bool = false;
     std::function<void(const std::string&, const std::string&)> set;
+    std::function<std::string()> get;
   };
 
   void add(const std::string& name, const std::string& metavar, const std::string& help,
@@ -296,6 +326,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
   fs.choice("--verify-data", &o.verify_data, {"full", "header"},
             "scan check: decode every image before training (full) or read headers only");
+  fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
+             "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
+             std::numeric_limits<int64_t>::max());
 }
 
 void add_predict_flags(FlagSet& fs, PredictOptions& o) {
@@ -413,7 +446,7 @@ ParsedCommand parse_command_line(int argc, char** argv) {
     case Command::Train: {
       FlagSet fs("train");
       add_train_flags(fs, pc.train);
-      fs.parse(args, false, &help);
+      fs.parse(args, false, &help, &pc.train.given);
       if (help) break;
       TrainOptions& t = pc.train;
       if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
@@ -512,6 +545,84 @@ void check_predict_paths(const PredictOptions& o) {
   if (!exists(o.checkpoint)) throw UsageError("--checkpoint: no such file: '" + o.checkpoint + "'");
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
+}
+
+std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o) {
+  TrainOptions copy = o;
+  FlagSet fs("train");
+  add_train_flags(fs, copy);
+  return fs.values();
+}
+
+std::vector<std::string> split_command_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == ' ') {
+      if (in_word) out.push_back(word);
+      word.clear();
+      in_word = false;
+    } else if (c == '\'' ) {
+      in_word = true;
+      const size_t end = line.find('\'', i + 1);
+      if (end == std::string::npos) throw UsageError("unterminated quote in command line: " + line);
+      word += line.substr(i + 1, end - i - 1);
+      i = end;
+    } else if (c == '\\' && i + 1 < line.size()) {
+      in_word = true;
+      word += line[++i];
+    } else {
+      in_word = true;
+      word += c;
+    }
+  }
+  if (in_word) out.push_back(word);
+  return out;
+}
+
+namespace {
+// A positive integer from the environment, 0 when unset or not a number.
+long env_count(const char* var) {
+  const char* v = std::getenv(var);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return *end == '\0' && x > 0 ? x : 0;
+}
+}  // namespace
+
+std::string launcher_world_mismatch(int mpi_world) {
+  if (mpi_world != 1) return "";
+  const std::string fix =
+      ". Each task would train its own copy of the model alone. Start the ranks so that they share one MPI "
+      "world: inside the allocation `mpirun -np N resnet_ddp ...`, or `srun --mpi=pmix resnet_ddp ...` "
+      "(`srun --mpi=list` shows the PMI types this Slurm offers; jobs/*.slurm set RESNET_DDP_LAUNCHER)";
+  std::string what;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    // Started by Open MPI's mpirun: it knows the world. A bigger number means this
+    // program's MPI library is not the one mpirun belongs to.
+    const long n = env_count("OMPI_COMM_WORLD_SIZE");
+    if (n > 1)
+      return "MPI gave this process a world of 1 rank, but mpirun started " + std::to_string(n) +
+             " (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) +
+             "): resnet_ddp is linked against another MPI than this mpirun's" + fix;
+    return "";
+  }
+  // Inside a job step (srun), not in the batch script itself, where SLURM_NTASKS is the
+  // allocation's and one process is normal.
+  const bool in_step = std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID");
+  for (const char* var : {"SLURM_NTASKS", "SLURM_NPROCS"}) {
+    const long n = env_count(var);
+    if (in_step && n > 1)
+      return "MPI gave this process a world of 1 rank, but Slurm started " + std::to_string(n) + " tasks (" +
+             var + "=" + std::to_string(n) + "): srun started them without PMI (add --mpi=pmix)" + fix;
+  }
+  if (const long n = env_count("WORLD_SIZE"); n > 1)
+    return "MPI gave this process a world of 1 rank, but WORLD_SIZE=" + std::to_string(n) +
+           " (torchrun or a similar launcher): resnet_ddp communicates through MPI, not torch.distributed" + fix;
+  return "";
 }
 
 int launcher_rank() {

@@ -24,6 +24,7 @@
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
@@ -93,6 +94,8 @@ class Trainer {
   void agree(F&& fn, bool participate = true);
 
   void setup_device();
+  void lock_output();
+  void resolve_resume();
   void setup_data();
   void setup_model();
   void check_output_space();
@@ -114,7 +117,8 @@ class Trainer {
   }
   CheckpointMeta base_meta() const;
 
-  const TrainOptions& o_;
+  // A copy: on resume the model-defining flags the user left out come from the checkpoint.
+  TrainOptions o_;
   dist::ProcessEnv env_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<dist::Comm> ctrl_;  // host communicator: flags, metrics, metadata
@@ -140,7 +144,20 @@ class Trainer {
   std::unique_ptr<Progress> progress_;
   Tensor dlogits_;
   std::string last_path_, best_path_;
+  OutputLock lock_;  // rank 0, for the whole run
+  std::vector<std::string> resume_changes_;  // rank 0: one line per honoured flag change
+  bool honour_lr_ = false;                   // --lr differs from the checkpoint's: restart from it
+  bool epochs_changed_ = false;
 };
+
+const char* const kStartFresh = "; to start fresh instead use --resume none or another --output-dir";
+
+// Flags that do not describe the run (where it reads and writes, how it resumes).
+bool resume_ignores(const std::string& flag) {
+  for (const char* f : {"--data", "--output-dir", "--resume", "--init", "--metrics", "--eval-only"})
+    if (flag == f) return true;
+  return false;
+}
 
 template <class F>
 void Trainer::agree(F&& fn, bool participate) {
@@ -228,6 +245,137 @@ void Trainer::setup_device() {
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   dist::print_startup_lines(env_, backend_->name());
+}
+
+void Trainer::lock_output() {
+  if (o_.eval_only) return;  // reads only
+  std::string stale;
+  agree([&] { lock_ = OutputLock::acquire(o_.output_dir, &stale); }, rank0());
+  if (!stale.empty())
+    notice("the previous run in " + o_.output_dir + " (" + stale +
+           ") ended without releasing it (crashed or killed); this run holds it now");
+}
+
+// Decided on rank 0 before the model exists: which checkpoint a resume reads, the
+// model-defining flags it fixes (arch, head, image size, normalisation; an explicit
+// conflicting flag is refused, an absent one takes the checkpoint's value), and every
+// other flag given that differs from the checkpoint's run (honoured, one line each).
+void Trainer::resolve_resume() {
+  std::string blob;
+  agree(
+      [&] {
+        std::string path;
+        if (o_.resume == "auto") {
+          std::error_code ec;
+          const std::string last = (fs::path(o_.output_dir) / "last.h5").string();
+          if (fs::exists(last, ec)) path = last;
+        } else if (o_.resume != "none") {
+          path = o_.resume;
+        }
+        if (path.empty()) return;
+        std::unique_ptr<CheckpointReader> reader;
+        try {
+          reader = std::make_unique<CheckpointReader>(path, o_.eval_only);
+        } catch (const UsageError& e) {
+          // Not HDF5, not a checkpoint, damaged: the way out of an unreadable last.h5.
+          if (o_.eval_only) throw;
+          throw UsageError(e.what() + std::string(kStartFresh));
+        }
+        const CheckpointReader& ck = *reader;
+        const CheckpointMeta& m = ck.meta();
+        auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
+          if (theirs.empty() || value == theirs) return;
+          if (o_.was_given(flag))
+            throw UsageError(flag + " " + value + ": checkpoint '" + path + "' does not match this run: it was trained with " +
+                             flag + " " + theirs +
+                             (o_.eval_only ? std::string("; leave the flag out to evaluate it as trained")
+                                           : "; resuming cannot change it" + std::string(kStartFresh)));
+          value = theirs;
+        };
+        std::string image = std::to_string(o_.image_size);
+        fixed("--arch", o_.arch, m.arch);
+        fixed("--head", o_.head, m.head);
+        fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
+        o_.image_size = std::stoi(image);
+        fixed("--normalize", o_.normalize, m.normalize);
+        // Say what the checkpoint decided that the command line did not.
+        const TrainOptions defaults;
+        std::string inherited;
+        if (!o_.was_given("--arch") && o_.arch != defaults.arch) inherited += " --arch " + o_.arch;
+        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += " --head " + o_.head;
+        if (!o_.was_given("--image-size") && o_.image_size != defaults.image_size)
+          inherited += " --image-size " + std::to_string(o_.image_size);
+        if (!o_.was_given("--normalize") && o_.normalize != defaults.normalize)
+          inherited += " --normalize " + o_.normalize;
+        if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
+        if (o_.eval_only) return;
+        const OptimizerSnapshot& os = ck.optimizer();
+        if (os.present && !os.type.empty() && os.type != o_.optimizer)
+          throw UsageError("--optimizer " + o_.optimizer + ": checkpoint '" + path +
+                           "' does not match this run: it holds --optimizer " + os.type +
+                           " state; resuming cannot change it" + kStartFresh);
+        // The previous run's flags, read back from the command line it recorded (a
+        // checkpoint from another version may not parse: then only its metadata counts).
+        std::vector<std::pair<std::string, std::string>> theirs;
+        try {
+          std::vector<std::string> words = split_command_line(m.args);
+          std::vector<char*> argv;
+          for (auto& w : words) argv.push_back(w.data());
+          if (argv.size() > 1) {
+            const ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
+            if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
+          }
+        } catch (const std::exception&) {
+          theirs.clear();
+        }
+        auto old_value = [&](const std::string& flag) -> std::string {
+          if (flag == "--batch-size" && m.batch_size > 0) return std::to_string(m.batch_size);
+          if (flag == "--accum-steps" && m.accum_steps > 0) return std::to_string(m.accum_steps);
+          if (flag == "--lr" && os.present) {
+            TrainOptions t;
+            t.lr = os.initial_lr;
+            for (auto& [f, v] : train_flag_values(t))
+              if (f == "--lr") return v;
+          }
+          for (auto& [f, v] : theirs)
+            if (f == flag) return v;
+          return "";
+        };
+        const auto mine = train_flag_values(o_);
+        for (const auto& [flag, value] : mine) {
+          if (resume_ignores(flag)) continue;
+          const std::string was = old_value(flag);
+          if (was.empty() || was == value) continue;
+          // Batch shape and length always count (they move the position in the epoch);
+          // other defaults the user did not type keep the resumed run's state.
+          const bool given = o_.was_given(flag) || (flag == "--sync-bn" && o_.was_given("--no-sync-bn"));
+          if (!given && flag != "--batch-size" && flag != "--accum-steps" && flag != "--epochs") continue;
+          if (flag == "--lr") honour_lr_ = true;
+          if (flag == "--epochs") epochs_changed_ = true;
+          resume_changes_.push_back("Resume: " + flag + " " + value + (given ? "" : " (default)") +
+                                    " instead of the checkpoint's " + was +
+                                    (flag == "--lr" ? " (the learning rate restarts from it)" : ""));
+        }
+      },
+      rank0());
+  if (rank0()) {
+    blob = o_.arch + '\n' + o_.head + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
+           (honour_lr_ ? "1" : "0") + (epochs_changed_ ? "1" : "0");
+  }
+  int64_t n = static_cast<int64_t>(blob.size());
+  ctrl_->broadcast(&n, sizeof n, 0);
+  blob.resize(static_cast<size_t>(n));
+  ctrl_->broadcast(blob.data(), blob.size(), 0);
+  std::vector<std::string> f;
+  size_t at = 0;
+  for (size_t nl; (nl = blob.find('\n', at)) != std::string::npos; at = nl + 1) f.push_back(blob.substr(at, nl - at));
+  f.push_back(blob.substr(at));
+  o_.arch = f.at(0);
+  o_.head = f.at(1);
+  o_.image_size = std::stoi(f.at(2));
+  o_.normalize = f.at(3);
+  honour_lr_ = f.at(4)[0] == '1';
+  epochs_changed_ = f.at(4)[1] == '1';
 }
 
 void Trainer::setup_data() {
@@ -354,6 +502,7 @@ void Trainer::load_start_state() {
           path = o_.resume;
         }
         if (!path.empty()) {
+         try {
           // Streamed into the arenas: no host copy of the weights and optimizer state.
           CheckpointReader ck(path, false);
           check_compatible(ck.meta(), *model_, class_names_, path);
@@ -376,7 +525,7 @@ void Trainer::load_start_state() {
             ck.load_optimizer(*model_, *opt_);
             start_.has_optimizer_state = 1;
             start_.optimizer_steps = opt_->steps();
-            start_.lr = opt_->lr();
+            start_.lr = honour_lr_ ? o_.lr : opt_->lr();
             const SchedulerSnapshot& sc = ck.scheduler();
             if (sc.present && sc.type == sched_->type()) {
               restore_scheduler(sc, *sched_);
@@ -384,6 +533,8 @@ void Trainer::load_start_state() {
               start_.scheduler_last_epoch = sched_->last_epoch();
               start_.plateau = sched_->plateau;
               start_.cosine = sched_->cosine;
+              if (honour_lr_) start_.cosine.base_lr = o_.lr;
+              if (epochs_changed_) start_.cosine.t_max = std::max(o_.epochs, 1);
             } else if (sc.present) {
               notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + o_.scheduler +
                      " schedule");
@@ -392,6 +543,12 @@ void Trainer::load_start_state() {
           resume_path_ = path;
           loaded = true;
           if (!o_.init.empty()) notice("resuming from " + path + "; --init " + o_.init + " is ignored");
+        } catch (const UsageError& e) {
+          // A checkpoint that does not fit this run (classes, tensors, optimizer state).
+          const std::string what = e.what();
+          if (what.find(kStartFresh) != std::string::npos) throw;
+          throw UsageError(what + kStartFresh);
+         }
         } else if (!o_.init.empty()) {
           CheckpointReader ck(o_.init, true);
           if (!ck.meta().arch.empty() && ck.meta().arch != o_.arch)
@@ -431,27 +588,41 @@ void Trainer::broadcast_start_state(bool rank0_loaded) {
     sched_->cosine = start_.cosine;
   }
   if (start_.resumed) {
-    // A mid-epoch position is a count of steps of world x batch x accum samples:
-    // with another shape it does not name the same samples, so redo that epoch.
-    const bool same_shape = start_.world_size == env_.world && start_.batch_size == o_.batch_size &&
-                            (start_.accum_steps == 0 || start_.accum_steps == o_.accum_steps);
-    const bool restart_epoch = start_.step_in_epoch > 0 && !same_shape;
-    if (restart_epoch) {
-      start_.step_in_epoch = 0;
-      start_.partial_loss_sum = 0;
-      start_.partial_correct = start_.partial_count = 0;
+    // A mid-epoch position: the checkpoint's ranks consumed the first
+    // step x world x batch x accum samples of the epoch's permutation (each rank takes
+    // every world-th one). Any other shape continues at the last step boundary it has
+    // inside that prefix, the sampler sharding the rest over this run's ranks; the few
+    // samples past that boundary are trained again.
+    const int64_t old_world = start_.world_size > 0 ? start_.world_size : env_.world;
+    const int64_t old_batch = start_.batch_size > 0 ? start_.batch_size : o_.batch_size;
+    const int64_t old_accum = start_.accum_steps > 0 ? start_.accum_steps : o_.accum_steps;
+    const int64_t old_global = old_world * old_batch * old_accum;
+    const int64_t new_global = static_cast<int64_t>(env_.world) * o_.batch_size * o_.accum_steps;
+    const int64_t old_step = start_.step_in_epoch;
+    int64_t replayed = 0;
+    if (old_step > 0 && old_global != new_global) {
+      const int64_t consumed = old_step * old_global;
+      start_.step_in_epoch = consumed / new_global;
+      replayed = consumed - start_.step_in_epoch * new_global;
+      if (start_.step_in_epoch == 0) {
+        start_.partial_loss_sum = 0;
+        start_.partial_correct = start_.partial_count = 0;
+      }
     }
     std::string where = start_.step_in_epoch > 0
                             ? "epoch " + std::to_string(start_.epoch + 1) + " step " + std::to_string(start_.step_in_epoch)
                             : "epoch " + std::to_string(start_.epoch + 1);
     if (!o_.eval_only) say("Resuming from " + resume_path_ + " at " + where);
+    for (const auto& line : resume_changes_) say(line);
     if (start_.world_size != env_.world && start_.world_size > 0)
       notice("checkpoint was trained on " + std::to_string(start_.world_size) + " ranks, this run has " +
              std::to_string(env_.world) + ": global batch " + std::to_string(start_.world_size * start_.batch_size) +
              " -> " + std::to_string(env_.world * o_.batch_size) + " (--batch-size is per rank), sampler re-sharded");
-    if (restart_epoch && !o_.eval_only)
-      notice("ranks, --batch-size or --accum-steps changed since the preemption; epoch " +
-             std::to_string(start_.epoch + 1) + " restarts from its first step");
+    if (old_step > 0 && old_global != new_global && !o_.eval_only)
+      notice("epoch " + std::to_string(start_.epoch + 1) + " was stopped after " + std::to_string(old_step) +
+             " steps of " + std::to_string(old_global) + " samples; at " + std::to_string(new_global) +
+             " samples per step it continues after step " + std::to_string(start_.step_in_epoch) +
+             (replayed > 0 ? " and trains " + std::to_string(replayed) + " of its samples again" : std::string()));
   }
 }
 
@@ -609,6 +780,15 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
       progress_->step(step, local_seen ? local_loss / static_cast<double>(local_seen) : 0.0,
                       local_seen ? static_cast<double>(local_correct) / static_cast<double>(local_seen) : 0.0,
                       elapsed > 0 ? static_cast<double>(local_seen) * env_.world / elapsed : 0.0);
+    }
+    if (!preempt && o_.checkpoint_every > 0 && start_.global_step % o_.checkpoint_every == 0 &&
+        step < steps_total && !loader_done) {
+      // The preemption checkpoint without stopping: a crash loses at most N steps.
+      double sums[1] = {loss_sum};
+      int64_t counts[2] = {correct, seen};
+      ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
+      ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+      save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
     }
     if (preempt) {
       if (progress_) progress_->end_epoch();
@@ -794,6 +974,8 @@ void Trainer::train_epochs() {
 
 int Trainer::run() {
   setup_device();
+  lock_output();
+  resolve_resume();
   setup_data();
   say("Train set size: " + std::to_string(train_set_->size()) +
       ", Validation set size: " + std::to_string(val_set_->size()));
@@ -836,6 +1018,16 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "resnet_ddp: error: cannot initialise MPI: %s\n", e.what());
     return 1;
+  }
+  if (const std::string why = launcher_world_mismatch(env.world); !why.empty()) {
+    // Every task is a world of its own here; the launcher's task 0 speaks for all.
+    if (launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
+    std::fflush(stderr);
+    try {
+      dist::finalize_process();
+    } catch (const std::exception&) {
+    }
+    return 2;
   }
   int code = 0;
   try {

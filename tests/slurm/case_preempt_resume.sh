@@ -13,6 +13,9 @@ rd_make_dataset 48 12 40x40
 out=$RD_SLURM_DIR/out
 common=(--arch resnet_tiny --image-size 32 --batch-size 2 --workers 1 --augment none --output-dir "$out")
 
+# The manual path: the job ends after its clean stop instead of requeueing itself
+# (case_requeue.sh covers the requeue).
+export RESNET_DDP_REQUEUE=0
 cd "$RD_SLURM_DIR/jobs"
 # Many epochs: the signal must land while training runs.
 job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/frontera_rtx.slurm" "${common[@]}" --epochs 1000)

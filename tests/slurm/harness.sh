@@ -70,7 +70,8 @@ ClusterName=rdtest
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/socket
+# cred_expire also holds a requeued job back that long (default 120 s).
+AuthInfo=socket=$dir/munge/socket,cred_expire=20
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

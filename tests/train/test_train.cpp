@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "common/compare.h"
@@ -21,6 +22,7 @@
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
@@ -234,6 +236,94 @@ TEST_CASE("shell quoting round-trips awkward arguments", "[train]") {
   CHECK(shell_quote("a b") == "'a b'");
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("") == "''");
+}
+
+TEST_CASE("a recorded command line reads back into the same flags", "[train]") {
+  // Resume compares this run's flags with the ones the checkpoint's `args` recorded.
+  std::vector<std::string> args = {"resnet_ddp", "--data", "/d ir/it's", "--lr", "1e-2", "--no-sync-bn"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const std::string line = join_command_line(static_cast<int>(argv.size()), argv.data());
+  CHECK(split_command_line(line) == args);
+  const std::vector<std::string> words = split_command_line(line);
+  const ParsedCommand pc = parse(std::vector<std::string>(words.begin() + 1, words.end()));
+  CHECK(pc.train.given == std::vector<std::string>{"--data", "--lr", "--no-sync-bn"});
+  CHECK(pc.train.was_given("--lr"));
+  CHECK_FALSE(pc.train.was_given("--epochs"));
+  TrainOptions other = parse({"--data", "x", "--lr", "0.01"}).train;
+  auto value = [](const TrainOptions& o, const std::string& flag) {
+    for (auto& [f, v] : train_flag_values(o))
+      if (f == flag) return v;
+    return std::string("?");
+  };
+  CHECK(value(pc.train, "--lr") == "0.01");  // 1e-2 and 0.01 are one value
+  CHECK(value(pc.train, "--lr") == value(other, "--lr"));
+  CHECK(value(pc.train, "--sync-bn") == "off");
+  CHECK(value(other, "--sync-bn") == "on");
+  CHECK(value(other, "--epochs") == "5");
+}
+
+TEST_CASE("a world of 1 under a launcher that started more tasks is named with the fix", "[train]") {
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_NTASKS", "SLURM_NPROCS",
+                        "WORLD_SIZE"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    ::unsetenv(v);
+  }
+  CHECK(launcher_world_mismatch(1).empty());
+  ::setenv("SLURM_NTASKS", "4", 1);
+  CHECK(launcher_world_mismatch(1).empty());  // the batch script itself, not a step
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  const std::string m = launcher_world_mismatch(1);
+  CHECK(m.find("SLURM_NTASKS=4") != std::string::npos);
+  CHECK(m.find("srun --mpi=pmix") != std::string::npos);
+  CHECK(m.find("srun --mpi=list") != std::string::npos);
+  CHECK(m.find("mpirun -np N") != std::string::npos);
+  CHECK(launcher_world_mismatch(4).empty());
+  ::unsetenv("SLURM_STEP_ID");
+  ::unsetenv("SLURM_NTASKS");
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK(launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
+  ::unsetenv("WORLD_SIZE");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  CHECK(launcher_world_mismatch(1).empty());
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  CHECK(launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
+TEST_CASE("the output folder lock is exclusive, names its holder and reports a crashed one", "[train]") {
+  const fs::path dir = fs::temp_directory_path() / ("rd_lock_test." + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::string stale = "x";
+    OutputLock a = OutputLock::acquire(dir.string(), &stale);
+    CHECK(a.held());
+    CHECK(stale.empty());
+    try {
+      OutputLock::acquire(dir.string());
+      FAIL("a second lock on the same folder was granted");
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      CHECK(m.find("'" + dir.string() + "' is in use by another run") != std::string::npos);
+      CHECK(m.find(" pid " + std::to_string(::getpid()) + " ") != std::string::npos);
+    }
+    CHECK(a.held());  // the refused attempt left the holder's record alone
+  }
+  {
+    std::ifstream f(dir / "resnet_ddp.lock");
+    std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CHECK(content.empty());  // released cleanly
+  }
+  {
+    std::ofstream(dir / "resnet_ddp.lock") << "host h pid 1 since then\n";  // as a killed holder leaves it
+    std::string stale;
+    OutputLock b = OutputLock::acquire(dir.string(), &stale);
+    CHECK(stale == "host h pid 1 since then");
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("ReduceLROnPlateau matches torch 1.13", "[train]") {

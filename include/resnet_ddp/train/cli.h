@@ -56,6 +56,12 @@ struct TrainOptions {
   std::string normalize = "none";    // none | imagenet
   bool strict_data = false;
   std::string verify_data = "full";  // full | header
+  int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
+
+  // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
+  // these may override what the checkpoint records.
+  std::vector<std::string> given;
+  bool was_given(const std::string& flag) const;
 
   // The full command line (shell-quoted), recorded in checkpoints.
   std::string command_line;
@@ -105,6 +111,18 @@ std::string top_level_help();
 std::string train_help();
 std::string predict_help();
 std::string info_help();
+
+// Every train flag with its value in `o` as text (numbers in a canonical form, booleans
+// "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.
+std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o);
+
+// Reads back a command line written by join_command_line (POSIX single quotes).
+std::vector<std::string> split_command_line(const std::string& line);
+
+// When MPI's world is 1 but the launcher's environment says the job has more tasks
+// (srun without PMI, torchrun, an mpirun of another MPI), the reason and the fix;
+// empty when nothing disagrees.
+std::string launcher_world_mismatch(int mpi_world);
 
 // Rank and world size from the launcher's environment (Open MPI, PMI, PMIx,
 // Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
