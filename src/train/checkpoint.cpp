@@ -7,10 +7,12 @@
 #endif
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -18,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
@@ -447,6 +450,91 @@ void fsync_path(const std::string& path, bool directory) {
     throw Error("cannot sync '" + path + "': " + std::strerror(err));
 }
 
+// ---- whole-file checksum -----------------------------------------------------------
+// HDF5's parser is not hardened against damaged files (a flipped bit in its metadata
+// can crash or hang it), so a file we wrote is verified before HDF5 sees it: the
+// first kChecksumBlock bytes are an HDF5 user block holding a text header
+//   "resnet_ddp checksum v1\nbytes <file size>\ncrc32 <8 hex digits>\n" + NULs
+// with the CRC-32 (zlib) of every byte after the block. Files without the header
+// (older versions, tools/torch_to_h5.py, h5py) are opened as before.
+// See docs/checkpoint_format.md.
+constexpr hsize_t kChecksumBlock = 512;
+constexpr char kChecksumMagic[] = "resnet_ddp checksum v1\n";
+
+// CRC-32 of bytes [from, size) of an open file; false on a read error.
+bool crc_of(int fd, uint64_t from, uint64_t size, uint32_t& crc_out) {
+  std::vector<unsigned char> buf(1 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t off = from;
+  while (off < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - off));
+    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    off += static_cast<uint64_t>(n);
+  }
+  crc_out = static_cast<uint32_t>(crc);
+  return true;
+}
+
+void stamp_checksum(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw WriteError("temp file '" + file + "': reopen for checksum failed: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  uint32_t crc = 0;
+  if (::fstat(fd, &st) != 0 || !crc_of(fd, kChecksumBlock, static_cast<uint64_t>(st.st_size), crc))
+    throw WriteError("temp file '" + file + "': reading it back for the checksum failed: " + std::strerror(errno));
+  char header[kChecksumBlock] = {};
+  std::snprintf(header, sizeof header, "%sbytes %lld\ncrc32 %08x\n", kChecksumMagic,
+                static_cast<long long>(st.st_size), crc);
+  if (::pwrite(fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
+    throw WriteError("temp file '" + file + "': writing the checksum failed: " + std::strerror(errno));
+}
+
+// Throws UsageError when `path` carries a checksum header that does not match its
+// bytes; returns quietly for a matching or absent header.
+void verify_checksum(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // HDF5's open reports it
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const auto damaged = [&](const std::string& why) {
+    return UsageError("checkpoint '" + path + "': " + why + " (file damaged or incompletely copied)");
+  };
+  char header[kChecksumBlock + 1] = {};
+  const ssize_t got = ::pread(fd, header, kChecksumBlock, 0);
+  const size_t magic_len = sizeof kChecksumMagic - 1;
+  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) return;
+  if (got != static_cast<ssize_t>(kChecksumBlock)) throw damaged("truncated inside its checksum header");
+  long long bytes = -1;
+  unsigned crc_stored = 0;
+  int used = 0;
+  if (std::sscanf(header + magic_len, "bytes %lld\ncrc32 %8x\n%n", &bytes, &crc_stored, &used) != 2 || used == 0 ||
+      bytes < static_cast<long long>(kChecksumBlock))
+    throw damaged("checksum header unreadable");
+  for (size_t i = magic_len + static_cast<size_t>(used); i < kChecksumBlock; ++i)
+    if (header[i] != '\0') throw damaged("checksum header unreadable");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw damaged(std::string("cannot stat: ") + std::strerror(errno));
+  if (st.st_size != bytes)
+    throw damaged("size is " + std::to_string(st.st_size) + " bytes, its header says " + std::to_string(bytes));
+  uint32_t crc = 0;
+  if (!crc_of(fd, kChecksumBlock, static_cast<uint64_t>(st.st_size), crc))
+    throw damaged(std::string("read error: ") + std::strerror(errno));
+  if (crc != crc_stored) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "checksum mismatch (CRC-32 %08x, header says %08x)", crc, crc_stored);
+    throw damaged(msg);
+  }
+}
+
 // ---- reading -------------------------------------------------------------------
 
 struct Reader {
@@ -624,6 +712,7 @@ H5Id open_for_read(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "': no such file");
   if (fs::is_directory(path, ec)) throw UsageError("checkpoint '" + path + "': is a directory");
+  verify_checksum(path);  // before HDF5 parses anything
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw UsageError("checkpoint '" + path + "': not an HDF5 file (truncated or corrupt?)");
   H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -703,11 +792,14 @@ void write_hdf5_file(const std::string& file, const OutFile& out) {
   wcheck(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "file close degree");
   H5Id fcpl = wid(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "file creation list");
   H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  // The user block (ignored by HDF5 readers) holds the whole-file checksum.
+  wcheck(H5Pset_userblock(fcpl, kChecksumBlock), "user block");
   H5Id f = wid(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, fcpl, fapl), H5Fclose, "temp file '" + file + "'");
   write_file_contents(f, out);
   // Metadata is written at close: its result is checked, not left to a destructor.
   wcheck(H5Fclose(f.release()), "closing temp file '" + file + "'");
   check_latch("closing temp file '" + file + "'");
+  stamp_checksum(file);
 }
 
 // Atomic replace: temp file in the same directory, fsync, rename, fsync of the directory.
