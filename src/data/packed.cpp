@@ -349,7 +349,11 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
     write_attr_int(file.get(), "image_size", size);
     write_strings(file.get(), "class_names", splits.front().second.class_names);
 
-    for (auto& [split, scan] : splits) {
+    for (auto& split_scan : splits) {
+      // Named references, not a structured binding: clang < 16 (the fuzz and
+      // sanitizer builds) cannot capture bindings in the lambda below.
+      const Split split = split_scan.first;
+      FolderScan& scan = split_scan.second;
       Handle group(H5Gcreate2(file.get(), split_name(split), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       const hsize_t dims0[4] = {0, static_cast<hsize_t>(size), static_cast<hsize_t>(size), 3};
       const hsize_t maxdims[4] = {H5S_UNLIMITED, dims0[1], dims0[2], 3};

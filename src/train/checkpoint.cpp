@@ -1,6 +1,9 @@
 #include "resnet_ddp/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <hdf5.h>
 #if H5_VERSION_GE(1, 14, 0)
 #include <H5FDdevelop.h>  // the file-driver struct is a developer header since 1.13
@@ -10,6 +13,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -496,43 +500,107 @@ void stamp_checksum(const std::string& file) {
     throw WriteError("temp file '" + file + "': writing the checksum failed: " + std::strerror(errno));
 }
 
-// Throws UsageError when `path` carries a checksum header that does not match its
-// bytes; returns quietly for a matching or absent header.
-void verify_checksum(const std::string& path) {
+// Why `path` fails its checksum header, or "" when it matches or has none.
+std::string checksum_problem(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;  // HDF5's open reports it
+  if (fd < 0) return "";  // HDF5's open reports it
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  const auto damaged = [&](const std::string& why) {
-    return UsageError("checkpoint '" + path + "': " + why + " (file damaged or incompletely copied)");
-  };
   char header[kChecksumBlock + 1] = {};
   const ssize_t got = ::pread(fd, header, kChecksumBlock, 0);
   const size_t magic_len = sizeof kChecksumMagic - 1;
-  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) return;
-  if (got != static_cast<ssize_t>(kChecksumBlock)) throw damaged("truncated inside its checksum header");
+  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) return "";
+  if (got != static_cast<ssize_t>(kChecksumBlock)) return "truncated inside its checksum header";
   long long bytes = -1;
   unsigned crc_stored = 0;
   int used = 0;
   if (std::sscanf(header + magic_len, "bytes %lld\ncrc32 %8x\n%n", &bytes, &crc_stored, &used) != 2 || used == 0 ||
       bytes < static_cast<long long>(kChecksumBlock))
-    throw damaged("checksum header unreadable");
+    return "checksum header unreadable";
   for (size_t i = magic_len + static_cast<size_t>(used); i < kChecksumBlock; ++i)
-    if (header[i] != '\0') throw damaged("checksum header unreadable");
+    if (header[i] != '\0') return "checksum header unreadable";
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw damaged(std::string("cannot stat: ") + std::strerror(errno));
+  if (::fstat(fd, &st) != 0) return std::string("cannot stat: ") + std::strerror(errno);
   if (st.st_size != bytes)
-    throw damaged("size is " + std::to_string(st.st_size) + " bytes, its header says " + std::to_string(bytes));
+    return "size is " + std::to_string(st.st_size) + " bytes, its header says " + std::to_string(bytes);
   uint32_t crc = 0;
   if (!crc_of(fd, kChecksumBlock, static_cast<uint64_t>(st.st_size), crc))
-    throw damaged(std::string("read error: ") + std::strerror(errno));
-  if (crc != crc_stored) {
-    char msg[96];
-    std::snprintf(msg, sizeof msg, "checksum mismatch (CRC-32 %08x, header says %08x)", crc, crc_stored);
-    throw damaged(msg);
+    return std::string("read error: ") + std::strerror(errno);
+  if (crc == crc_stored) return "";
+  char msg[96];
+  std::snprintf(msg, sizeof msg, "checksum mismatch (CRC-32 %08x, header says %08x)", crc, crc_stored);
+  return msg;
+}
+
+bool g_in_damage_probe = false;  // set only in the child process below
+
+// `path` is known to be damaged. For a message that names what is damaged, HDF5
+// reads it in a child process: a crash or hang of HDF5's parser there is
+// contained (the child is killed after kProbeTimeoutS) and still ends in a clear error.
+UsageError damaged_file_error(const std::string& path, const std::string& problem) {
+  constexpr int kProbeTimeoutS = 120;
+  const std::string base = "checkpoint '" + path + "': " + problem + " (file damaged or incompletely copied)";
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return UsageError(base);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return UsageError(base);
   }
+  if (pid == 0) {  // child: no MPI, no stdio flush at exit (_exit)
+    ::close(fds[0]);
+    std::string msg;
+    try {
+      g_in_damage_probe = true;
+      (void)read_checkpoint(path, false);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    for (size_t off = 0; off < msg.size();) {
+      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeTimeoutS);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{fds[0], POLLIN, 0};
+    const int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    char buf[512];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return UsageError(base + "; reading it hung (stopped after " + std::to_string(kProbeTimeoutS) + " s)");
+  if (WIFSIGNALED(status))
+    return UsageError(base + "; the HDF5 library crashed reading it (signal " + std::to_string(WTERMSIG(status)) +
+                      ", contained in a child process)");
+  if (!msg.empty()) return UsageError(msg + " [" + problem + "]");
+  return UsageError(base);
 }
 
 // ---- reading -------------------------------------------------------------------
@@ -712,7 +780,9 @@ H5Id open_for_read(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "': no such file");
   if (fs::is_directory(path, ec)) throw UsageError("checkpoint '" + path + "': is a directory");
-  verify_checksum(path);  // before HDF5 parses anything
+  // Before HDF5 parses anything: a damaged file of ours never reaches HDF5 in this process.
+  if (!g_in_damage_probe)
+    if (const std::string problem = checksum_problem(path); !problem.empty()) throw damaged_file_error(path, problem);
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw UsageError("checkpoint '" + path + "': not an HDF5 file (truncated or corrupt?)");
   H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
