@@ -23,9 +23,8 @@ struct H5Names {
   std::vector<std::string> attrs;    // every attribute name seen anywhere
 };
 
-inline herr_t collect_object(hid_t, const char* name, const H5O_info_t*, void* data) {
-  auto* n = static_cast<H5Names*>(data);
-  n->objects.push_back(std::string(name) == "." ? "/" : "/" + std::string(name));
+inline herr_t collect_object(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<H5Names*>(data)->objects.push_back("/" + std::string(name));
   return 0;
 }
 inline herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
@@ -37,7 +36,8 @@ inline H5Names list_names(const std::string& path) {
   H5Names n;
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (f < 0) return n;
-  H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, collect_object, &n, H5O_INFO_BASIC);
+  n.objects.push_back("/");
+  H5Lvisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, collect_object, &n);
   for (const auto& o : n.objects) {
     hid_t obj = H5Oopen(f, o.c_str(), H5P_DEFAULT);
     if (obj < 0) continue;

@@ -9,6 +9,7 @@
 #define STBI_NO_PIC
 #include <stb/stb_image.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -113,6 +114,55 @@ PnmHeader pnm_header(const uint8_t* bytes, size_t size, const std::string& what)
   return p;
 }
 
+// stb 2.27 builds a JPEG Huffman table without checking that its code counts sum
+// to at most 256: a DHT segment claiming more writes past the table (heap
+// overflow; checked upstream since 2.28). This walks the markers as stb's reader
+// does and refuses such a table before stb sees the file. Other segments are
+// skipped by their length; inside entropy-coded data, FF 00 (stuffing), FF FF
+// (fill) and FF D0..D7 (restart) are data, as for stb.
+// With `frame_seen`, stops at the frame header (SOFn: where stb's header probe
+// stops) and says whether it got there within the n bytes.
+std::string jpeg_problem(const uint8_t* b, size_t n, bool* frame_seen = nullptr) {
+  if (n < 2 || b[0] != 0xFF || b[1] != 0xD8) return "";
+  const auto at = [&](size_t i) -> unsigned { return i < n ? b[i] : 0u; };  // stb reads 0 past the end
+  size_t i = 2;
+  while (i + 1 < n) {
+    if (b[i] != 0xFF) {
+      ++i;
+      continue;
+    }
+    const unsigned m = b[i + 1];
+    if (m == 0xFF) {
+      ++i;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
+      i += 2;
+      continue;
+    }
+    if (m == 0xD9) break;  // EOI
+    if (frame_seen && m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      *frame_seen = true;
+      return "";
+    }
+    const size_t len = (at(i + 2) << 8) | at(i + 3);
+    if (m == 0xC4) {  // DHT: tables back to back, as stb consumes them
+      size_t p = i + 4;
+      long left = static_cast<long>(len) - 2;
+      while (left > 0 && p < n) {
+        size_t codes = 0;
+        for (size_t k = 1; k <= 16; ++k) codes += at(p + k);
+        if (codes > 256)
+          return "corrupt JPEG: Huffman table of " + std::to_string(codes) + " codes (at most 256)";
+        left -= static_cast<long>(17 + codes);
+        p += 17 + codes;
+      }
+    }
+    i += 2 + std::max<size_t>(len, 2);
+  }
+  return "";
+}
+
 void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max_pixels) {
   if (h.width <= 0 || h.height <= 0)
     throw Error(what + ": invalid image dimensions " + std::to_string(h.width) + "x" +
@@ -153,6 +203,8 @@ ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::str
     check_dimensions(h, what, max_pixels);
     return h;
   }
+  if (const std::string why = jpeg_problem(bytes, size); !why.empty())
+    throw Error(what + ": not a decodable image (" + why + ")");
   ImageHeader h;
   if (!stbi_info_from_memory(bytes, static_cast<int>(size), &h.width, &h.height, &h.channels))
     throw Error(what + ": not a decodable image (" + stbi_failure_reason() + ")");
@@ -205,7 +257,22 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   // Headers sit in the first few KiB for every supported format; stb reads as needed.
   ImageHeader h;
   unsigned char magic[2] = {0, 0};
-  if (std::fread(magic, 1, 2, f.get()) == 2 && is_binary_pnm(magic, 2)) {
+  const bool got_magic = std::fread(magic, 1, 2, f.get()) == 2;
+  if (got_magic && magic[0] == 0xFF && magic[1] == 0xD8) {
+    // JPEG: the Huffman tables up to the frame header are checked (jpeg_problem)
+    // before stb's probe reads them; usually they sit in the first 256 KiB.
+    std::vector<uint8_t> head(256 * 1024);
+    std::rewind(f.get());
+    head.resize(std::fread(head.data(), 1, head.size(), f.get()));
+    bool frame_seen = false;
+    std::string why = jpeg_problem(head.data(), head.size(), &frame_seen);
+    if (why.empty() && !frame_seen) {
+      read_file_bytes(path, head);
+      why = jpeg_problem(head.data(), head.size());
+    }
+    if (!why.empty()) throw Error(path + ": not a decodable image (" + why + ")");
+  }
+  if (got_magic && is_binary_pnm(magic, 2)) {
     // Our own PNM parser (see decode_pnm); a header longer than 4 KiB is not a sane PNM.
     std::vector<uint8_t> head(4096);
     std::rewind(f.get());
