@@ -123,9 +123,12 @@ PnmHeader pnm_header(const uint8_t* bytes, size_t size, const std::string& what)
 // With `frame_seen`, stops at the frame header (SOFn: where stb's header probe
 // stops) and says whether it got there within the n bytes.
 std::string jpeg_problem(const uint8_t* b, size_t n, bool* frame_seen = nullptr) {
-  if (n < 2 || b[0] != 0xFF || b[1] != 0xD8) return "";
-  const auto at = [&](size_t i) -> unsigned { return i < n ? b[i] : 0u; };  // stb reads 0 past the end
-  size_t i = 2;
+  // SOI, after any number of FF fill bytes (stb accepts FF FF D8 too).
+  size_t i = 0;
+  while (i < n && b[i] == 0xFF) ++i;
+  if (i == 0 || i >= n || b[i] != 0xD8) return "";
+  ++i;
+  const auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };  // stb reads 0 past the end
   while (i + 1 < n) {
     if (b[i] != 0xFF) {
       ++i;
@@ -258,7 +261,7 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   ImageHeader h;
   unsigned char magic[2] = {0, 0};
   const bool got_magic = std::fread(magic, 1, 2, f.get()) == 2;
-  if (got_magic && magic[0] == 0xFF && magic[1] == 0xD8) {
+  if (got_magic && magic[0] == 0xFF) {
     // JPEG: the Huffman tables up to the frame header are checked (jpeg_problem)
     // before stb's probe reads them; usually they sit in the first 256 KiB.
     std::vector<uint8_t> head(256 * 1024);
