@@ -73,14 +73,16 @@ struct Fixture {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture fx;
   FuzzedDataProvider fdp(data, size);
+  // One read path per input (each is a full pass over the file): info's,
+  // --init's and --resume's / predict's, through a Snapshot or streamed.
+  const int path = fdp.ConsumeIntegralInRange(0, 4);
   fuzz::spit(fx.work_path, fx.seed);
   fuzz::apply_edits(fdp, fx.work_path, fx.names);
+  const bool weights_only = path == 1 || path == 3;
   try {
-    (void)train::read_checkpoint_meta(fx.work_path);
-  } catch (const Error&) {
-  }
-  for (bool weights_only : {true, false}) {
-    try {
+    if (path == 0) {
+      (void)train::read_checkpoint_meta(fx.work_path);
+    } else if (path <= 2) {
       train::Snapshot s = train::read_checkpoint(fx.work_path, weights_only);
       train::check_compatible(s, *fx.model, {"a", "b", "c"}, fx.work_path);
       (void)train::restore_model(s, *fx.model, weights_only, fx.work_path);
@@ -88,14 +90,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         train::restore_optimizer(s, *fx.model, *fx.opt, fx.work_path);
         train::restore_scheduler(s, *fx.sched);
       }
-    } catch (const Error&) {
-    }
-    try {
+    } else {
       train::CheckpointReader r(fx.work_path, weights_only);
+      train::check_compatible(r.meta(), *fx.model, {"a", "b", "c"}, fx.work_path);
       (void)r.load_model(*fx.model, weights_only);
-      if (!weights_only) r.load_optimizer(*fx.model, *fx.opt);
-    } catch (const Error&) {
+      if (!weights_only) {
+        r.load_optimizer(*fx.model, *fx.opt);
+        if (r.scheduler().present) train::restore_scheduler(r.scheduler(), *fx.sched);
+      }
     }
+  } catch (const Error&) {
   }
   return 0;
 }
