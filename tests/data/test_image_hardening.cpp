@@ -60,7 +60,7 @@ TEST_CASE("binary PNM: 8/16-bit, gray/RGB, comments; truncated and absurd header
     const auto b = bytes_of(s);
     decode_image_memory(b.data(), b.size(), "pnm", img, 1 << 20);
   };
-  decode(std::string("P6\n# c\n2 1\n65535\n\x12\x34\x56\x78\x9a\xbc\x01\x02\x03\x04\x05\x06", 30));
+  decode(std::string("P6\n# c\n2 1\n65535\n\x12\x34\x56\x78\x9a\xbc\x01\x02\x03\x04\x05\x06", 29));
   CHECK(img.pixels == std::vector<uint8_t>{0x12, 0x56, 0x9a, 0x01, 0x03, 0x05});
   decode(std::string("P5 1 2 255\n\x07\x08", 13));
   CHECK(img.pixels == std::vector<uint8_t>{7, 7, 7, 8, 8, 8});
