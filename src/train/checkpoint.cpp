@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <vector>
@@ -539,17 +540,35 @@ bool g_in_damage_probe = false;  // set only in the child process below
 // `path` is known to be damaged. For a message that names what is damaged, HDF5
 // reads it in a child process: a crash or hang of HDF5's parser there is
 // contained (the child is killed after kProbeTimeoutS) and still ends in a clear error.
+std::string probe_damaged_file(const std::string& path, const std::string& problem);
+
 UsageError damaged_file_error(const std::string& path, const std::string& problem) {
+  // Several readers open the same file in turn (info tries full, then weights-only):
+  // one probe per damaged file. `problem` holds the CRC or size found, so a file
+  // damaged differently is probed again.
+  static std::mutex mutex;
+  static std::string last_key, last_message;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string key = path + '\n' + problem;
+  if (key != last_key) {
+    last_message = probe_damaged_file(path, problem);
+    last_key = key;
+  }
+  return UsageError(last_message);
+}
+
+// The message for a damaged file, from a child process that parses it (see above).
+std::string probe_damaged_file(const std::string& path, const std::string& problem) {
   constexpr int kProbeTimeoutS = 120;
   const std::string base = "checkpoint '" + path + "': " + problem + " (file damaged or incompletely copied)";
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return UsageError(base);
+  if (::pipe2(fds, O_CLOEXEC) != 0) return base;
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
     ::close(fds[1]);
-    return UsageError(base);
+    return base;
   }
   if (pid == 0) {  // child: no MPI, no stdio flush at exit (_exit)
     ::close(fds[0]);
@@ -595,12 +614,12 @@ UsageError damaged_file_error(const std::string& path, const std::string& proble
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out) return UsageError(base + "; reading it hung (stopped after " + std::to_string(kProbeTimeoutS) + " s)");
+  if (timed_out) return base + "; reading it hung (stopped after " + std::to_string(kProbeTimeoutS) + " s)";
   if (WIFSIGNALED(status))
-    return UsageError(base + "; the HDF5 library crashed reading it (signal " + std::to_string(WTERMSIG(status)) +
-                      ", contained in a child process)");
-  if (!msg.empty()) return UsageError(msg + " [" + problem + "]");
-  return UsageError(base);
+    return base + "; the HDF5 library crashed reading it (signal " + std::to_string(WTERMSIG(status)) +
+           ", contained in a child process)";
+  if (!msg.empty()) return msg + " [" + problem + "]";
+  return base;
 }
 
 // ---- reading -------------------------------------------------------------------

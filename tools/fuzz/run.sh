@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
     fi
   fi
   echo "fuzz: $t for ${seconds}s"
-  "$bin" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+  "$bin" -max_total_time="$seconds" -timeout=120 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
          -artifact_prefix="$work/artifacts/$t/" "$work/corpus/$t" "$work/seeds/$t" >"$work/$t.log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/$t.log" | awk '{print $2}')
