@@ -640,6 +640,10 @@ struct Reader {
     H5Id a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
     H5Id type(H5Aget_type(a), H5Tclose);
     if (H5Tget_class(type) != H5T_STRING) bad(std::string("attribute '") + name + "' is not a string");
+    {  // H5Aread writes every element: one string only (an array would overflow `s` / `p`)
+      H5Id space(H5Aget_space(a), H5Sclose);
+      if (H5Sget_simple_extent_npoints(space) != 1) bad(std::string("attribute '") + name + "' is not a single string");
+    }
     if (H5Tis_variable_str(type) > 0) {
       H5Id mem = string_type();
       char* p = nullptr;
