@@ -13,6 +13,11 @@ SANITIZE     ?=
 FUZZ_SECONDS ?= 60
 SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,kernel|data|train|collective|e2e)
 SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
+# Only what those labels run (tests of other labels show up as *_NOT_BUILT, unlabelled).
+SAN_TARGETS   = resnet_ddp message_passing test_data data_probe collective_test peer_loss \
+                nccl_collective_test ddp_equivalence_test \
+                $(if $(filter thread,$(SANITIZE)),,test_kernel_reference test_kernel_cpu test_kernel_faults \
+                  test_kernel_cpu_bf16 test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
 # CI (CI set) also runs the ASan+UBSan build on these labels and a fuzz smoke of this length.
 CI_FUZZ_SECONDS ?= 20
 
@@ -72,7 +77,7 @@ san-build: deps deps-harden
 	    -DRESNET_DDP_NATIVE=OFF -DRESNET_DDP_WERROR=$(WERROR) \
 	    -DRESNET_DDP_SANITIZE=$(or $(SANITIZE),address$(,)undefined) \
 	    -DRESNET_DDP_FUZZ=$(if $(filter thread,$(SANITIZE)),OFF,ON) $(CMAKE_ARGS); fi
-	cmake --build $(SAN_DIR) -j $(JOBS)
+	cmake --build $(SAN_DIR) -j $(JOBS) --target $(SAN_TARGETS)
 
 test-sanitize: san-build
 	./tools/sanitize/run_ctest.sh $(SAN_DIR) '$(SAN_LABELS)'
