@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 60
 SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,kernel|data|train|collective|e2e)
 SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 # Only what those labels run (tests of other labels show up as *_NOT_BUILT, unlabelled).
-SAN_TARGETS   = resnet_ddp message_passing test_data data_probe collective_test peer_loss \
+SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_kernel_reference test_kernel_cpu test_kernel_faults \
                   test_kernel_cpu_bf16 test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
