@@ -11,9 +11,7 @@ logs="$build/sanitizer-logs"
 rm -rf "$logs" && mkdir -p "$logs"
 common="log_path=$logs/report:print_suppressions=0"
 # halt_on_error: the first report ends the process (a test then fails as well).
-# fast_unwind_on_malloc=0: Open MPI's libraries have no frame pointers; full stacks
-# let the library suppressions in lsan.supp match its leaks.
-export ASAN_OPTIONS="$common:detect_leaks=1:fast_unwind_on_malloc=0:detect_stack_use_after_return=0:strict_string_checks=1:check_initialization_order=1:halt_on_error=1"
+export ASAN_OPTIONS="$common:detect_leaks=1:detect_stack_use_after_return=0:strict_string_checks=1:check_initialization_order=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="$common:print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="$common:suppressions=$here/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
