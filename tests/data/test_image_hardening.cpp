@@ -54,7 +54,7 @@ TEST_CASE("JPEG Huffman tables of more than 256 codes are refused before stb", "
   CHECK_THAT(decode_error(bytes_of("\xFF\xFF" + jpeg.substr(1))), Catch::Contains("Huffman table"));
 }
 
-TEST_CASE("binary PNM: 8/16-bit, gray/RGB, comments; truncated and absurd headers refused", "[data][hardening]") {
+TEST_CASE("binary PNM: 8/16-bit, gray/RGB, comments, and truncated or absurd headers refused", "[data][hardening]") {
   Image img;
   const auto decode = [&](const std::string& s) {
     const auto b = bytes_of(s);
