@@ -1,6 +1,7 @@
 # Thin front door over CMake. `make run` and `make test` work on a fresh Debian
 # machine: they install the Debian packages first (`make deps`).
 BUILD_DIR ?= build
+, := ,
 PREFIX    ?= /usr/local
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 CUDA      ?= AUTO
@@ -9,15 +10,32 @@ CMAKE_ARGS ?=
 # PyTorch to compare with in `make bench`: debian (python3-torch 1.13) or pypi (torch 2.15 in
 # a venv created on first use, see bench/torch_pypi_venv.sh).
 TORCH     ?= debian
+# Hardening (docs/hardening.md): SANITIZE=address,undefined or SANITIZE=thread runs
+# the sanitizer build's tests; `make fuzz FUZZ_SECONDS=N` runs each fuzz target.
+SANITIZE     ?=
+FUZZ_SECONDS ?= 60
+SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,kernel|data|train|collective|e2e)
+SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
+# Only what those labels run (tests of other labels show up as *_NOT_BUILT, unlabelled).
+SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
+                nccl_collective_test ddp_equivalence_test \
+                $(if $(filter thread,$(SANITIZE)),,test_kernel_reference test_kernel_cpu test_kernel_faults \
+                  test_kernel_cpu_bf16 test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
+# CI_SANITIZE=1 (with CI set) also runs the ASan+UBSan build on these labels and a fuzz
+# smoke of this length after the suite. Off by default until its CI time is measured.
+CI_SANITIZE     ?=
+CI_FUZZ_SECONDS ?= 20
 
 # Exactly what building, testing and the demo need (CUDA comes from NVIDIA's toolkit, not here).
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
-              libstb-dev catch2 libdnnl-dev
+              libstb-dev catch2 libdnnl-dev zlib1g-dev
 DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
+# Sanitizer and fuzz builds only (clang with libFuzzer, ASan/UBSan/TSan runtimes, LLVM OpenMP).
+DEB_HARDEN  = clang libclang-rt-14-dev libomp-dev
 
-.PHONY: all build deps test test-isa run demo clean install bench bench-quick gpu-bundle
+.PHONY: all build deps deps-harden test test-isa test-sanitize fuzz san-build run demo clean install bench bench-quick gpu-bundle
 
 all: build
 
@@ -32,7 +50,11 @@ $(BUILD_DIR)/CMakeCache.txt:
 
 # Idempotent: installs only the packages that are missing.
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_PACKAGES)"
+deps-harden:
+	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_HARDEN)"
+install-debs:
+	@missing=""; for p in $(DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; else \
@@ -42,9 +64,33 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
+ifeq ($(SANITIZE),)
 test: deps
 	$(MAKE) build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j 2 --timeout 900
+	@if [ -n "$(CI)" ] && [ -n "$(CI_SANITIZE)" ]; then \
+	  $(MAKE) --no-print-directory test-sanitize SANITIZE=address,undefined && \
+	  $(MAKE) --no-print-directory fuzz SANITIZE= FUZZ_SECONDS=$(CI_FUZZ_SECONDS); fi
+else
+test: test-sanitize
+endif
+
+# The sanitizer build (clang, CPU backend; the ASan one also builds the fuzz targets).
+san-build: deps deps-harden
+	@if [ ! -f $(SAN_DIR)/CMakeCache.txt ]; then \
+	  CC=clang CXX=clang++ cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRESNET_DDP_CUDA=OFF \
+	    -DRESNET_DDP_NATIVE=OFF -DRESNET_DDP_WERROR=$(WERROR) \
+	    -DRESNET_DDP_SANITIZE=$(or $(SANITIZE),address$(,)undefined) \
+	    -DRESNET_DDP_FUZZ=$(if $(filter thread,$(SANITIZE)),OFF,ON) $(CMAKE_ARGS); fi
+	cmake --build $(SAN_DIR) -j $(JOBS) --target $(SAN_TARGETS)
+
+test-sanitize: san-build
+	./tools/sanitize/run_ctest.sh $(SAN_DIR) '$(SAN_LABELS)'
+
+# Fuzz targets live in the ASan+UBSan build directory.
+fuzz:
+	$(MAKE) --no-print-directory san-build SANITIZE=address,undefined
+	./tools/fuzz/run.sh build-asan $(FUZZ_SECONDS)
 
 # The kernel, model and parity tests again with oneDNN capped to the ISA classes users
 # have (AVX2: AMD Milan, Intel Haswell/Broadwell; AVX512_CORE: Skylake-SP, Zen4 without
@@ -78,4 +124,4 @@ install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD_DIR) ./resnet_ddp ./message_passing
+	rm -rf $(BUILD_DIR) build-asan build-tsan ./resnet_ddp ./message_passing

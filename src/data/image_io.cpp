@@ -9,6 +9,8 @@
 #define STBI_NO_PIC
 #include <stb/stb_image.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -53,12 +55,159 @@ namespace {
 struct StbFree {
   void operator()(stbi_uc* p) const { stbi_image_free(p); }
 };
+
+// Binary PNM (P5 gray, P6 RGB) is decoded here, not by stb: Debian's stb 2.27
+// reads past its buffer converting 16-bit PNM to RGB (stbi__convert_16_to_8 on an
+// 8-bit-sized buffer), overflows int on long numbers in the header, and returns
+// uninitialised pixels for truncated data. Semantics are stb's: samples are taken
+// as stored (no maxval scaling), 16-bit samples are big-endian and keep the high byte.
+bool is_binary_pnm(const uint8_t* b, size_t n) { return n >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6'); }
+
+struct PnmHeader {
+  ImageHeader h;
+  int bytes_per_sample = 1;
+  size_t data_offset = 0;
+};
+
+// Parses "P5|P6 <ws/comments> W <ws> H <ws> MAXVAL <one ws>"; empty message when fine.
+std::string parse_pnm_header(const uint8_t* b, size_t n, PnmHeader& out) {
+  size_t i = 2;
+  auto skip = [&] {
+    while (i < n) {
+      if (std::isspace(b[i])) {
+        ++i;
+      } else if (b[i] == '#') {
+        while (i < n && b[i] != '\n' && b[i] != '\r') ++i;
+      } else {
+        break;
+      }
+    }
+  };
+  auto number = [&](int64_t& v) {
+    skip();
+    if (i >= n || !std::isdigit(b[i])) return false;
+    v = 0;
+    while (i < n && std::isdigit(b[i])) {
+      v = v * 10 + (b[i++] - '0');
+      if (v > (1 << 24)) return false;  // far beyond any limit below; stops overflow
+    }
+    return true;
+  };
+  int64_t w = 0, h = 0, maxval = 0;
+  if (!number(w) || !number(h) || !number(maxval)) return "malformed PNM header";
+  if (i >= n || !std::isspace(b[i])) return "malformed PNM header (no whitespace after maxval)";
+  ++i;
+  if (w <= 0 || h <= 0 || w > (1 << 24) || h > (1 << 24)) return "invalid PNM dimensions";
+  if (maxval <= 0 || maxval > 65535) return "PNM maxval " + std::to_string(maxval) + " outside 1..65535";
+  out.h.width = static_cast<int>(w);
+  out.h.height = static_cast<int>(h);
+  out.h.channels = b[1] == '5' ? 1 : 3;
+  out.bytes_per_sample = maxval > 255 ? 2 : 1;
+  out.data_offset = i;
+  return "";
+}
+
+PnmHeader pnm_header(const uint8_t* bytes, size_t size, const std::string& what) {
+  PnmHeader p;
+  const std::string err = parse_pnm_header(bytes, size, p);
+  if (!err.empty()) throw Error(what + ": not a decodable image (" + err + ")");
+  return p;
+}
+
+// stb 2.27 builds a JPEG Huffman table without checking that its code counts sum
+// to at most 256: a DHT segment claiming more writes past the table (heap
+// overflow; checked upstream since 2.28). This walks the markers as stb's reader
+// does and refuses such a table before stb sees the file. Other segments are
+// skipped by their length; inside entropy-coded data, FF 00 (stuffing), FF FF
+// (fill) and FF D0..D7 (restart) are data, as for stb.
+// With `frame_seen`, stops at the frame header (SOFn: where stb's header probe
+// stops) and says whether it got there within the n bytes.
+std::string jpeg_problem(const uint8_t* b, size_t n, bool* frame_seen = nullptr) {
+  // SOI, after any number of FF fill bytes (stb accepts FF FF D8 too).
+  size_t i = 0;
+  while (i < n && b[i] == 0xFF) ++i;
+  if (i == 0 || i >= n || b[i] != 0xD8) return "";
+  ++i;
+  const auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };  // stb reads 0 past the end
+  while (i + 1 < n) {
+    if (b[i] != 0xFF) {
+      ++i;
+      continue;
+    }
+    const unsigned m = b[i + 1];
+    if (m == 0xFF) {
+      ++i;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
+      i += 2;
+      continue;
+    }
+    if (m == 0xD9) break;  // EOI
+    if (frame_seen && m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      *frame_seen = true;
+      return "";
+    }
+    const size_t len = (at(i + 2) << 8) | at(i + 3);
+    if (m == 0xC4) {  // DHT: tables back to back, as stb consumes them
+      size_t p = i + 4;
+      long left = static_cast<long>(len) - 2;
+      while (left > 0 && p < n) {
+        size_t codes = 0;
+        for (size_t k = 1; k <= 16; ++k) codes += at(p + k);
+        if (codes > 256)
+          return "corrupt JPEG: Huffman table of " + std::to_string(codes) + " codes (at most 256)";
+        left -= static_cast<long>(17 + codes);
+        p += 17 + codes;
+      }
+    }
+    i += 2 + std::max<size_t>(len, 2);
+  }
+  return "";
+}
+
+void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max_pixels) {
+  if (h.width <= 0 || h.height <= 0)
+    throw Error(what + ": invalid image dimensions " + std::to_string(h.width) + "x" +
+                std::to_string(h.height));
+  const int64_t pixels = static_cast<int64_t>(h.width) * h.height;
+  if (pixels > max_pixels)
+    throw Error(what + ": image is " + std::to_string(h.width) + "x" + std::to_string(h.height) +
+                " = " + std::to_string(pixels) + " pixels, above the limit of " +
+                std::to_string(max_pixels) + " (decompression-bomb guard)");
+}
+
+void decode_pnm(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels) {
+  const PnmHeader p = pnm_header(bytes, size, what);
+  check_dimensions(p.h, what, max_pixels);
+  const size_t samples = static_cast<size_t>(p.h.width) * p.h.height * p.h.channels;
+  const size_t need = samples * p.bytes_per_sample;
+  if (size - p.data_offset < need)
+    throw Error(what + ": truncated PNM (" + std::to_string(size - p.data_offset) + " of " +
+                std::to_string(need) + " pixel bytes)");
+  out.resize(p.h.width, p.h.height);
+  const uint8_t* src = bytes + p.data_offset;
+  uint8_t* dst = out.data();
+  const size_t pixels = static_cast<size_t>(p.h.width) * p.h.height;
+  for (size_t px = 0; px < pixels; ++px)
+    for (int c = 0; c < 3; ++c) {
+      const size_t s = px * p.h.channels + (p.h.channels == 1 ? 0 : c);
+      dst[px * 3 + c] = src[s * p.bytes_per_sample];  // high byte when 16-bit
+    }
+}
 }  // namespace
 
 ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::string& what,
                                int64_t max_pixels) {
   if (size == 0) throw Error(what + ": empty file (0 bytes)");
   if (size > static_cast<size_t>(INT32_MAX)) throw Error(what + ": file larger than 2 GiB");
+  if (is_binary_pnm(bytes, size)) {
+    const ImageHeader h = pnm_header(bytes, size, what).h;
+    check_dimensions(h, what, max_pixels);
+    return h;
+  }
+  if (const std::string why = jpeg_problem(bytes, size); !why.empty())
+    throw Error(what + ": not a decodable image (" + why + ")");
   ImageHeader h;
   if (!stbi_info_from_memory(bytes, static_cast<int>(size), &h.width, &h.height, &h.channels))
     throw Error(what + ": not a decodable image (" + stbi_failure_reason() + ")");
@@ -75,6 +224,8 @@ ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::str
 
 void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
                          int64_t max_pixels) {
+  if (is_binary_pnm(bytes, size) && size <= static_cast<size_t>(INT32_MAX))
+    return decode_pnm(bytes, size, what, out, max_pixels);
   const ImageHeader h = probe_image_memory(bytes, size, what, max_pixels);
   int w = 0, hh = 0, channels = 0;
   // Always 3 channels: stb expands gray / drops alpha / reduces 16-bit PNG to 8 bits,
@@ -108,6 +259,32 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   // Headers sit in the first few KiB for every supported format; stb reads as needed.
   ImageHeader h;
+  unsigned char magic[2] = {0, 0};
+  const bool got_magic = std::fread(magic, 1, 2, f.get()) == 2;
+  if (got_magic && magic[0] == 0xFF) {
+    // JPEG: the Huffman tables up to the frame header are checked (jpeg_problem)
+    // before stb's probe reads them; usually they sit in the first 256 KiB.
+    std::vector<uint8_t> head(256 * 1024);
+    std::rewind(f.get());
+    head.resize(std::fread(head.data(), 1, head.size(), f.get()));
+    bool frame_seen = false;
+    std::string why = jpeg_problem(head.data(), head.size(), &frame_seen);
+    if (why.empty() && !frame_seen) {
+      read_file_bytes(path, head);
+      why = jpeg_problem(head.data(), head.size());
+    }
+    if (!why.empty()) throw Error(path + ": not a decodable image (" + why + ")");
+  }
+  if (got_magic && is_binary_pnm(magic, 2)) {
+    // Our own PNM parser (see decode_pnm); a header longer than 4 KiB is not a sane PNM.
+    std::vector<uint8_t> head(4096);
+    std::rewind(f.get());
+    head.resize(std::fread(head.data(), 1, head.size(), f.get()));
+    h = pnm_header(head.data(), head.size(), path).h;
+    check_dimensions(h, path, max_pixels);
+    return h;
+  }
+  std::rewind(f.get());
   if (!stbi_info_from_file(f.get(), &h.width, &h.height, &h.channels))
     throw Error(path + ": not a decodable image (" + stbi_failure_reason() + ")");
   const int64_t pixels = static_cast<int64_t>(h.width) * h.height;

@@ -82,16 +82,22 @@ void write_attr_string(hid_t obj, const char* name, const std::string& value) {
     throw Error(std::string("HDF5: cannot write attribute ") + name);
 }
 
+// H5Aread writes every element: an attribute must hold exactly one (found by fuzz_packed).
+bool is_single_value(hid_t attr) {
+  Handle space(H5Aget_space(attr), H5Sclose);
+  return space.ok() && H5Sget_simple_extent_npoints(space.get()) == 1;
+}
+
 bool read_attr_int(hid_t obj, const char* name, int32_t& value) {
   if (H5Aexists(obj, name) <= 0) return false;
   Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  return attr.ok() && H5Aread(attr.get(), H5T_NATIVE_INT32, &value) >= 0;
+  return attr.ok() && is_single_value(attr.get()) && H5Aread(attr.get(), H5T_NATIVE_INT32, &value) >= 0;
 }
 
 bool read_attr_string(hid_t obj, const char* name, std::string& value) {
   if (H5Aexists(obj, name) <= 0) return false;
   Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok()) return false;
+  if (!attr.ok() || !is_single_value(attr.get())) return false;
   Handle ftype(H5Aget_type(attr.get()), H5Tclose);
   if (H5Tget_class(ftype.get()) != H5T_STRING || H5Tis_variable_str(ftype.get()) > 0) return false;
   const size_t size = H5Tget_size(ftype.get());
@@ -349,7 +355,11 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
     write_attr_int(file.get(), "image_size", size);
     write_strings(file.get(), "class_names", splits.front().second.class_names);
 
-    for (auto& [split, scan] : splits) {
+    for (auto& split_scan : splits) {
+      // Named references, not a structured binding: clang < 16 (the fuzz and
+      // sanitizer builds) cannot capture bindings in the lambda below.
+      const Split split = split_scan.first;
+      FolderScan& scan = split_scan.second;
       Handle group(H5Gcreate2(file.get(), split_name(split), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       const hsize_t dims0[4] = {0, static_cast<hsize_t>(size), static_cast<hsize_t>(size), 3};
       const hsize_t maxdims[4] = {H5S_UNLIMITED, dims0[1], dims0[2], 3};

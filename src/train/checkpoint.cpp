@@ -1,23 +1,31 @@
 #include "resnet_ddp/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <hdf5.h>
 #if H5_VERSION_GE(1, 14, 0)
 #include <H5FDdevelop.h>  // the file-driver struct is a developer header since 1.13
 #endif
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
@@ -447,6 +455,173 @@ void fsync_path(const std::string& path, bool directory) {
     throw Error("cannot sync '" + path + "': " + std::strerror(err));
 }
 
+// ---- whole-file checksum -----------------------------------------------------------
+// HDF5's parser is not hardened against damaged files (a flipped bit in its metadata
+// can crash or hang it), so a file we wrote is verified before HDF5 sees it: the
+// first kChecksumBlock bytes are an HDF5 user block holding a text header
+//   "resnet_ddp checksum v1\nbytes <file size>\ncrc32 <8 hex digits>\n" + NULs
+// with the CRC-32 (zlib) of every byte after the block. Files without the header
+// (older versions, tools/torch_to_h5.py, h5py) are opened as before.
+// See docs/checkpoint_format.md.
+constexpr hsize_t kChecksumBlock = 512;
+constexpr char kChecksumMagic[] = "resnet_ddp checksum v1\n";
+
+// CRC-32 of bytes [from, size) of an open file; false on a read error.
+bool crc_of(int fd, uint64_t from, uint64_t size, uint32_t& crc_out) {
+  std::vector<unsigned char> buf(1 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t off = from;
+  while (off < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - off));
+    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    off += static_cast<uint64_t>(n);
+  }
+  crc_out = static_cast<uint32_t>(crc);
+  return true;
+}
+
+void stamp_checksum(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw WriteError("temp file '" + file + "': reopen for checksum failed: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  uint32_t crc = 0;
+  if (::fstat(fd, &st) != 0 || !crc_of(fd, kChecksumBlock, static_cast<uint64_t>(st.st_size), crc))
+    throw WriteError("temp file '" + file + "': reading it back for the checksum failed: " + std::strerror(errno));
+  char header[kChecksumBlock] = {};
+  std::snprintf(header, sizeof header, "%sbytes %lld\ncrc32 %08x\n", kChecksumMagic,
+                static_cast<long long>(st.st_size), crc);
+  if (::pwrite(fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
+    throw WriteError("temp file '" + file + "': writing the checksum failed: " + std::strerror(errno));
+}
+
+// Why `path` fails its checksum header, or "" when it matches or has none.
+std::string checksum_problem(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";  // HDF5's open reports it
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  char header[kChecksumBlock + 1] = {};
+  const ssize_t got = ::pread(fd, header, kChecksumBlock, 0);
+  const size_t magic_len = sizeof kChecksumMagic - 1;
+  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) return "";
+  if (got != static_cast<ssize_t>(kChecksumBlock)) return "truncated inside its checksum header";
+  long long bytes = -1;
+  unsigned crc_stored = 0;
+  int used = 0;
+  if (std::sscanf(header + magic_len, "bytes %lld\ncrc32 %8x\n%n", &bytes, &crc_stored, &used) != 2 || used == 0 ||
+      bytes < static_cast<long long>(kChecksumBlock))
+    return "checksum header unreadable";
+  for (size_t i = magic_len + static_cast<size_t>(used); i < kChecksumBlock; ++i)
+    if (header[i] != '\0') return "checksum header unreadable";
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::string("cannot stat: ") + std::strerror(errno);
+  if (st.st_size != bytes)
+    return "size is " + std::to_string(st.st_size) + " bytes, its header says " + std::to_string(bytes);
+  uint32_t crc = 0;
+  if (!crc_of(fd, kChecksumBlock, static_cast<uint64_t>(st.st_size), crc))
+    return std::string("read error: ") + std::strerror(errno);
+  if (crc == crc_stored) return "";
+  char msg[96];
+  std::snprintf(msg, sizeof msg, "checksum mismatch (CRC-32 %08x, header says %08x)", crc, crc_stored);
+  return msg;
+}
+
+bool g_in_damage_probe = false;  // set only in the child process below
+
+// `path` is known to be damaged. For a message that names what is damaged, HDF5
+// reads it in a child process: a crash or hang of HDF5's parser there is
+// contained (the child is killed after kProbeTimeoutS) and still ends in a clear error.
+std::string probe_damaged_file(const std::string& path, const std::string& problem);
+
+UsageError damaged_file_error(const std::string& path, const std::string& problem) {
+  // Several readers open the same file in turn (info tries full, then weights-only):
+  // one probe per damaged file. `problem` holds the CRC or size found, so a file
+  // damaged differently is probed again.
+  static std::mutex mutex;
+  static std::string last_key, last_message;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string key = path + '\n' + problem;
+  if (key != last_key) {
+    last_message = probe_damaged_file(path, problem);
+    last_key = key;
+  }
+  return UsageError(last_message);
+}
+
+// The message for a damaged file, from a child process that parses it (see above).
+std::string probe_damaged_file(const std::string& path, const std::string& problem) {
+  constexpr int kProbeTimeoutS = 120;
+  const std::string base = "checkpoint '" + path + "': " + problem + " (file damaged or incompletely copied)";
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return base;
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return base;
+  }
+  if (pid == 0) {  // child: no MPI, no stdio flush at exit (_exit)
+    ::close(fds[0]);
+    std::string msg;
+    try {
+      g_in_damage_probe = true;
+      (void)read_checkpoint(path, false);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    for (size_t off = 0; off < msg.size();) {
+      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeTimeoutS);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{fds[0], POLLIN, 0};
+    const int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    char buf[512];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return base + "; reading it hung (stopped after " + std::to_string(kProbeTimeoutS) + " s)";
+  if (WIFSIGNALED(status))
+    return base + "; the HDF5 library crashed reading it (signal " + std::to_string(WTERMSIG(status)) +
+           ", contained in a child process)";
+  if (!msg.empty()) return msg + " [" + problem + "]";
+  return base;
+}
+
 // ---- reading -------------------------------------------------------------------
 
 struct Reader {
@@ -465,6 +640,10 @@ struct Reader {
     H5Id a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
     H5Id type(H5Aget_type(a), H5Tclose);
     if (H5Tget_class(type) != H5T_STRING) bad(std::string("attribute '") + name + "' is not a string");
+    {  // H5Aread writes every element: one string only (an array would overflow `s` / `p`)
+      H5Id space(H5Aget_space(a), H5Sclose);
+      if (H5Sget_simple_extent_npoints(space) != 1) bad(std::string("attribute '") + name + "' is not a single string");
+    }
     if (H5Tis_variable_str(type) > 0) {
       H5Id mem = string_type();
       char* p = nullptr;
@@ -624,6 +803,9 @@ H5Id open_for_read(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "': no such file");
   if (fs::is_directory(path, ec)) throw UsageError("checkpoint '" + path + "': is a directory");
+  // Before HDF5 parses anything: a damaged file of ours never reaches HDF5 in this process.
+  if (!g_in_damage_probe)
+    if (const std::string problem = checksum_problem(path); !problem.empty()) throw damaged_file_error(path, problem);
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw UsageError("checkpoint '" + path + "': not an HDF5 file (truncated or corrupt?)");
   H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -703,11 +885,14 @@ void write_hdf5_file(const std::string& file, const OutFile& out) {
   wcheck(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "file close degree");
   H5Id fcpl = wid(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "file creation list");
   H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  // The user block (ignored by HDF5 readers) holds the whole-file checksum.
+  wcheck(H5Pset_userblock(fcpl, kChecksumBlock), "user block");
   H5Id f = wid(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, fcpl, fapl), H5Fclose, "temp file '" + file + "'");
   write_file_contents(f, out);
   // Metadata is written at close: its result is checked, not left to a destructor.
   wcheck(H5Fclose(f.release()), "closing temp file '" + file + "'");
   check_latch("closing temp file '" + file + "'");
+  stamp_checksum(file);
 }
 
 // Atomic replace: temp file in the same directory, fsync, rename, fsync of the directory.

@@ -1,0 +1,105 @@
+// Fuzz target: the checkpoint reader's own parsing (root attributes and their
+// types, class names, state_dict / optimizer / scheduler names and shapes). A
+// real resnet_tiny checkpoint (Adam state, plateau scheduler) is written once;
+// each input is a list of structural edits (h5_edit.h) applied to a copy, which
+// then goes through every read path: read_checkpoint_meta (info), read_checkpoint
+// (weights-only and full), CheckpointReader::load_model / load_optimizer (--init,
+// --resume, predict). rd::Error is a clean refusal; anything else is a finding.
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+
+#include "h5_edit.h"
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/train/optimizer.h"
+
+namespace fs = std::filesystem;
+using namespace rd;
+
+namespace {
+
+struct Fixture {
+  std::string dir, seed_path, work_path;
+  std::vector<char> seed;
+  fuzz::H5Names names;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<ResNet> model;
+  std::unique_ptr<train::Optimizer> opt;
+  std::unique_ptr<train::Scheduler> sched;
+  Fixture() {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    const fs::path base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
+    dir = (base / ("rd_fuzz_ckpt." + std::to_string(getpid()))).string();
+    fs::create_directories(dir);
+    be = make_cpu_backend();
+    ResNetConfig cfg;
+    cfg.arch = "resnet_tiny";
+    cfg.num_classes = 3;
+    model = std::make_unique<ResNet>(*be, cfg);
+    model->init_parameters(1);
+    train::OptimizerConfig oc;
+    opt = std::make_unique<train::Optimizer>(*be, model->params(), model->grads(), oc);
+    sched = std::make_unique<train::Scheduler>("plateau", 1e-3, 5);
+    train::CheckpointMeta m;
+    m.arch = "resnet_tiny";
+    m.head = "mlp";
+    m.num_classes = 3;
+    m.image_size = 32;
+    m.world_size = 1;
+    m.class_names = {"a", "b", "c"};
+    seed_path = dir + "/seed.h5";
+    train::write_checkpoint(seed_path, *model, opt.get(), sched.get(), m);
+    seed = fuzz::slurp(seed_path);
+    // Without its checksum header the file is parsed in this process (as files from
+    // other tools are): the parsing under test. With it, every edit would be refused
+    // by the checksum before any parsing.
+    std::fill(seed.begin(), seed.begin() + 512, '\0');
+    names = fuzz::list_names(seed_path);
+    work_path = dir + "/work.h5";
+  }
+  ~Fixture() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Fixture fx;
+  FuzzedDataProvider fdp(data, size);
+  // One read path per input (each is a full pass over the file): info's,
+  // --init's and --resume's / predict's, through a Snapshot or streamed.
+  const int path = fdp.ConsumeIntegralInRange(0, 4);
+  fuzz::spit(fx.work_path, fx.seed);
+  fuzz::apply_edits(fdp, fx.work_path, fx.names);
+  const bool weights_only = path == 1 || path == 3;
+  try {
+    if (path == 0) {
+      (void)train::read_checkpoint_meta(fx.work_path);
+    } else if (path <= 2) {
+      train::Snapshot s = train::read_checkpoint(fx.work_path, weights_only);
+      train::check_compatible(s, *fx.model, {"a", "b", "c"}, fx.work_path);
+      (void)train::restore_model(s, *fx.model, weights_only, fx.work_path);
+      if (!weights_only) {
+        train::restore_optimizer(s, *fx.model, *fx.opt, fx.work_path);
+        train::restore_scheduler(s, *fx.sched);
+      }
+    } else {
+      train::CheckpointReader r(fx.work_path, weights_only);
+      train::check_compatible(r.meta(), *fx.model, {"a", "b", "c"}, fx.work_path);
+      (void)r.load_model(*fx.model, weights_only);
+      if (!weights_only) {
+        r.load_optimizer(*fx.model, *fx.opt);
+        if (r.scheduler().present) train::restore_scheduler(r.scheduler(), *fx.sched);
+      }
+    }
+  } catch (const Error&) {
+  }
+  return 0;
+}

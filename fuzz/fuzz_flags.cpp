@@ -1,0 +1,35 @@
+// Fuzz target: the command-line parser (parse_command_line). The input is argv
+// after the program name, arguments separated by NUL bytes. A UsageError is the
+// expected refusal; any other exception or a sanitizer report is a finding.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/cli.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::vector<std::string> args{"resnet_ddp"};
+  std::string cur;
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] == 0) {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(static_cast<char>(data[i]));
+    }
+  }
+  if (!cur.empty()) args.push_back(cur);
+  if (args.size() > 64) return 0;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  try {
+    rd::train::ParsedCommand cmd = rd::train::parse_command_line(static_cast<int>(args.size()), argv.data());
+    (void)rd::train::join_command_line(static_cast<int>(args.size()), argv.data());
+    if (cmd.command == rd::train::Command::Train) (void)cmd.train.metrics_path();
+  } catch (const rd::UsageError&) {
+  }
+  return 0;
+}

@@ -1,0 +1,71 @@
+// Inputs that crashed or misled the image decoder (fuzz/regressions/fuzz_image,
+// found by fuzz_image) and the binary PNM decoder that replaced stb's: every bad
+// input is refused with an rd::Error naming it, never read out of bounds.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/errors.h"
+
+namespace fs = std::filesystem;
+using namespace rd::data;
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+std::string decode_error(const std::vector<uint8_t>& b) {
+  Image img;
+  try {
+    decode_image_memory(b.data(), b.size(), "input", img, 1 << 20);
+  } catch (const rd::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every fuzz_image regression input is refused cleanly", "[data][hardening]") {
+  const fs::path dir = fs::path(RD_FUZZ_REGRESSIONS) / "fuzz_image";
+  REQUIRE(fs::is_directory(dir));
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    INFO(e.path());
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), {});
+    CHECK_THAT(decode_error(b), Catch::Contains("input: "));
+    ++n;
+  }
+  CHECK(n >= 2);
+}
+
+TEST_CASE("JPEG Huffman tables of more than 256 codes are refused before stb", "[data][hardening]") {
+  // SOI, then a DHT whose 16 code counts sum to 16 * 17 = 272.
+  std::string jpeg = "\xFF\xD8\xFF\xC4";
+  jpeg += std::string("\x01\x23", 2);  // segment length
+  jpeg += '\x00';                       // class 0, table 0
+  jpeg += std::string(16, '\x11');
+  jpeg += std::string(272, '\x01');
+  CHECK_THAT(decode_error(bytes_of(jpeg)), Catch::Contains("Huffman table of 272 codes"));
+  CHECK_THAT(decode_error(bytes_of("\xFF\xFF" + jpeg.substr(1))), Catch::Contains("Huffman table"));
+}
+
+TEST_CASE("binary PNM: 8/16-bit, gray/RGB, comments, and truncated or absurd headers refused", "[data][hardening]") {
+  Image img;
+  const auto decode = [&](const std::string& s) {
+    const auto b = bytes_of(s);
+    decode_image_memory(b.data(), b.size(), "pnm", img, 1 << 20);
+  };
+  decode(std::string("P6\n# c\n2 1\n65535\n\x12\x34\x56\x78\x9a\xbc\x01\x02\x03\x04\x05\x06", 29));
+  CHECK(img.pixels == std::vector<uint8_t>{0x12, 0x56, 0x9a, 0x01, 0x03, 0x05});
+  decode(std::string("P5 1 2 255\n\x07\x08", 13));
+  CHECK(img.pixels == std::vector<uint8_t>{7, 7, 7, 8, 8, 8});
+  CHECK_THAT(decode_error(bytes_of("P6\n4 4\n255\n\x01\x02")), Catch::Contains("truncated PNM (2 of 48"));
+  CHECK_THAT(decode_error(bytes_of("P5\n99999999999999999999 1\n255\n")), Catch::Contains("malformed PNM header"));
+  CHECK_THAT(decode_error(bytes_of("P5\n1 1\n70000\n\x01\x02")), Catch::Contains("maxval 70000"));
+  CHECK_THAT(decode_error(bytes_of("P6\n3000 3000\n255\n")), Catch::Contains("decompression-bomb guard"));
+}

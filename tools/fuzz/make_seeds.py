@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (docs/hardening.md) into OUT/<target>/.
+
+fuzz_image: small images in every format the loader reads (PIL writes them;
+  binary PNM is written by hand, 8- and 16-bit). fuzz_flags: command lines, one
+  argument per NUL-separated field. fuzz_packed / fuzz_checkpoint: their inputs are
+  edit scripts (fuzz/h5_edit.h), so the seeds are fixed pseudo-random byte strings.
+"""
+import io
+import os
+import random
+import sys
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def image_seeds(out):
+    def pnm(magic, w, h, maxval, samples):
+        head = b"%s\n%d %d\n%d\n" % (magic, w, h, maxval)
+        if maxval > 255:
+            return head + b"".join(s.to_bytes(2, "big") for s in samples)
+        return head + bytes(samples)
+
+    write(os.path.join(out, "p6_8bit.ppm"), pnm(b"P6", 3, 2, 255, range(18)))
+    write(os.path.join(out, "p5_8bit.pgm"), pnm(b"P5", 2, 2, 255, [0, 85, 170, 255]))
+    write(os.path.join(out, "p5_16bit.pgm"), pnm(b"P5", 1, 1, 65535, [0x1234]))
+    write(os.path.join(out, "p6_16bit.ppm"), pnm(b"P6", 2, 1, 1000, [1, 2, 3, 400, 500, 600]))
+    write(os.path.join(out, "p6_comment.ppm"), b"P6\n# comment\n1 1\n255\n\x01\x02\x03")
+    try:
+        from PIL import Image
+    except ImportError:
+        print("make_seeds: PIL missing (python3-pil): only PNM image seeds", file=sys.stderr)
+        return
+    rgb = Image.new("RGB", (7, 5))
+    rgb.putdata([(x * 30 % 256, y * 50 % 256, (x * y * 9) % 256) for y in range(5) for x in range(7)])
+
+    def save(name, img, fmt, **kw):
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        write(os.path.join(out, name), buf.getvalue())
+
+    save("rgb.jpg", rgb, "JPEG", quality=90)
+    save("progressive.jpg", rgb, "JPEG", progressive=True)
+    save("gray.jpg", rgb.convert("L"), "JPEG")
+    save("subsampled.jpg", rgb.resize((17, 9)), "JPEG", subsampling=2)
+    save("rgb.png", rgb, "PNG")
+    save("gray.png", rgb.convert("L"), "PNG")
+    save("rgba.png", rgb.convert("RGBA"), "PNG")
+    save("palette.png", rgb.convert("P"), "PNG")
+    save("gray16.png", rgb.convert("I").point(lambda v: v * 200).convert("I;16"), "PNG")
+    save("interlaced.png", rgb, "PNG", interlace=1)
+    save("rgb.bmp", rgb, "BMP")
+    save("palette.bmp", rgb.convert("P"), "BMP")
+    save("still.gif", rgb.convert("P"), "GIF")
+    frames = [rgb.convert("P"), rgb.transpose(Image.FLIP_LEFT_RIGHT).convert("P")]
+    save("animated.gif", frames[0], "GIF", save_all=True, append_images=frames[1:], duration=10)
+    save("rgb.tga", rgb, "TGA")
+    save("rle.tga", rgb, "TGA", compression="tga_rle")
+
+
+def flag_seeds(out):
+    lines = [
+        ["--data", "d", "--arch", "resnet18", "--epochs", "2", "--batch-size", "8", "--lr", "1e-3"],
+        ["train", "--data", "x.h5", "--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
+         "--scheduler", "cosine", "--resume", "none", "--init", "w.h5", "--max-steps", "3"],
+        ["--data=d", "--layout", "nhwc", "--conv-algo", "direct", "--precision", "bf16", "--device", "cpu",
+         "--workers", "0", "--threads", "2", "--seed", "7", "--accum-steps", "2", "--progress", "lines"],
+        ["predict", "--checkpoint", "c.h5", "--json", "a.png", "b.jpg"],
+        ["predict", "--checkpoint", "c.h5", "--split", "Test", "data"],
+        ["info", "c.h5", "--tensors", "--json"],
+        ["pack", "--image-size", "64", "in", "out.h5"],
+        ["synth", "--classes", "3", "out"],
+        ["--help"], ["train", "--help"], ["--version"],
+        ["--data", "d", "--eval-only", "--resume", "auto", "--bucket-mb", "0.5", "--label-smoothing", "0"],
+    ]
+    for i, args in enumerate(lines):
+        write(os.path.join(out, "args%02d" % i), b"\0".join(a.encode() for a in args))
+
+
+def edit_seeds(out, n):
+    rng = random.Random(20)
+    for i in range(n):
+        write(os.path.join(out, "edits%02d" % i), bytes(rng.randrange(256) for _ in range(rng.randrange(16, 512))))
+
+
+def main():
+    root = sys.argv[1]
+    for t in ("fuzz_image", "fuzz_flags", "fuzz_packed", "fuzz_checkpoint"):
+        os.makedirs(os.path.join(root, t), exist_ok=True)
+    image_seeds(os.path.join(root, "fuzz_image"))
+    flag_seeds(os.path.join(root, "fuzz_flags"))
+    edit_seeds(os.path.join(root, "fuzz_packed"), 24)
+    edit_seeds(os.path.join(root, "fuzz_checkpoint"), 24)
+
+
+if __name__ == "__main__":
+    main()
