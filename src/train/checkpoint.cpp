@@ -512,7 +512,17 @@ std::string checksum_problem(const std::string& path) {
   char header[kChecksumBlock + 1] = {};
   const ssize_t got = ::pread(fd, header, kChecksumBlock, 0);
   const size_t magic_len = sizeof kChecksumMagic - 1;
-  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) return "";
+  if (got < static_cast<ssize_t>(magic_len) || std::memcmp(header, kChecksumMagic, magic_len) != 0) {
+    // No header. But an HDF5 superblock right after a user block of our size means a
+    // resnet_ddp checkpoint whose header was damaged (h5py and the converters write no
+    // user block): refuse it rather than load it unverified.
+    static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+    char sig[8] = {};
+    if (::pread(fd, sig, sizeof sig, kChecksumBlock) == static_cast<ssize_t>(sizeof sig) &&
+        std::memcmp(sig, kHdf5Signature, sizeof sig) == 0)
+      return "checksum header damaged (its first line is not resnet_ddp's)";
+    return "";
+  }
   if (got != static_cast<ssize_t>(kChecksumBlock)) return "truncated inside its checksum header";
   long long bytes = -1;
   unsigned crc_stored = 0;
@@ -522,6 +532,11 @@ std::string checksum_problem(const std::string& path) {
     return "checksum header unreadable";
   for (size_t i = magic_len + static_cast<size_t>(used); i < kChecksumBlock; ++i)
     if (header[i] != '\0') return "checksum header unreadable";
+  // Byte for byte what the writer prints for these values: sscanf alone would accept a
+  // flipped bit that turns a hex digit's case or adds a sign or a space.
+  char expect[kChecksumBlock + 1] = {};
+  std::snprintf(expect, sizeof expect, "%sbytes %lld\ncrc32 %08x\n", kChecksumMagic, bytes, crc_stored);
+  if (std::memcmp(expect, header, magic_len + static_cast<size_t>(used)) != 0) return "checksum header unreadable";
   struct stat st {};
   if (::fstat(fd, &st) != 0) return std::string("cannot stat: ") + std::strerror(errno);
   if (st.st_size != bytes)

@@ -163,7 +163,12 @@ TEST_CASE("truncated and bit-flipped checkpoints are refused or load intact, nev
       State got = dst.state(*be);
       if (std::string(name) == "info") continue;
       if (std::string(name) != "--resume") got.adam0 = want.adam0, got.adam1 = want.adam1, got.steps = want.steps;
-      CHECK(got == want);
+      CHECK(got.params == want.params);
+      CHECK(got.buffers == want.buffers);
+      CHECK(got.adam0 == want.adam0);
+      CHECK(got.adam1 == want.adam1);
+      CHECK(got.nbt == want.nbt);
+      CHECK(got.steps == want.steps);
     }
   };
 
