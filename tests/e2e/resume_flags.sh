@@ -69,7 +69,7 @@ grep -q '^(Epoch 4/4) Val loss' "$WORK/run4.log" || fail "run 4 did not train"
 
 note "a batch-size change mid-epoch continues from the same samples, re-sharded"
 OUTP="$WORK/outp"
-slow=(--data "$WORK/data" --arch resnet_tiny --image-size 64 --threads 1 --conv-algo direct --workers 1 --epochs 1
+slow=(--data "$WORK/data" --arch resnet18 --image-size 64 --threads 1 --conv-algo direct --workers 1 --epochs 1
   --output-dir "$OUTP" --log-every 1 --progress lines)
 "$RD_BIN" "${slow[@]}" --batch-size 2 >"$WORK/p1.log" 2>&1 &
 pid=$!
