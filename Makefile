@@ -20,7 +20,7 @@ SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_kernel_reference test_kernel_cpu test_kernel_faults \
-                  test_kernel_cpu_bf16 test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
+                  test_kernel_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
 # CI_SANITIZE=1 (with CI set) also runs the ASan+UBSan build on these labels and a fuzz
 # smoke of this length after the suite. Off by default until its CI time is measured.
 CI_SANITIZE     ?=
