@@ -26,9 +26,12 @@ using h5::Id;
 
 namespace {
 
-// Error reporting stays off for the whole process: checkpoints are read through
-// a CheckpointReader that outlives any one scope.
-void quiet_hdf5() { static h5::Quiet once; }
+// HDF5's error printing goes off for good (not per scope, as h5::Quiet does): a
+// CheckpointReader outlives any one scope, and we print our own messages.
+void quiet_hdf5() {
+  static const bool once = H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0;
+  (void)once;
+}
 
 // ---- writing ---------------------------------------------------------------------
 
