@@ -438,25 +438,17 @@ void CheckpointReader::Impl::read_meta(bool weights_only) {
   } else if (!weights_only) {
     bad("not a resnet_ddp checkpoint (no 'format' attribute)");
   }
-  if (!weights_only) {
-    m.arch = str(f, "arch");
-    m.head = str(f, "head");
-    m.num_classes = i64(f, "num_classes");
-    m.image_size = i64(f, "image_size");
-    m.epoch = i64(f, "epoch");
-    m.global_step = i64(f, "global_step");
-    m.best_val_acc = f64(f, "best_val_acc");
-    m.world_size = i64(f, "world_size");
-  } else {
-    m.arch = str_or(f, "arch", "");
-    m.head = str_or(f, "head", "");
-    m.num_classes = i64_or(f, "num_classes", 0);
-    m.image_size = i64_or(f, "image_size", 0);
-    m.epoch = i64_or(f, "epoch", 0);
-    m.global_step = i64_or(f, "global_step", 0);
-    m.best_val_acc = f64_or(f, "best_val_acc", -1.0);
-    m.world_size = i64_or(f, "world_size", 0);
-  }
+  // Required in a full checkpoint; a weights-only file (--init) may lack them.
+  auto need_str = [&](const char* n) { return weights_only ? str_or(f, n, "") : str(f, n); };
+  auto need_i64 = [&](const char* n) { return weights_only ? i64_or(f, n, 0) : i64(f, n); };
+  m.arch = need_str("arch");
+  m.head = need_str("head");
+  m.num_classes = need_i64("num_classes");
+  m.image_size = need_i64("image_size");
+  m.epoch = need_i64("epoch");
+  m.global_step = need_i64("global_step");
+  m.best_val_acc = weights_only ? f64_or(f, "best_val_acc", -1.0) : f64(f, "best_val_acc");
+  m.world_size = need_i64("world_size");
   m.step_in_epoch = i64_or(f, "step_in_epoch", 0);
   m.best_val_loss = f64_or(f, "best_val_loss", 0.0);
   m.val_acc = f64_or(f, "val_acc", -1.0);
