@@ -249,3 +249,33 @@ mh_netem() {
   mh_exec "$i" tc qdisc replace dev eth0 root "$@"
   ip netns exec "$MH_ID" tc qdisc replace dev "b$i" root "$@"
 }
+
+# --- Training helpers shared by the recipe, netem and fault cases ---------------------
+MH_BIN=${RD_MH_RESNET_DDP:-}
+# Tiny recipe: resnet_tiny at 32 px, 1 thread, deterministic.
+MH_TINY=(--arch resnet_tiny --image-size 32 --threads 1 --workers 1 --log-every 0 --deterministic
+  --batch-size 8 --lr 2e-3 --seed 5)
+
+# mh_synth DIR TRAIN VAL: a generated ImageFolder tree (outside /tmp: all hosts see it).
+mh_synth() {
+  "$MH_BIN" synth --out "$1" --train "$2" --val "$3" --size 32x32 --format png --threads 1 >/dev/null
+}
+
+# mh_metrics LOG: the per-epoch metric lines and the final evaluation (no timings).
+mh_metrics() {
+  grep -E '^\(Epoch [0-9]+/[0-9]+\) (Average train|Val loss|Current best)|Best model' "$1" |
+    sed -E 's|[^ ]*/(best_model\.h5)|\1|'
+}
+
+# mh_same_checkpoints A.h5 B.h5: parameters, BN buffers and Adam state bit-identical.
+mh_same_checkpoints() {
+  local group
+  if command -v h5diff >/dev/null; then
+    for group in /state_dict /optimizer/exp_avg /optimizer/exp_avg_sq; do
+      h5diff "$1" "$2" "$group" "$group" >"$MH_DIR/h5diff" ||
+        { head -n 20 "$MH_DIR/h5diff" >&2; mh_log "$group differs"; return 1; }
+    done
+  else
+    cmp <("$MH_BIN" info --tensors "$1" | tail -n +3) <("$MH_BIN" info --tensors "$2" | tail -n +3)
+  fi
+}
