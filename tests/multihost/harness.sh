@@ -13,7 +13,8 @@
 #   mh_exec 1 CMD...          # run CMD inside host 1 (hostnames: mh1, mh2, ...)
 #   mh_mpirun 1 -np 3 PROG... # mpirun from host 1, one rank per host, TCP over the links
 #   mh_link 2 down|up         # host 2's link (the bridge end of its veth)
-#   mh_netem 2 loss 1% ...    # tc qdisc on host 2's interface (mh_netem 2 clear)
+#   mh_qdisc 2 tbf rate 1gbit ...  # egress qdisc, both ends of host 2's link
+#   mh_impair 2 1 2           # loss 1% + delay 2 ms on host 2's link (netem, or iptables loss)
 # Teardown (every process inside the hosts, the holders, the bridge namespace, the state
 # directory) runs on every exit path; leftovers of a killed harness (same prefix, dead
 # owner) are removed at the next start. RD_MH_KEEP=1 keeps the state dir.
@@ -236,9 +237,9 @@ mh_mpirun() {
 # mh_link I up|down: the bridge end of host I's link.
 mh_link() { ip -n "$MH_ID" link set "b$1" "$2"; }
 
-# mh_netem I clear | mh_netem I NETEM/TBF ARGS...: the egress qdisc of host I's eth0 and of
-# the bridge end of its link (so both directions see it).
-mh_netem() {
+# mh_qdisc I clear | mh_qdisc I QDISC ARGS...: the egress qdisc of host I's eth0 and of
+# the bridge end of its link (so both directions see it), e.g. `tbf rate 1gbit ...`.
+mh_qdisc() {
   local i=$1
   shift
   if [[ $1 == clear ]]; then
@@ -246,8 +247,48 @@ mh_netem() {
     ip netns exec "$MH_ID" tc qdisc del dev "b$i" root 2>/dev/null || true
     return 0
   fi
-  mh_exec "$i" tc qdisc replace dev eth0 root "$@"
-  ip netns exec "$MH_ID" tc qdisc replace dev "b$i" root "$@"
+  mh_exec "$i" tc qdisc replace dev eth0 root "$@" &&
+    ip netns exec "$MH_ID" tc qdisc replace dev "b$i" root "$@"
+}
+
+# mh_impair I LOSS_PERCENT DELAY_MS: packet loss and latency on both directions of host
+# I's link. With sch_netem: `netem loss L% delay Dms` on both ends. Kernels without netem
+# (some sandboxes) get the loss only, from iptables' statistic match (xt_statistic), and
+# MH_IMPAIRED says so. Returns 1 when neither works.
+MH_IMPAIRED=""
+mh_impair() {
+  local i=$1 loss=$2 delay=$3 err p
+  if err=$(mh_qdisc "$i" netem loss "$loss%" delay "${delay}ms" 2>&1); then
+    MH_IMPAIRED="netem loss $loss% delay ${delay}ms"
+    return 0
+  fi
+  mh_log "netem unavailable ($err); falling back to iptables random drop, no delay"
+  command -v iptables >/dev/null || { mh_log "iptables missing too"; return 1; }
+  p=$(awk -v l="$loss" 'BEGIN { printf "%.4f", l / 100 }')
+  mh_exec "$i" iptables -A OUTPUT -o eth0 -m statistic --mode random --probability "$p" -j DROP || return 1
+  mh_exec "$i" iptables -A INPUT -i eth0 -m statistic --mode random --probability "$p" -j DROP || return 1
+  MH_IMPAIRED="iptables loss $loss% each way (no delay: kernel without sch_netem)"
+}
+
+# mh_impair_counters I: "PACKETS DROPPED" seen by the impairment on host I's link.
+mh_impair_counters() {
+  local i=$1 stats
+  if [[ $MH_IMPAIRED == netem* ]]; then
+    stats=$(mh_exec "$i" tc -s qdisc show dev eth0; ip netns exec "$MH_ID" tc -s qdisc show dev "b$i")
+    awk '/Sent/ { s += $4 } /dropped/ { for (k = 1; k <= NF; k++) if ($k == "(dropped") d += $(k + 1) }
+         END { print s + 0, d + 0 }' <<<"$stats"
+  else
+    # Packets through host I's eth0 (both directions) and the DROP rules' counters.
+    local sent
+    sent=$(mh_exec "$i" ip -s -j link show dev eth0 | python3 -c \
+      'import json, sys; s = json.load(sys.stdin)[0]["stats64"]; print(s["rx"]["packets"] + s["tx"]["packets"])')
+    mh_exec "$i" iptables -L -v -n -x | awk -v s="$sent" '/ DROP / { d += $1 } END { print s + 0, d + 0 }'
+  fi
+}
+
+mh_impair_clear() {
+  mh_qdisc "$1" clear
+  mh_exec "$1" iptables -F 2>/dev/null || true
 }
 
 # --- Training helpers shared by the recipe, netem and fault cases ---------------------
