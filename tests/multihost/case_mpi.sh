@@ -11,7 +11,8 @@ mh_start 3 220
 log=$MH_DIR/log
 
 # Placement: rank r runs on host mh(r+1), in that host's namespaces.
-mh_mpirun 1 -np 3 --map-by node bash -c 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(ls -d /tmp/. >/dev/null; ip -br -4 addr show eth0 | awk "{print \$3}")"' \
+# shellcheck disable=SC2016 # expanded by the remote bash
+mh_mpirun 1 -np 3 --map-by node bash -c 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(ip -br -4 addr show eth0 | awk "{print \$3}")"' \
   >"$log" 2>&1 || { cat "$log"; mh_fail "mpirun hostname"; }
 for r in 0 1 2; do
   grep -qx "rank $r on mh$((r + 1)) $MH_SUBNET.$((r + 1))/24" "$log" ||

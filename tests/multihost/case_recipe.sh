@@ -22,10 +22,14 @@ mh_mpirun 1 -np 2 --map-by node "$MH_BIN" "${args[@]}" --output-dir "$d/two" >"$
   { cat "$d/two.log"; mh_fail "two-host run"; }
 mh_log "two hosts: $((SECONDS - t0)) s"
 
-grep -q '^rank 0/2: .* on node mh1,' "$d/one.log" && grep -q '^rank 1/2: .* on node mh1,' "$d/one.log" ||
-  { cat "$d/one.log"; mh_fail "single-host run not on mh1 only"; }
-grep -q '^rank 0/2: .* on node mh1,' "$d/two.log" && grep -q '^rank 1/2: .* on node mh2,' "$d/two.log" ||
-  { cat "$d/two.log"; mh_fail "two-host run not spread over mh1 and mh2"; }
+if ! { grep -q '^rank 0/2: .* on node mh1,' "$d/one.log" && grep -q '^rank 1/2: .* on node mh1,' "$d/one.log"; }; then
+  cat "$d/one.log"
+  mh_fail "single-host run not on mh1 only"
+fi
+if ! { grep -q '^rank 0/2: .* on node mh1,' "$d/two.log" && grep -q '^rank 1/2: .* on node mh2,' "$d/two.log"; }; then
+  cat "$d/two.log"
+  mh_fail "two-host run not spread over mh1 and mh2"
+fi
 [[ $(mh_metrics "$d/two.log" | grep -c .) -ge 7 ]] || { cat "$d/two.log"; mh_fail "metric lines missing"; }
 diff <(mh_metrics "$d/one.log") <(mh_metrics "$d/two.log") >&2 || mh_fail "metrics differ between one and two hosts"
 mh_same_checkpoints "$d/one/last.h5" "$d/two/last.h5" || mh_fail "last.h5 differs between one and two hosts"

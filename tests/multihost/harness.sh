@@ -59,10 +59,10 @@ mh_netns_of() { readlink "/proc/$1/ns/net" 2>/dev/null; }
 
 # Kills every process in the network namespace of holder $1 (holder last), by pid.
 mh_kill_ns() {
-  local holder=$1 ns pid f round
+  local holder=$1 ns pid f _
   ns=$(mh_netns_of "$holder")
   [[ -n $ns ]] || return 0
-  for round in 1 2 3; do
+  for _ in 1 2 3; do
     for f in /proc/[0-9]*/ns/net; do
       pid=${f#/proc/}
       pid=${pid%%/*}
@@ -94,7 +94,7 @@ mh_clean_leftovers() {
     mh_log "removing leftover namespace $ns"
     ip netns del "$ns" 2>/dev/null
   done
-  for f in /var/tmp/$MH_PREFIX-*; do
+  for f in "/var/tmp/$MH_PREFIX"-*; do
     [[ -d $f && $f =~ /$MH_PREFIX-([0-9]+)\.[A-Za-z0-9]+$ ]] || continue
     [[ -d /proc/${BASH_REMATCH[1]} ]] || rm -rf "$f"
   done
@@ -162,6 +162,7 @@ mh_start() {
     chmod 1777 "$MH_DIR/h$i/tmp"
     # The holder: sets its hostname, binds its /tmp and /etc/hosts, then sleeps until
     # killed. --propagation private keeps the binds out of the root mount namespace.
+    # shellcheck disable=SC2016 # positional parameters of the inner bash
     unshare --net --uts --mount --propagation private bash -c '
       hostname "$1" && mount --bind "$2" /tmp && mount --bind "$3" /etc/hosts &&
         ip link set lo up && touch "$4" && exec -a "$5" sleep infinity' \
@@ -294,6 +295,7 @@ mh_impair_clear() {
 # --- Training helpers shared by the recipe, netem and fault cases ---------------------
 MH_BIN=${RD_MH_RESNET_DDP:-}
 # Tiny recipe: resnet_tiny at 32 px, 1 thread, deterministic.
+# shellcheck disable=SC2034 # used by the cases that source this file
 MH_TINY=(--arch resnet_tiny --image-size 32 --threads 1 --workers 1 --log-every 0 --deterministic
   --batch-size 8 --lr 2e-3 --seed 5)
 
