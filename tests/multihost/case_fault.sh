@@ -67,6 +67,13 @@ grep -v '^(Epoch' "$d/log" | tail -n 40 >&2
 # Named by our watchdog (frozen or unreachable peer) or by Open MPI (a peer that hung up).
 grep -Eq 'lost contact with rank 2 on host mh3 |^ *Peer host: *mh3$' "$d/log" ||
   mh_fail "no message names the lost host mh3"
+if [[ $fault == link_down ]]; then
+  # Nothing resets the connections: each survivor's own heartbeat path must end it.
+  for r in 0 1; do
+    grep -q "^rank $r: lost contact with rank 2 on host mh3 (.*); exiting with status 3\$" "$d/log" ||
+      mh_fail "rank $r did not report the lost host and exit with status 3"
+  done
+fi
 for f in best_model.h5 last.h5; do
   "$MH_BIN" info "$d/out/$f" >"$d/info" 2>&1 || { cat "$d/info"; mh_fail "$f is not loadable after $fault"; }
 done
