@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Exposed communication per step vs link bandwidth, bucket size and overlap, measured on
+# Exposed communication per step vs link bandwidth, bucket size and overlap (resnet_ddp
+# --progress-thread on/off; without it, overlap relies on polling between layers), measured on
 # two namespace test hosts (tests/multihost/harness.sh) with a token-bucket limit on the
 # link between them. Not a ctest (it is a measurement): run as root from a build tree,
 #   tools/multihost_bandwidth.sh [BUILD_DIR]      (default: build)
 # Prints a Markdown table: per configuration the measured step parts (ms per step,
 # averaged by resnet_ddp over the steps of one epoch) and the ring model's prediction
 #   t_allreduce = 2(n-1)/n * bytes / bandwidth;  no overlap: exposed = t_allreduce;
-#   overlap: exposed = max(t_allreduce(last bucket), t_allreduce - t_backward)
+#   progress thread: exposed = max(t_allreduce(last bucket), t_allreduce - t_backward)
 # (the scaling model of docs/performance.md with efficiency 1).
 # Knobs (environment): RATES ("none 10gbit 1gbit"), BUCKETS ("1 25 100"), ARCH (resnet18),
 # IMAGE (32), BATCH (8), STEPS (6).
@@ -26,7 +27,7 @@ mh_synth "$d/data" $((2 * BATCH * STEPS)) 8
 # rate in bit/s from tc's notation
 bits() { case $1 in *gbit) echo $((${1%gbit} * 1000000000)) ;; *mbit) echo $((${1%mbit} * 1000000)) ;; *) echo 0 ;; esac; }
 
-echo "| link | bucket MiB | overlap | step ms | backward ms | exposed comm ms | model: exposed ms |"
+echo "| link | bucket MiB | progress thread | step ms | backward ms | exposed comm ms | model: exposed ms |"
 echo "|---|---:|---|---:|---:|---:|---:|"
 for rate in $RATES; do
   mh_qdisc 2 clear
