@@ -5,11 +5,17 @@
 # Every surviving rank (on mh1, mh2) must be gone within 30 s, the output must name the
 # lost host mh3, mpirun must not report success, and best_model.h5 / last.h5 (written at
 # the end of epoch 1) must stay loadable. Prints the measured detection time.
+# RD_MH_EXPECT says who must notice first:
+#   watchdog  each survivor's heartbeat reports mh3 and exits with status 3
+#   mpirun    mpirun itself (lost orted; needs OMPI_MCA_oob_tcp_keepalive_* set short)
+#             names mh3 and exits non-zero within 30 s
+#   any       either (default)
 set -euo pipefail
 # shellcheck source=tests/multihost/harness.sh
 source "$(dirname "$0")/harness.sh"
 : "${RD_MH_RESNET_DDP:?}"
 fault=${RD_MH_FAULT:?set RD_MH_FAULT=link_down or kill_host}
+expect=${RD_MH_EXPECT:-any}
 mh_start 3 110
 d=$MH_DIR
 mh_synth "$d/data" 480 24
@@ -65,9 +71,13 @@ grep -v '^(Epoch' "$d/log" | tail -n 40 >&2
 ((gone_ms <= 30000)) || mh_fail "surviving ranks took $gone_ms ms to exit (limit 30 s)"
 [[ $rc != 0 ]] || mh_fail "mpirun reported success after $fault"
 # Named by our watchdog (frozen or unreachable peer) or by Open MPI (a peer that hung up).
-grep -Eq 'lost contact with rank 2 on host mh3 |^ *Peer host: *mh3$' "$d/log" ||
+grep -Eq 'lost contact with rank 2 on host mh3 |^ *Peer host: *mh3$|^ *Remote daemon: .* on node mh3$' "$d/log" ||
   mh_fail "no message names the lost host mh3"
-if [[ $fault == link_down ]]; then
+if [[ $expect == mpirun ]]; then
+  if [[ -z $rc ]] || ((mpirun_ms > 30000)); then mh_fail "mpirun did not exit within 30 s (${mpirun_ms} ms)"; fi
+  grep -Eq '^ *Remote daemon: .* on node mh3$' "$d/log" || mh_fail "mpirun did not name the lost daemon's host mh3"
+fi
+if [[ $expect == watchdog ]]; then
   # Nothing resets the connections: each survivor's own heartbeat path must end it.
   for r in 0 1; do
     grep -q "^rank $r: lost contact with rank 2 on host mh3 (.*); exiting with status 3\$" "$d/log" ||
@@ -77,5 +87,5 @@ fi
 for f in best_model.h5 last.h5; do
   "$MH_BIN" info "$d/out/$f" >"$d/info" 2>&1 || { cat "$d/info"; mh_fail "$f is not loadable after $fault"; }
 done
-mh_log "PASS: $fault on mh3: survivors gone after $gone_ms ms, mpirun ${rc:+exited with $rc}${rc:-killed by us} after $mpirun_ms ms; checkpoints loadable"
+mh_log "PASS: $fault on mh3: survivors gone after $gone_ms ms, mpirun $(if [[ -n $rc ]]; then echo "exited with $rc"; else echo "killed by us"; fi) after $mpirun_ms ms; checkpoints loadable"
 echo "detection: fault=$fault survivors_exit_ms=$gone_ms mpirun_exit_ms=$mpirun_ms mpirun_status=${rc:-hung}"
