@@ -75,14 +75,15 @@ mh_kill_ns() {
 }
 
 # Leftovers of a previous harness that was killed (SIGKILL skips traps): holders are
-# named "rdmh-<owner pid>-hN" (argv0), the bridge namespace "rdmh-<owner pid>".
+# named "rdmh-<owner pid>-hN" (argv0; mh_delay.py forwarders "...-fwdN"), the bridge
+# namespace "rdmh-<owner pid>".
 mh_clean_leftovers() {
   local f pid argv0 owner ns
   for f in /proc/[0-9]*/cmdline; do
     pid=${f#/proc/}
     pid=${pid%%/*}
     argv0=$({ tr '\0' '\n' <"$f"; } 2>/dev/null | head -n 1) || continue
-    [[ $argv0 =~ ^$MH_PREFIX-([0-9]+)-h[0-9]+$ ]] || continue
+    [[ $argv0 =~ ^$MH_PREFIX-([0-9]+)-(h|fwd)[0-9]+$ ]] || continue
     owner=${BASH_REMATCH[1]}
     [[ -d /proc/$owner ]] && continue # its harness still runs
     mh_log "removing leftover host $argv0 (pid $pid)"
@@ -111,6 +112,7 @@ mh_teardown() {
   fi
   # (bash reports each killed holder on stderr: silenced)
   exec 3>&2 2>/dev/null
+  [[ -n $MH_FORWARDER ]] && kill -KILL "$MH_FORWARDER"
   for ((i = 1; i <= MH_N; i++)); do
     [[ -n ${MH_HOLDERS[i]:-} ]] && mh_kill_ns "${MH_HOLDERS[i]}"
   done
@@ -254,21 +256,53 @@ mh_qdisc() {
 
 # mh_impair I LOSS_PERCENT DELAY_MS: packet loss and latency on both directions of host
 # I's link. With sch_netem: `netem loss L% delay Dms` on both ends. Kernels without netem
-# (some sandboxes) get the loss only, from iptables' statistic match (xt_statistic), and
-# MH_IMPAIRED says so. Returns 1 when neither works.
+# (some sandboxes): host I's veth is unplugged from the bridge and mh_delay.py forwards
+# its frames to the bridge and back with the same loss and delay (offloads off on every
+# host, so frames carry full checksums); failing that (no python3/ethtool), loss only
+# through iptables' statistic match. MH_IMPAIRED says which. Returns 1 if none works.
 MH_IMPAIRED=""
+MH_FORWARDER=""
 mh_impair() {
-  local i=$1 loss=$2 delay=$3 err p
+  local i=$1 loss=$2 delay=$3 err p k
   if err=$(mh_qdisc "$i" netem loss "$loss%" delay "${delay}ms" 2>&1); then
     MH_IMPAIRED="netem loss $loss% delay ${delay}ms"
     return 0
   fi
-  mh_log "netem unavailable ($err); falling back to iptables random drop, no delay"
+  mh_log "netem unavailable ($err)"
+  if [[ -x /usr/bin/python3 ]] && command -v ethtool >/dev/null; then
+    for ((k = 1; k <= MH_N; k++)); do
+      mh_exec "$k" ethtool -K eth0 tx off tso off gso off gro off >/dev/null 2>&1 || true
+    done
+    ip -n "$MH_ID" link set "b$i" nomaster
+    ip -n "$MH_ID" link add "f$i" type veth peer name "g$i"
+    for k in "b$i" "f$i" "g$i"; do
+      ip netns exec "$MH_ID" ethtool -K "$k" tx off tso off gso off gro off >/dev/null 2>&1 || true
+    done
+    ip -n "$MH_ID" link set "g$i" master br0 up
+    ip -n "$MH_ID" link set "f$i" up
+    rm -f "$MH_DIR/forwarder$i.stats"
+    # Named like the holders (argv0), so a killed run's forwarder is found as a leftover.
+    # shellcheck disable=SC2016 # positional parameters of the inner bash
+    ip netns exec "$MH_ID" bash -c 'exec -a "$1" /usr/bin/python3 "${@:2}"' forwarder "$MH_ID-fwd$i" \
+      "$MH_HERE/mh_delay.py" "b$i" "f$i" "$delay" "$loss" "$MH_DIR/forwarder$i.stats" \
+      >"$MH_DIR/forwarder$i.log" 2>&1 &
+    MH_FORWARDER=$!
+    for ((k = 0; k < 100; k++)); do
+      [[ -s $MH_DIR/forwarder$i.stats ]] && break
+      sleep 0.05
+    done
+    if [[ -s $MH_DIR/forwarder$i.stats ]]; then
+      MH_IMPAIRED="loss $loss% delay ${delay}ms each way (mh_delay.py: kernel without sch_netem)"
+      return 0
+    fi
+    mh_log "mh_delay.py did not start: $(cat "$MH_DIR/forwarder$i.log")"
+    mh_impair_clear "$i"
+  fi
   command -v iptables >/dev/null || { mh_log "iptables missing too"; return 1; }
   p=$(awk -v l="$loss" 'BEGIN { printf "%.4f", l / 100 }')
   mh_exec "$i" iptables -A OUTPUT -o eth0 -m statistic --mode random --probability "$p" -j DROP || return 1
   mh_exec "$i" iptables -A INPUT -i eth0 -m statistic --mode random --probability "$p" -j DROP || return 1
-  MH_IMPAIRED="iptables loss $loss% each way (no delay: kernel without sch_netem)"
+  MH_IMPAIRED="iptables loss $loss% each way (no delay: kernel without sch_netem, no python3/ethtool)"
 }
 
 # mh_impair_counters I: "PACKETS DROPPED" seen by the impairment on host I's link.
@@ -278,6 +312,8 @@ mh_impair_counters() {
     stats=$(mh_exec "$i" tc -s qdisc show dev eth0; ip netns exec "$MH_ID" tc -s qdisc show dev "b$i")
     awk '/Sent/ { s += $4 } /dropped/ { for (k = 1; k <= NF; k++) if ($k == "(dropped") d += $(k + 1) }
          END { print s + 0, d + 0 }' <<<"$stats"
+  elif [[ -n $MH_FORWARDER ]]; then
+    cat "$MH_DIR/forwarder$i.stats"
   else
     # Packets through host I's eth0 (both directions) and the DROP rules' counters.
     local sent
@@ -287,9 +323,37 @@ mh_impair_counters() {
   fi
 }
 
+# mh_rtt_us I J: the smallest of 5 TCP connect round trips (SYN to a closed port, RST
+# back) from host I to host J, in microseconds.
+mh_rtt_us() {
+  mh_exec "$1" /usr/bin/python3 -c '
+import socket, sys, time
+best = None
+for _ in range(5):
+    s = socket.socket()
+    s.settimeout(3)
+    t = time.monotonic()
+    try:
+        s.connect((sys.argv[1], 9))
+    except OSError:
+        pass
+    d = time.monotonic() - t
+    s.close()
+    best = d if best is None else min(best, d)
+print(int(best * 1e6))' "mh$2"
+}
+
 mh_impair_clear() {
-  mh_qdisc "$1" clear
-  mh_exec "$1" iptables -F 2>/dev/null || true
+  local i=$1
+  mh_qdisc "$i" clear
+  mh_exec "$i" iptables -F 2>/dev/null || true
+  if [[ -n $MH_FORWARDER ]]; then
+    kill "$MH_FORWARDER" 2>/dev/null
+    wait "$MH_FORWARDER" 2>/dev/null || true
+    MH_FORWARDER=""
+    ip -n "$MH_ID" link del "f$i" 2>/dev/null || true
+    ip -n "$MH_ID" link set "b$i" master br0 up
+  fi
 }
 
 # --- Training helpers shared by the recipe, netem and fault cases ---------------------
