@@ -30,7 +30,8 @@ CI_FUZZ_SECONDS ?= 20
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
               libstb-dev catch2 libdnnl-dev zlib1g-dev
 DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
-              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
+              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck \
+              iproute2 iptables ethtool
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 # Sanitizer and fuzz builds only (clang with libFuzzer, ASan/UBSan/TSan runtimes, LLVM OpenMP).
 DEB_HARDEN  = clang libclang-rt-14-dev libomp-dev
