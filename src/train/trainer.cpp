@@ -198,7 +198,7 @@ void Trainer::setup_device() {
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
   agree([&] {
-    if (o_.precision == "fp16" && device == "cpu")
+    if (o_.precision == Precision::FP16 && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
     if (device == "cuda" && !cuda_backend_available())
       throw UsageError("--device cuda: no usable CUDA device (" +
@@ -209,13 +209,8 @@ void Trainer::setup_device() {
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;
     bo.threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
-    bo.precision = o_.precision == "tf32" ? Precision::TF32
-                   : o_.precision == "fp16" ? Precision::FP16
-                   : o_.precision == "bf16" ? Precision::BF16
-                                            : Precision::FP32;
-    bo.conv_algo = o_.conv_algo == "direct" ? ConvAlgo::Direct
-                   : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
-                                                : ConvAlgo::Auto;
+    bo.precision = o_.precision;
+    bo.conv_algo = o_.conv_algo;
     if (device == "cuda") {
       const int visible = cuda_device_count();
       cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
@@ -233,11 +228,12 @@ void Trainer::setup_device() {
       throw;
     } catch (const Error& e) {
       // A precision the backend does not implement is a usage problem (exit 2).
-      if (o_.precision != "fp32") throw UsageError("--precision " + o_.precision + ": " + e.what());
+      if (o_.precision != Precision::FP32)
+        throw UsageError("--precision " + name_of(precision_names(), o_.precision) + ": " + e.what());
       throw;
     }
   });
-  fp16_ = o_.precision == "fp16";
+  fp16_ = o_.precision == Precision::FP16;
 #ifdef RESNET_DDP_HAVE_CUDA
   if (backend_->device() == DeviceKind::CUDA) {
     agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, cuda_index); });
@@ -294,7 +290,9 @@ void Trainer::resolve_resume() {
         };
         std::string image = std::to_string(o_.image_size);
         fixed("--arch", o_.arch, m.arch);
-        fixed("--head", o_.head, m.head);
+        std::string head = head_name(o_.head);
+        fixed("--head", head, m.head);
+        o_.head = parse_head(head);
         fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
         o_.image_size = std::stoi(image);
         fixed("--normalize", o_.normalize, m.normalize);
@@ -302,7 +300,7 @@ void Trainer::resolve_resume() {
         const TrainOptions defaults;
         std::string inherited;
         if (!o_.was_given("--arch") && o_.arch != defaults.arch) inherited += " --arch " + o_.arch;
-        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += " --head " + o_.head;
+        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += std::string(" --head ") + head_name(o_.head);
         if (!o_.was_given("--image-size") && o_.image_size != defaults.image_size)
           inherited += " --image-size " + std::to_string(o_.image_size);
         if (!o_.was_given("--normalize") && o_.normalize != defaults.normalize)
@@ -310,8 +308,9 @@ void Trainer::resolve_resume() {
         if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
         if (o_.eval_only) return;
         const OptimizerSnapshot& os = ck.optimizer();
-        if (os.present && !os.type.empty() && os.type != o_.optimizer)
-          throw UsageError("--optimizer " + o_.optimizer + ": checkpoint '" + path +
+        const std::string optimizer = name_of(optimizer_names(), o_.optimizer);
+        if (os.present && !os.type.empty() && os.type != optimizer)
+          throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
                            "' does not match this run: it holds --optimizer " + os.type +
                            " state; resuming cannot change it" + kStartFresh);
         // The previous run's flags, read back from the command line it recorded (a
@@ -359,7 +358,7 @@ void Trainer::resolve_resume() {
       },
       rank0());
   if (rank0()) {
-    blob = o_.arch + '\n' + o_.head + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
+    blob = o_.arch + '\n' + head_name(o_.head) + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
            (honour_lr_ ? "1" : "0") + (epochs_changed_ ? "1" : "0");
   }
   int64_t n = static_cast<int64_t>(blob.size());
@@ -371,7 +370,7 @@ void Trainer::resolve_resume() {
   for (size_t nl; (nl = blob.find('\n', at)) != std::string::npos; at = nl + 1) f.push_back(blob.substr(at, nl - at));
   f.push_back(blob.substr(at));
   o_.arch = f.at(0);
-  o_.head = f.at(1);
+  o_.head = parse_head(f.at(1));
   o_.image_size = std::stoi(f.at(2));
   o_.normalize = f.at(3);
   honour_lr_ = f.at(4)[0] == '1';
@@ -422,7 +421,7 @@ void Trainer::setup_data() {
 void Trainer::setup_model() {
   ResNetConfig mc;
   mc.arch = o_.arch;
-  mc.head = parse_head(o_.head);
+  mc.head = o_.head;
   mc.num_classes = static_cast<int>(class_names_.size());
   mc.init_seed = static_cast<uint64_t>(o_.seed);
   agree([&] {
@@ -435,15 +434,15 @@ void Trainer::setup_model() {
     model_->set_batchnorm_reducer(sync_bn_.get());
   }
   OptimizerConfig oc;
-  oc.type = o_.optimizer;
+  oc.type = name_of(optimizer_names(), o_.optimizer);
   oc.lr = o_.lr;
   oc.weight_decay = o_.weight_decay;
-  if (o_.optimizer == "sgd") {
+  if (o_.optimizer == OptimizerKind::Sgd) {
     oc.momentum = o_.momentum;
     oc.nesterov = o_.nesterov;
   }
   opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
-  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
+  sched_ = std::make_unique<Scheduler>(name_of(scheduler_names(), o_.scheduler), o_.lr, o_.epochs);
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
@@ -473,7 +472,7 @@ void Trainer::check_output_space() {
 CheckpointMeta Trainer::base_meta() const {
   CheckpointMeta m;
   m.arch = o_.arch;
-  m.head = o_.head;
+  m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
   m.image_size = o_.image_size;
   m.world_size = env_.world;
@@ -536,7 +535,7 @@ void Trainer::load_start_state() {
               if (honour_lr_) start_.cosine.base_lr = o_.lr;
               if (epochs_changed_) start_.cosine.t_max = std::max(o_.epochs, 1);
             } else if (sc.present) {
-              notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + o_.scheduler +
+              notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + sched_->type() +
                      " schedule");
             }
           }
@@ -559,7 +558,7 @@ void Trainer::load_start_state() {
           loaded = true;
           if (!skipped.empty())
             notice("--init: the head in " + o_.init + " does not fit " + std::to_string(class_names_.size()) +
-                   " classes / --head " + o_.head + "; it keeps its fresh initialisation");
+                   " classes / --head " + head_name(o_.head) + "; it keeps its fresh initialisation");
           say("Initialised weights from " + o_.init);
         } else if (o_.eval_only) {
           throw UsageError("--eval-only: no checkpoint found (" + last_path_ + " does not exist)");
@@ -996,9 +995,9 @@ int Trainer::run() {
     std::snprintf(buf, sizeof buf,
                   "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                   "batch %d, %s lr %s, scheduler %s",
-                  o_.arch.c_str(), o_.head.c_str(), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
-                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, o_.optimizer.c_str(),
-                  py_float(opt_->lr()).c_str(), o_.scheduler.c_str());
+                  o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->config().type.c_str(),
+                  py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);
   }
   if (start_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(start_.epoch) +

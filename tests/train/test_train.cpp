@@ -153,18 +153,18 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/tmp/Dataset_2");
   CHECK(t.arch == "resnet34");
-  CHECK(t.head == "mlp");
+  CHECK(t.head == rd::HeadKind::Mlp);
   CHECK(t.image_size == 244);
   CHECK(t.batch_size == 16);
   CHECK(t.epochs == 5);
   CHECK(t.lr == 1e-4);
-  CHECK(t.optimizer == "adam");
+  CHECK(t.optimizer == OptimizerKind::Adam);
   CHECK(t.weight_decay == 0.0);
   CHECK(t.label_smoothing == 0.1);
-  CHECK(t.scheduler == "plateau");
+  CHECK(t.scheduler == SchedulerKind::Plateau);
   CHECK(t.output_dir == "output_model");
   CHECK(t.resume == "auto");
-  CHECK(t.precision == "fp32");
+  CHECK(t.precision == rd::Precision::FP32);
   CHECK(t.device == "auto");
   CHECK(t.accum_steps == 1);
   CHECK(t.metrics_path() == "output_model/metrics.csv");
@@ -179,19 +179,19 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/d");
   CHECK(t.arch == "resnet18");
-  CHECK(t.head == "fc");
+  CHECK(t.head == rd::HeadKind::Fc);
   CHECK(t.batch_size == 8);
   CHECK(t.lr == 3e-3);
-  CHECK(t.optimizer == "sgd");
+  CHECK(t.optimizer == OptimizerKind::Sgd);
   CHECK(t.momentum == 0.8);
   CHECK(t.nesterov);
   CHECK(t.sync_bn);
-  CHECK(t.scheduler == "cosine");
+  CHECK(t.scheduler == SchedulerKind::Cosine);
   CHECK(t.max_steps == 5);
   CHECK(t.deterministic);
   CHECK(t.resume == "none");
   CHECK(t.metrics_path() == "m.csv");
-  CHECK(t.precision == "bf16");
+  CHECK(t.precision == rd::Precision::BF16);
 }
 
 TEST_CASE("CLI errors name the flag", "[train]") {

@@ -17,9 +17,18 @@
 #include <string>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/arena.h"
 
 namespace rd::train {
+
+enum class OptimizerKind { Adam, Sgd };
+enum class SchedulerKind { Plateau, Cosine, None };
+// --optimizer / --scheduler spellings, also the type names a checkpoint records.
+inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
+inline NameTable<SchedulerKind> scheduler_names() {
+  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
+}
 
 struct OptimizerConfig {
   std::string type = "adam";  // adam | sgd
