@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include "resnet_ddp/dist/ddp.h"
 
 namespace rd::train {
 
@@ -28,12 +27,12 @@ bool LossScaler::unscale(Backend& backend, Arena& grads, bool any_nonfinite) {
   return finite;
 }
 
-TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientBucketer* bucketer, float label_smoothing,
+TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
                      bool loss_scaling)
     : model_(model),
       backend_(model.backend()),
       optimizer_(optimizer),
-      bucketer_(bucketer),
+      reducer_(reducer),
       label_smoothing_(label_smoothing),
       scaler_(loss_scaling) {}
 
@@ -50,31 +49,31 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
 
 TrainStep::Seconds TrainStep::backward_and_reduce() {
   const bool accumulate = micro_ > 0;
-  if (!bucketer_) {
+  if (!reducer_) {
     const auto t0 = Clock::now();
     model_.backward(dlogits_, accumulate, nullptr);
     backend_.synchronize();
     return {seconds_between(t0, Clock::now()), 0.0};
   }
-  bucketer_->set_sync(micro_ == group_ - 1);
-  const double exposed_before = bucketer_->stats().exposed_comm_s;
+  reducer_->set_sync(micro_ == group_ - 1);
+  const double exposed_before = reducer_->exposed_comm_s();
   const auto t0 = Clock::now();
-  bucketer_->begin_backward();
-  model_.backward(dlogits_, accumulate, bucketer_);
+  reducer_->begin_backward();
+  model_.backward(dlogits_, accumulate, reducer_);
   backend_.synchronize();
   const auto t1 = Clock::now();
-  bucketer_->finish();
+  reducer_->finish();
   backend_.synchronize();
   const auto t2 = Clock::now();
-  const double exposed = bucketer_->stats().exposed_comm_s - exposed_before;
+  const double exposed = reducer_->exposed_comm_s() - exposed_before;
   return {seconds_between(t0, t1), std::max(exposed, seconds_between(t1, t2))};
 }
 
 void TrainStep::reduce_partial_group() {
-  if (!bucketer_) return;
-  bucketer_->set_sync(true);
-  bucketer_->begin_backward();
-  bucketer_->finish();
+  if (!reducer_) return;
+  reducer_->set_sync(true);
+  reducer_->begin_backward();
+  reducer_->finish();
 }
 
 bool TrainStep::update(bool any_nonfinite) {

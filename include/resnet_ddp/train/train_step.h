@@ -17,12 +17,9 @@
 #include <cstdint>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/dist/reducer.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/optimizer.h"
-
-namespace rd::dist {
-class GradientBucketer;
-}
 
 namespace rd::train {
 
@@ -46,8 +43,9 @@ class LossScaler {
 
 class TrainStep {
  public:
-  // `bucketer` null: one process, no communication. `loss_scaling`: fp16.
-  TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientBucketer* bucketer, float label_smoothing,
+  // `reducer` (dist::GradientBucketer) null: one process, no communication.
+  // `loss_scaling`: fp16.
+  TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
             bool loss_scaling = false);
 
   // Forward and label-smoothed cross-entropy of micro-batch `micro` of `group`.
@@ -77,7 +75,7 @@ class TrainStep {
   ResNet& model_;
   Backend& backend_;
   Optimizer& optimizer_;
-  dist::GradientBucketer* bucketer_;
+  dist::GradientReducer* reducer_;
   float label_smoothing_;
   LossScaler scaler_;
   const Tensor* logits_ = nullptr;
