@@ -51,6 +51,10 @@ class FlagSet {
   void boolean(const std::string& name, bool* target, const std::string& help);
   // A flag that switches a default-on option off.
   void negated(const std::string& name, bool* target, const std::string& help);
+  // Any other value: `set` parses it (throwing UsageError naming the flag) and may be
+  // called once per occurrence (repeatable flags).
+  void custom(const std::string& name, const std::string& metavar, const std::string& help,
+              std::function<void(const std::string& value)> set);
 
   // Parses args; positional arguments are returned (an error when !allow_positional).
   // `given` collects the flags as typed, for "was this set on the command line".

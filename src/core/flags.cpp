@@ -117,6 +117,11 @@ void FlagSet::negated(const std::string& name, bool* target, const std::string& 
        [target] { return std::string(*target ? "on" : "off"); }});
 }
 
+void FlagSet::custom(const std::string& name, const std::string& metavar, const std::string& help,
+                     std::function<void(const std::string&)> set) {
+  add({name, metavar, help, "", false, [set](const std::string&, const std::string& v) { set(v); }, nullptr});
+}
+
 std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bool allow_positional,
                                         bool* help_requested, std::vector<std::string>* given) {
   std::vector<std::string> positional;
