@@ -1016,7 +1016,7 @@ OutFile model_contents(ResNet& model, const Optimizer* opt, const Scheduler* sch
     OptimizerSnapshot& o = s.optimizer;
     const OptimizerConfig& c = opt->config();
     o.present = true;
-    o.type = c.type;
+    o.type = opt->type_name();
     o.step = opt->steps();
     o.lr = opt->lr();
     o.initial_lr = c.lr;
@@ -1236,8 +1236,8 @@ std::vector<std::string> restore_model_from(StateSource& src, ResNet& model, boo
 
 void restore_optimizer_from(StateSource& src, const OptimizerSnapshot& o, ResNet& model, Optimizer& opt) {
   if (!o.present) src.bad("has no /optimizer state to resume from");
-  if (o.type != opt.config().type)
-    src.bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.config().type);
+  if (o.type != opt.type_name())
+    src.bad("optimizer state is for --optimizer " + o.type + ", this run uses --optimizer " + opt.type_name());
   opt.set_steps(o.step);
   opt.set_lr(o.lr);
   Backend& be = model.backend();

@@ -442,7 +442,7 @@ void Trainer::setup_model() {
     model_->set_batchnorm_reducer(sync_bn_.get());
   }
   OptimizerConfig oc;
-  oc.type = name_of(optimizer_names(), o_.optimizer);
+  oc.type = o_.optimizer;
   oc.lr = o_.lr;
   oc.weight_decay = o_.weight_decay;
   if (o_.optimizer == OptimizerKind::Sgd) {
@@ -450,7 +450,7 @@ void Trainer::setup_model() {
     oc.nesterov = o_.nesterov;
   }
   opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
-  sched_ = std::make_unique<Scheduler>(name_of(scheduler_names(), o_.scheduler), o_.lr, o_.epochs);
+  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
@@ -975,7 +975,7 @@ int Trainer::run() {
                   "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                   "batch %d, %s lr %s, scheduler %s",
                   o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
-                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->config().type.c_str(),
+                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
                   py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);
   }

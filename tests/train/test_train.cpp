@@ -337,7 +337,7 @@ TEST_CASE("ReduceLROnPlateau matches torch 1.13", "[train]") {
       1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06,
       1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07,
       1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000004e-08};
-  Scheduler s("plateau", 1e-4, 5);
+  Scheduler s(SchedulerKind::Plateau, 1e-4, 5);
   double lr = 1e-4;
   for (size_t i = 0; i < losses.size(); ++i) {
     lr = s.step(lr, losses[i]);
@@ -356,14 +356,14 @@ TEST_CASE("CosineAnnealingLR matches torch 1.13", "[train]") {
                                         0.009549150281252633, 0.0, 0.009549150281252628, 0.03454915028125265,
                                         0.06545084971874741, 0.09045084971874744, 0.10000000000000006,
                                         0.09045084971874746, 0.06545084971874743};
-  Scheduler s("cosine", 0.1, 5);
+  Scheduler s(SchedulerKind::Cosine, 0.1, 5);
   double lr = 0.1;
   for (size_t i = 0; i < torch_lr.size(); ++i) {
     lr = s.step(lr, 0.0);
     INFO("step " << i + 1);
     CHECK(lr == Approx(torch_lr[i]).margin(1e-15));
   }
-  Scheduler none("none", 0.1, 5);
+  Scheduler none(SchedulerKind::None, 0.1, 5);
   CHECK(none.step(0.1, 1.0) == 0.1);
 }
 
@@ -416,7 +416,7 @@ TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]")
   SECTION("sgd with momentum seeds the buffer with the first gradient") {
     load(p0, params);
     OptimizerConfig cfg;
-    cfg.type = "sgd";
+    cfg.type = OptimizerKind::Sgd;
     cfg.lr = 0.1;
     cfg.momentum = 0.9;
     Optimizer opt(*be, params, grads, cfg);
@@ -448,7 +448,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
   opt.step();
   opt.set_lr(3e-4);
-  Scheduler sched("plateau", 1e-3, 5);
+  Scheduler sched(SchedulerKind::Plateau, 1e-3, 5);
   sched.step(1e-3, 0.8);
   sched.step(1e-3, 0.9);
 
@@ -485,7 +485,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   ResNet other(*be, cfg);
   other.init_parameters(99);
   Optimizer opt2(*be, other.params(), other.grads(), oc);
-  Scheduler sched2("plateau", 1e-3, 5);
+  Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
   check_compatible(snap, other, m.class_names, path);
   CHECK(restore_model(snap, other, false, path).empty());
   restore_optimizer(snap, other, opt2, path);
@@ -645,7 +645,7 @@ TEST_CASE("a checkpoint written straight from the model equals one written from 
   std::vector<float> gr = rd::test::random_floats(model->grads().size(), 9);
   be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
   opt.step();
-  Scheduler sched("cosine", 1e-3, 5);
+  Scheduler sched(SchedulerKind::Cosine, 1e-3, 5);
   sched.step(1e-3, 0.5);
   CheckpointMeta meta = tiny_meta("mlp", 3);
   meta.step_in_epoch = 2;  // preemption checkpoint: the partial-epoch attributes too
@@ -692,7 +692,7 @@ TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores"
   be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
   opt.step();
   opt.set_lr(2e-4);
-  Scheduler sched("plateau", 1e-3, 5);
+  Scheduler sched(SchedulerKind::Plateau, 1e-3, 5);
   sched.step(1e-3, 0.8);
   sched.step(1e-3, 0.9);
   const std::string path = dir.file("last.h5");
@@ -709,7 +709,7 @@ TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores"
   ResNet other(*be, model->config());
   other.init_parameters(99);
   Optimizer opt2(*be, other.params(), other.grads(), oc);
-  Scheduler sched2("plateau", 1e-3, 5);
+  Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
   check_compatible(ck.meta(), other, ck.meta().class_names, path);
   CHECK(ck.load_model(other, false).empty());
   ck.load_optimizer(other, opt2);
@@ -732,7 +732,7 @@ TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores"
   CHECK_THROWS_WITH(w.load_optimizer(other, opt2), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
   Optimizer sgd(*be, other.params(), other.grads(), [] {
     OptimizerConfig c;
-    c.type = "sgd";
+    c.type = OptimizerKind::Sgd;
     return c;
   }());
   CHECK_THROWS_WITH(ck.load_optimizer(other, sgd), Catch::Contains("--optimizer adam"));
