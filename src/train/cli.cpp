@@ -5,14 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <limits>
-#include <sstream>
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
