@@ -10,8 +10,9 @@
 //
 // Gradients accumulate over the group's micro-batches, each loss scaled by 1/group,
 // and are all-reduced (bucketed, overlapping backward) only during the last one.
-// Input preparation, timing and the cross-rank agreement on a non-finite loss stay
-// with the caller.
+// Input preparation and the cross-rank agreement on a non-finite loss stay with the
+// caller, and so does timing, except inside backward_and_reduce, which alone can
+// tell backward from the communication it did not hide.
 #pragma once
 
 #include <cstdint>
