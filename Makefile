@@ -14,13 +14,13 @@ TORCH     ?= debian
 # the sanitizer build's tests; `make fuzz FUZZ_SECONDS=N` runs each fuzz target.
 SANITIZE     ?=
 FUZZ_SECONDS ?= 60
-SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,kernel|data|train|collective|e2e)
+SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,backend|data|train|collective|e2e)
 SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 # Only what those labels run (tests of other labels show up as *_NOT_BUILT, unlabelled).
 SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
-                $(if $(filter thread,$(SANITIZE)),,test_kernel_reference test_kernel_cpu test_kernel_faults \
-                  test_kernel_cpu_bf16 test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
+                $(if $(filter thread,$(SANITIZE)),,test_backend_reference test_backend_cpu test_backend_faults \
+                  test_backend_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
 # CI_SANITIZE=1 (with CI set) also runs the ASan+UBSan build on these labels and a fuzz
 # smoke of this length after the suite. Off by default until its CI time is measured.
 CI_SANITIZE     ?=
@@ -30,7 +30,8 @@ CI_FUZZ_SECONDS ?= 20
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
               libstb-dev catch2 libdnnl-dev zlib1g-dev
 DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
-              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck
+              dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck \
+              iproute2 iptables ethtool
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 # Sanitizer and fuzz builds only (clang with libFuzzer, ASan/UBSan/TSan runtimes, LLVM OpenMP).
 DEB_HARDEN  = clang libclang-rt-14-dev libomp-dev
@@ -92,15 +93,15 @@ fuzz:
 	$(MAKE) --no-print-directory san-build SANITIZE=address,undefined
 	./tools/fuzz/run.sh build-asan $(FUZZ_SECONDS)
 
-# The kernel, model and parity tests again with oneDNN capped to the ISA classes users
+# The backend, model and parity tests again with oneDNN capped to the ISA classes users
 # have (AVX2: AMD Milan, Intel Haswell/Broadwell; AVX512_CORE: Skylake-SP, Zen4 without
 # bf16 use). A cap above this CPU's own ISA changes nothing.
 TEST_ISAS ?= AVX2 AVX512_CORE
 test-isa: deps
 	$(MAKE) build
 	cd $(BUILD_DIR) && for isa in $(TEST_ISAS); do \
-	  echo "== ctest -L 'kernel|model|parity' with DNNL_MAX_CPU_ISA=$$isa"; \
-	  DNNL_MAX_CPU_ISA=$$isa ctest --output-on-failure -j 2 --timeout 900 -L 'kernel|model|parity' || exit 1; \
+	  echo "== ctest -L 'backend|model|parity' with DNNL_MAX_CPU_ISA=$$isa"; \
+	  DNNL_MAX_CPU_ISA=$$isa ctest --output-on-failure -j 2 --timeout 900 -L 'backend|model|parity' || exit 1; \
 	done
 
 run: deps

@@ -169,12 +169,12 @@ def main():
         p.error("--warmup must be >= 0 and --steps >= 1")
     arch, size, batch = args.config
 
-    torch, torchvision = pts.import_torch()
+    torch, torchvision = pts.import_deps("pytorch_op_profile.py")
     from torch.profiler import ProfilerActivity, profile, record_function
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or os.cpu_count()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = pts.build_model(torch, torchvision, arch, "mlp", 3)
+    model = pts.build_model(torch, torchvision, arch, "mlp", 3, seed=None)
     model.train()
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 3, (batch,))

@@ -16,11 +16,14 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tools"))
+from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
+
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="ImageFolder root with Train/ and Validation/")
-    p.add_argument("--arch", default="resnet34")
+    p.add_argument("--arch", choices=ARCHS, default="resnet34")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--image-size", type=int, default=244)
@@ -51,14 +54,10 @@ def main():
     args = parse()
     if args.launch:
         return launch(args)
-    try:
-        import torch
-        import torch.distributed as dist
-        import torch.nn as nn
-        import torchvision
-        from torchvision import transforms
-    except ImportError as e:
-        sys.exit(f"pytorch_reference_recipe: needs Debian's python3-torch and python3-torchvision ({e})")
+    torch, torchvision = import_deps("pytorch_reference_recipe.py")
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torchvision import transforms
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -81,9 +80,7 @@ def main():
     val_loader = torch.utils.data.DataLoader(val_set, batch_size=args.batch_size, sampler=val_sampler,
                                              num_workers=args.workers)
 
-    model = getattr(torchvision.models, args.arch)()
-    c = model.fc.in_features
-    model.fc = nn.Sequential(nn.Linear(c, c), nn.ReLU(), nn.Linear(c, len(train_set.classes)))
+    model = build_model(torch, torchvision, args.arch, "mlp", len(train_set.classes), seed=None)
     model = nn.parallel.DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -16,15 +16,8 @@ import statistics
 import sys
 import time
 
-
-def import_torch():
-    try:
-        import torch
-        import torchvision
-    except ImportError as e:
-        sys.exit(f"pytorch_train_step.py: cannot import {e.name} ({e}); install Debian's "
-                 f"python3-torch and python3-torchvision and run with /usr/bin/python3")
-    return torch, torchvision
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tools"))
+from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
 
 
 def parse_config(text):
@@ -33,7 +26,7 @@ def parse_config(text):
     if len(parts) != 3:
         raise argparse.ArgumentTypeError(f"--config '{text}': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16")
     arch, size, batch = parts
-    if arch not in ("resnet18", "resnet34", "resnet50"):
+    if arch not in ARCHS:
         raise argparse.ArgumentTypeError(f"--config '{text}': arch must be resnet18, resnet34 or resnet50")
     try:
         size, batch = int(size), int(batch)
@@ -42,18 +35,6 @@ def parse_config(text):
     if size < 32 or batch < 1:
         raise argparse.ArgumentTypeError(f"--config '{text}': SIZE must be >= 32 and BATCH >= 1")
     return arch, size, batch
-
-
-def build_model(torch, torchvision, arch, head, num_classes):
-    model = getattr(torchvision.models, arch)(weights=None)
-    features = model.fc.in_features
-    if head == "mlp":
-        # The reference recipe's head: Linear(C, C) -> ReLU -> Linear(C, K).
-        model.fc = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(),
-                                       torch.nn.Linear(features, num_classes))
-    else:
-        model.fc = torch.nn.Linear(features, num_classes)
-    return model
 
 
 def forward_gflop(torch, model, x):
@@ -83,7 +64,7 @@ def forward_gflop(torch, model, x):
 
 def bench_one(torch, torchvision, arch, size, batch, args):
     torch.manual_seed(0)
-    model = build_model(torch, torchvision, arch, args.head, args.num_classes)
+    model = build_model(torch, torchvision, arch, args.head, args.num_classes, seed=None)
     model.train()
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, args.num_classes, (batch,))
@@ -157,7 +138,7 @@ def main():
         p.error("--num-classes must be >= 1")
     configs = args.config or [("resnet34", 244, 16), ("resnet18", 64, 32)]
 
-    torch, torchvision = import_torch()
+    torch, torchvision = import_deps("pytorch_train_step.py")
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or os.cpu_count()
     torch.set_num_threads(threads)
     results = [bench_one(torch, torchvision, a, s, b, args) for a, s, b in configs]

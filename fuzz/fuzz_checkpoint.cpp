@@ -2,9 +2,9 @@
 // types, class names, state_dict / optimizer / scheduler names and shapes). A
 // real resnet_tiny checkpoint (Adam state, plateau scheduler) is written once;
 // each input is a list of structural edits (h5_edit.h) applied to a copy, which
-// then goes through every read path: read_checkpoint_meta (info), read_checkpoint
-// (weights-only and full), CheckpointReader::load_model / load_optimizer (--init,
-// --resume, predict). rd::Error is a clean refusal; anything else is a finding.
+// then goes through every read path: CheckpointReader's metadata and
+// check_tensors (info, weights-only and full), load_model / load_optimizer
+// (--init, --resume, predict). rd::Error is a clean refusal; anything else is a finding.
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,30 +73,24 @@ struct Fixture {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture fx;
   FuzzedDataProvider fdp(data, size);
-  // One read path per input (each is a full pass over the file): info's,
-  // --init's and --resume's / predict's, through a Snapshot or streamed.
+  // One read path per input (each is a full pass over the file): the metadata,
+  // info's (weights-only or full), --init's and --resume's / predict's.
   const int path = fdp.ConsumeIntegralInRange(0, 4);
   fuzz::spit(fx.work_path, fx.seed);
   fuzz::apply_edits(fdp, fx.work_path, fx.names);
   const bool weights_only = path == 1 || path == 3;
   try {
     if (path == 0) {
-      (void)train::read_checkpoint_meta(fx.work_path);
+      (void)train::CheckpointReader(fx.work_path, false).meta();
     } else if (path <= 2) {
-      train::Snapshot s = train::read_checkpoint(fx.work_path, weights_only);
-      train::check_compatible(s, *fx.model, {"a", "b", "c"}, fx.work_path);
-      (void)train::restore_model(s, *fx.model, weights_only, fx.work_path);
-      if (!weights_only) {
-        train::restore_optimizer(s, *fx.model, *fx.opt, fx.work_path);
-        train::restore_scheduler(s, *fx.sched);
-      }
+      (void)train::CheckpointReader(fx.work_path, weights_only).check_tensors();
     } else {
       train::CheckpointReader r(fx.work_path, weights_only);
       train::check_compatible(r.meta(), *fx.model, {"a", "b", "c"}, fx.work_path);
       (void)r.load_model(*fx.model, weights_only);
       if (!weights_only) {
         r.load_optimizer(*fx.model, *fx.opt);
-        if (r.scheduler().present) train::restore_scheduler(r.scheduler(), *fx.sched);
+        train::restore_scheduler(r.meta().scheduler, *fx.sched);
       }
     }
   } catch (const Error&) {

@@ -3,12 +3,15 @@
 # nothing but `make`: builds a debootstrap minbase chroot, clones this repository's
 # committed HEAD into it, and runs the target there (CUDA absent, as on most hosts).
 #   tools/fresh_debian_check.sh [CHROOT_DIR] [make target...]
+# The clone lives at /src (FRESH_CLONE_DIR), a short path at the root: where the
+# join bug `//src/jobs` showed up, so tests must not depend on the clone's path.
 # Needs root and the debootstrap package; takes ~30 s plus the target's time.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${1:-/tmp/resnet_ddp_fresh_debian}
 shift || true
 targets=("${@:-test}")
+clone=${FRESH_CLONE_DIR:-/src}
 
 if [ "$(id -u)" != 0 ]; then echo "fresh_debian_check: must run as root (chroot)" >&2; exit 2; fi
 command -v debootstrap >/dev/null || { echo "fresh_debian_check: apt-get install debootstrap" >&2; exit 2; }
@@ -24,8 +27,8 @@ mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 
-rm -rf "$root/root/resnet_ddp"
-git clone -q "$repo" "$root/root/resnet_ddp"
+rm -rf "${root:?}$clone"
+git clone -q "$repo" "$root$clone"
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  CI="${CI:-true}" bash -c "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q make >/dev/null && cd /root/resnet_ddp && make ${targets[*]}"
+  CI="${CI:-true}" bash -c "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q make >/dev/null && cd $clone && make ${targets[*]}"
 echo "fresh_debian_check: make ${targets[*]} passed in a fresh Debian chroot"

@@ -16,7 +16,7 @@
 #     six programs share their CUDA kernels, which a solid archive stores about once)
 #  3. writes the launcher `run` next to it (unpacks the payload once into a cache folder,
 #     finds the host's CUDA libraries, relocates Open MPI, runs a command), a copy of
-#     tools/gpu_check.sh and tests/gpu/torch_gpu_bench.py, and MANIFEST.txt
+#     tools/gpu_check.sh, tests/gpu/torch_gpu_bench.py (+ tools/torch_reference.py), and MANIFEST.txt
 #  4. checks the result: size limit, and every program starting under `env -i` through
 #     `run` with only the bundle's libraries, glibc and the CUDA libraries.
 #
@@ -191,6 +191,7 @@ cp "$ROOT/tools/gpu_bundle_run.sh" "$OUT/run"
 chmod +x "$OUT/run"
 cp "$ROOT/tools/gpu_check.sh" "$OUT/tools/gpu_check.sh"
 cp "$ROOT/tests/gpu/torch_gpu_bench.py" "$OUT/tools/torch_gpu_bench.py"
+cp "$ROOT/tools/torch_reference.py" "$OUT/tools/torch_reference.py"  # torch_gpu_bench.py imports it
 {
   echo "resnet_ddp GPU bundle"
   echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname) from commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"

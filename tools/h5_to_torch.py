@@ -18,7 +18,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_to_h5 import ARCHS, FORMAT_VERSION, build_model, import_deps  # noqa: E402
+from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
+from torch_to_h5 import DEPS, FORMAT_VERSION  # noqa: E402
 
 TOOL = "h5_to_torch.py"
 
@@ -32,7 +33,7 @@ def attr_str(value):
 
 def read_checkpoint(path, tool=TOOL):
     """(attrs dict, state_dict of torch tensors in file order, class_names or None)."""
-    torch, _, h5py, numpy = import_deps(tool)
+    torch, _, h5py, numpy = import_deps(tool, DEPS)
     if not os.path.isfile(path):
         sys.exit(f"{tool}: checkpoint '{path}' does not exist")
     try:
@@ -73,7 +74,7 @@ def read_checkpoint(path, tool=TOOL):
 
 def to_torchvision(info, state_dict, path, tool=TOOL):
     """Load the checkpoint strictly into a torchvision model; exits naming what differs."""
-    torch, torchvision, _, _ = import_deps(tool)
+    torch, torchvision, _, _ = import_deps(tool, DEPS)
     if info["arch"] not in ARCHS:
         sys.exit(f"{tool}: '{path}': arch '{info['arch']}' has no torchvision counterpart "
                  f"(expected one of {', '.join(ARCHS)})")
@@ -106,7 +107,7 @@ def main():
     p.add_argument("checkpoint", help="resnet_ddp checkpoint or --init file (.h5)")
     p.add_argument("output", help="PyTorch state_dict to write (.pth)")
     args = p.parse_args()
-    torch, _, _, _ = import_deps(TOOL)
+    torch, _, _, _ = import_deps(TOOL, DEPS)
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         sys.exit(f"{TOOL}: output directory '{out_dir}' does not exist")

@@ -17,39 +17,11 @@ import argparse
 import os
 import sys
 
-ARCHS = ("resnet18", "resnet34", "resnet50")
+from torch_reference import ARCHS, build_model, import_deps
+
 HEAD_PREFIX = "fc."
 FORMAT_VERSION = 1
-
-
-def import_deps(tool):
-    """torch, torchvision, h5py, numpy — or exit with a message naming the Debian package."""
-    mods = []
-    for name, pkg in (("torch", "python3-torch"), ("torchvision", "python3-torchvision"),
-                      ("h5py", "python3-h5py"), ("numpy", "python3-numpy")):
-        try:
-            mods.append(__import__(name))
-        except ImportError as e:
-            sys.exit(f"{tool}: cannot import {name} ({e}); install Debian's {pkg} "
-                     f"(make deps) and run this tool with /usr/bin/python3")
-    return mods
-
-
-def build_model(torch, torchvision, arch, head, num_classes, seed=0):
-    """A torchvision ResNet with random weights and the requested head, reproducible by seed."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch '{arch}' (expected one of {', '.join(ARCHS)})")
-    torch.manual_seed(seed)
-    model = getattr(torchvision.models, arch)(weights=None)
-    features = model.fc.in_features
-    if head == "mlp":
-        model.fc = torch.nn.Sequential(torch.nn.Linear(features, features), torch.nn.ReLU(),
-                                       torch.nn.Linear(features, num_classes))
-    elif head == "fc":
-        model.fc = torch.nn.Linear(features, num_classes)
-    else:
-        raise ValueError(f"unknown head '{head}' (expected fc or mlp)")
-    return model
+DEPS = ("torch", "torchvision", "h5py", "numpy")
 
 
 def head_of(state_dict):
@@ -108,7 +80,7 @@ def write_string_attr(h5py, numpy, obj, name, value):
 
 def write_state_dict_h5(path, state_dict, arch, head, num_classes, created_by, extra_attrs=None):
     """Write an --init file: root attributes and /state_dict in state_dict order."""
-    torch, _, h5py, numpy = import_deps("torch_to_h5.py")
+    torch, _, h5py, numpy = import_deps("torch_to_h5.py", DEPS)
     tmp = f"{path}.tmp.{os.getpid()}"
     with h5py.File(tmp, "w", track_order=True) as f:
         write_string_attr(h5py, numpy, f, "format", "resnet_ddp")
@@ -132,7 +104,7 @@ def write_state_dict_h5(path, state_dict, arch, head, num_classes, created_by, e
 def convert(source, arch, head, num_classes, seed, tool="torch_to_h5.py", log=print):
     """Merge a source state_dict (or None for --random) into a fresh model of the
     requested arch/head; returns (state_dict, report lines). Exits on a bad source."""
-    torch, torchvision, _, _ = import_deps(tool)
+    torch, torchvision, _, _ = import_deps(tool, DEPS)
     model = build_model(torch, torchvision, arch, head, num_classes, seed)
     target = model.state_dict()
     if source is None:
@@ -193,7 +165,7 @@ def main():
     if args.num_classes is not None and args.num_classes < 1:
         p.error("--num-classes must be >= 1")
 
-    torch, _, _, _ = import_deps(tool)
+    torch, _, _, _ = import_deps(tool, DEPS)
     if args.random:
         if len(args.paths) != 1:
             p.error("with --random give only OUTPUT.h5")

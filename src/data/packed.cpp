@@ -15,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/h5.h"
 #include "data/internal.h"
 #include "resnet_ddp/data/transforms.h"
 #include "resnet_ddp/errors.h"
@@ -28,117 +29,35 @@ std::mutex& hdf5_mutex() {
   return m;
 }
 
-// Silences HDF5's own error stack printing while we turn failures into messages.
-class QuietHdf5 {
- public:
-  QuietHdf5() { H5Eget_auto2(H5E_DEFAULT, &func_, &data_); H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-// Closes an HDF5 handle with the matching close function.
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
-  Handle(Handle&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
-  Handle& operator=(Handle&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    closer_ = o.closer_;
-    o.id_ = -1;
-    return *this;
-  }
-  ~Handle() { reset(); }
-  void reset() {
-    if (id_ >= 0 && closer_) closer_(id_);
-    id_ = -1;
-  }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*closer_)(hid_t) = nullptr;
-};
+using Handle = h5::Id;
+using QuietHdf5 = h5::Quiet;
 
 void write_attr_int(hid_t obj, const char* name, int32_t value) {
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(H5Acreate2(obj, name, H5T_NATIVE_INT32, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT32, &value) < 0)
+  if (!h5::write_attr(obj, name, H5T_NATIVE_INT32, H5T_NATIVE_INT32, &value))
     throw Error(std::string("HDF5: cannot write attribute ") + name);
 }
 
+// Fixed-length strings, as packs have always been written.
 void write_attr_string(hid_t obj, const char* name, const std::string& value) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), value.size() + 1);
   H5Tset_strpad(type.get(), H5T_STR_NULLTERM);
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr.get(), type.get(), value.c_str()) < 0)
+  if (!h5::write_attr(obj, name, type, type, value.c_str()))
     throw Error(std::string("HDF5: cannot write attribute ") + name);
 }
 
-// H5Aread writes every element: an attribute must hold exactly one (found by fuzz_packed).
-bool is_single_value(hid_t attr) {
-  Handle space(H5Aget_space(attr), H5Sclose);
-  return space.ok() && H5Sget_simple_extent_npoints(space.get()) == 1;
-}
-
 bool read_attr_int(hid_t obj, const char* name, int32_t& value) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  return attr.ok() && is_single_value(attr.get()) && H5Aread(attr.get(), H5T_NATIVE_INT32, &value) >= 0;
+  return h5::read_attr(obj, name, H5T_NATIVE_INT32, value) == h5::Status::Ok;
 }
-
 bool read_attr_string(hid_t obj, const char* name, std::string& value) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || !is_single_value(attr.get())) return false;
-  Handle ftype(H5Aget_type(attr.get()), H5Tclose);
-  if (H5Tget_class(ftype.get()) != H5T_STRING || H5Tis_variable_str(ftype.get()) > 0) return false;
-  const size_t size = H5Tget_size(ftype.get());
-  std::vector<char> buf(size + 1, '\0');
-  Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mtype.get(), size + 1);
-  if (H5Aread(attr.get(), mtype.get(), buf.data()) < 0) return false;
-  value.assign(buf.data());
-  return true;
+  return h5::read_attr(obj, name, value) == h5::Status::Ok;
 }
 
 void write_strings(hid_t parent, const char* name, const std::vector<std::string>& values) {
-  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), H5T_VARIABLE);
-  H5Tset_cset(type.get(), H5T_CSET_UTF8);
-  const hsize_t dims[1] = {values.size()};
-  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-  Handle ds(H5Dcreate2(parent, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  std::vector<const char*> ptrs;
-  for (const auto& v : values) ptrs.push_back(v.c_str());
-  if (!ds.ok() || (!values.empty() && H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0))
-    throw Error(std::string("HDF5: cannot write dataset ") + name);
+  if (!h5::write_strings(parent, name, values)) throw Error(std::string("HDF5: cannot write dataset ") + name);
 }
-
 bool read_strings(hid_t parent, const char* name, std::vector<std::string>& out) {
-  if (H5Lexists(parent, name, H5P_DEFAULT) <= 0) return false;
-  Handle ds(H5Dopen2(parent, name, H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) return false;
-  Handle space(H5Dget_space(ds.get()), H5Sclose);
-  if (H5Sget_simple_extent_ndims(space.get()) != 1) return false;
-  hsize_t n = 0;
-  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
-  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), H5T_VARIABLE);
-  H5Tset_cset(type.get(), H5T_CSET_UTF8);  // HDF5 does not convert between ASCII and UTF-8
-  std::vector<char*> ptrs(n, nullptr);
-  if (n > 0 && H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0) return false;
-  out.clear();
-  for (char* p : ptrs) out.emplace_back(p ? p : "");
-  if (n > 0) H5Dvlen_reclaim(type.get(), space.get(), H5P_DEFAULT, ptrs.data());
-  return true;
+  return h5::read_strings(parent, name, out) == h5::Status::Ok;
 }
 
 class PackedDataset final : public Dataset {

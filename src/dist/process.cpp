@@ -56,7 +56,8 @@ double env_seconds(const char* name, double fallback) {
 // never matches training traffic; MPI_THREAD_MULTIPLE makes that legal.
 class Watchdog {
  public:
-  explicit Watchdog(const ProcessEnv& env) : rank_(env.rank), world_(env.world) {
+  Watchdog(const ProcessEnv& env, std::vector<std::string> hosts)
+      : rank_(env.rank), world_(env.world), hosts_(std::move(hosts)) {
     detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup (watchdog)");
     thread_ = std::thread([this] { run(); });
   }
@@ -141,14 +142,18 @@ class Watchdog {
   [[noreturn]] void die(int lost, const std::string& why) {
     g_lost_peer.store(lost);
     std::fflush(stdout);
-    std::fprintf(stderr, "rank %d: lost contact with rank %d (%s); exiting with status %d\n",
-                 rank_, lost, why.c_str(), kPeerLostExitCode);
+    // The host too: across machines "which node is gone" is what an operator needs.
+    const std::string host =
+        lost >= 0 && lost < static_cast<int>(hosts_.size()) ? hosts_[static_cast<size_t>(lost)] : "?";
+    std::fprintf(stderr, "rank %d: lost contact with rank %d on host %s (%s); exiting with status %d\n",
+                 rank_, lost, host.c_str(), why.c_str(), kPeerLostExitCode);
     std::fflush(stderr);
     std::_Exit(kPeerLostExitCode);
   }
 
   int rank_;
   int world_;
+  std::vector<std::string> hosts_;  // processor name of each rank
   MPI_Comm comm_ = MPI_COMM_NULL;
   char beat_ = 1;
   int lost_msg_ = -1;
@@ -255,7 +260,7 @@ ProcessEnv init_process(int& argc, char**& argv) {
     env.cpus_per_rank = std::max(1, static_cast<int>(cpus / std::max(1L, sharing)));
   }
   MPI_Comm_free(&local);
-  char host[MPI_MAX_PROCESSOR_NAME];
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   detail::check_mpi(MPI_Get_processor_name(host, &len), "MPI_Get_processor_name");
   env.node.assign(host, static_cast<size_t>(len));
@@ -263,7 +268,16 @@ ProcessEnv init_process(int& argc, char**& argv) {
   set_watchdog_options(opts);
   if (env.world > 1) {
     if (provided >= MPI_THREAD_MULTIPLE) {
-      g_watchdog = std::make_unique<Watchdog>(env);
+      std::vector<char> names(static_cast<size_t>(env.world) * MPI_MAX_PROCESSOR_NAME);
+      detail::check_mpi(MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                                      MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+                        "MPI_Allgather(processor names)");
+      std::vector<std::string> hosts;
+      for (int r = 0; r < env.world; ++r) {
+        const char* n = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+        hosts.emplace_back(n, strnlen(n, MPI_MAX_PROCESSOR_NAME));
+      }
+      g_watchdog = std::make_unique<Watchdog>(env, std::move(hosts));
     } else if (env.rank == 0) {
       std::fprintf(stderr, "notice: MPI granted thread level %d < MPI_THREAD_MULTIPLE; the peer "
                            "heartbeat is off (collective timeout still applies)\n", provided);

@@ -18,23 +18,39 @@ std::string json_number(double x) {
   return std::isfinite(x) ? py_float(x) : "null";
 }
 
-int64_t count_params(const Snapshot& s) {
+int64_t count_params(const std::vector<TensorInfo>& state_dict) {
   int64_t n = 0;
-  for (const auto& t : s.state_dict)
-    if (!t.is_int64_scalar && t.name.find("running_") == std::string::npos) n += static_cast<int64_t>(t.values.size());
+  for (const auto& t : state_dict) {
+    if (t.is_int64_scalar || t.name.find("running_") != std::string::npos) continue;
+    int64_t count = 1;
+    for (int64_t d : t.shape) count *= d;
+    n += count;
+  }
   return n;
+}
+
+// The metadata and state_dict list of a checkpoint; every tensor is read, so a
+// damaged one is refused here as it would be by a load.
+struct Contents {
+  CheckpointMeta meta;
+  std::vector<TensorInfo> state_dict;
+};
+Contents read_contents(const std::string& path, bool weights_only) {
+  CheckpointReader ck(path, weights_only);
+  std::vector<TensorInfo> tensors = ck.check_tensors();
+  return Contents{ck.meta(), std::move(tensors)};
 }
 
 }  // namespace
 
 int info_main(const InfoOptions& o) {
-  Snapshot s;
+  Contents s;
   bool weights_only = false;
   try {
-    s = read_checkpoint(o.checkpoint, false);
+    s = read_contents(o.checkpoint, false);
   } catch (const UsageError& full_error) {
     try {
-      s = read_checkpoint(o.checkpoint, true);
+      s = read_contents(o.checkpoint, true);
       weights_only = true;
     } catch (const UsageError&) {
       std::fprintf(stderr, "resnet_ddp: error: %s\n", full_error.what());
@@ -55,10 +71,10 @@ int info_main(const InfoOptions& o) {
         << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
         << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
         << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
-        << ",\n  \"parameters\": " << count_params(s) << ",\n  \"tensors\": " << s.state_dict.size()
-        << ",\n  \"optimizer\": " << json_string(s.optimizer.present ? s.optimizer.type : "")
-        << ",\n  \"optimizer_step\": " << s.optimizer.step << ",\n  \"lr\": " << json_number(s.optimizer.lr)
-        << ",\n  \"scheduler\": " << json_string(s.scheduler.present ? s.scheduler.type : "")
+        << ",\n  \"parameters\": " << count_params(s.state_dict) << ",\n  \"tensors\": " << s.state_dict.size()
+        << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? name_of(optimizer_names(), m.optimizer.config.type) : "")
+        << ",\n  \"optimizer_step\": " << m.optimizer.step << ",\n  \"lr\": " << json_number(m.optimizer.lr)
+        << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
         << ",\n  \"args\": " << json_string(m.args) << ",\n  \"created_by\": " << json_string(m.created_by);
     if (o.tensors) {
       out << ",\n  \"state_dict\": {";
@@ -75,7 +91,7 @@ int info_main(const InfoOptions& o) {
     out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
     if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
     if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
-    out << "parameters:      " << count_params(s) << " in " << s.state_dict.size() << " state_dict tensors\n";
+    out << "parameters:      " << count_params(s.state_dict) << " in " << s.state_dict.size() << " state_dict tensors\n";
     if (!weights_only) {
       out << "classes:         " << m.num_classes << " (";
       for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
@@ -86,14 +102,14 @@ int info_main(const InfoOptions& o) {
       if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
       out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
       out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
-      if (s.optimizer.present)
-        out << "optimizer:       " << s.optimizer.type << ", step " << s.optimizer.step << ", lr "
-            << py_float(s.optimizer.lr) << " (initial " << py_float(s.optimizer.initial_lr) << ")\n";
-      if (s.scheduler.present) {
-        out << "scheduler:       " << s.scheduler.type;
-        if (s.scheduler.type == "plateau")
-          out << " (best " << py_float(s.scheduler.plateau.best) << ", bad epochs " << s.scheduler.plateau.num_bad_epochs
-              << "/" << s.scheduler.plateau.patience << ")";
+      if (m.optimizer.present)
+        out << "optimizer:       " << name_of(optimizer_names(), m.optimizer.config.type) << ", step " << m.optimizer.step << ", lr "
+            << py_float(m.optimizer.lr) << " (initial " << py_float(m.optimizer.config.lr) << ")\n";
+      if (m.scheduler.present) {
+        out << "scheduler:       " << m.scheduler.type;
+        if (m.scheduler.type == "plateau")
+          out << " (best " << py_float(m.scheduler.plateau.best) << ", bad epochs " << m.scheduler.plateau.num_bad_epochs
+              << "/" << m.scheduler.plateau.patience << ")";
         out << "\n";
       }
       out << "command line:    " << m.args << "\n";

@@ -315,11 +315,11 @@ void Trainer::resolve_resume() {
           inherited += " --normalize " + o_.normalize;
         if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
         if (o_.eval_only) return;
-        const OptimizerSnapshot& os = ck.optimizer();
+        const OptimizerMeta& os = m.optimizer;
         const std::string optimizer = name_of(optimizer_names(), o_.optimizer);
-        if (os.present && !os.type.empty() && os.type != optimizer)
+        if (os.present && os.config.type != o_.optimizer)
           throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
-                           "' does not match this run: it holds --optimizer " + os.type +
+                           "' does not match this run: it holds --optimizer " + name_of(optimizer_names(), os.config.type) +
                            " state; resuming cannot change it" + kStartFresh);
         // The previous run's flags, read back from the command line it recorded (a
         // checkpoint from another version may not parse: then only its metadata counts).
@@ -340,7 +340,7 @@ void Trainer::resolve_resume() {
           if (flag == "--accum-steps" && m.accum_steps > 0) return std::to_string(m.accum_steps);
           if (flag == "--lr" && os.present) {
             TrainOptions t;
-            t.lr = os.initial_lr;
+            t.lr = os.config.lr;
             for (auto& [f, v] : train_flag_values(t))
               if (f == "--lr") return v;
           }
@@ -535,7 +535,7 @@ void Trainer::load_start_state() {
             run_.has_optimizer_state = 1;
             run_.optimizer_steps = opt_->steps();
             run_.lr = honour_lr_ ? o_.lr : opt_->lr();
-            const SchedulerSnapshot& sc = ck.scheduler();
+            const SchedulerMeta& sc = m.scheduler;
             if (sc.present && sc.type == sched_->type()) {
               restore_scheduler(sc, *sched_);
               run_.has_scheduler_state = 1;
@@ -829,7 +829,7 @@ void Trainer::evaluate_best() {
   // before the evaluation, which needs only the model and the validation loader.
   train_loader_.reset();
   opt_.reset();
-  // Weights only, straight into the arenas: a Snapshot of the file (weights and
+  // Weights only, straight into the arenas: a host copy of the file (weights and
   // Adam state, 3x the parameters) made this the peak of the whole run.
   agree(
       [&] {

@@ -1,5 +1,5 @@
 // Every CUDA backend op, forward and backward, against the float64 reference
-// (tests/reference) through the backend-generic checks of tests/kernel, in
+// (tests/reference) through the backend-generic checks of tests/backend, in
 // every precision/layout the GPU supports: fp32 NCHW and NHWC (also against
 // finite differences), tf32, fp16 and bf16 (tolerances per precision). Plus
 // SyncBatchNorm's all-reduce path, the fused unscale+check, and argument
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "resnet_ddp/errors.h"
 
 using namespace rd;

@@ -10,13 +10,18 @@ channels-last, cudnn.benchmark on. Prints one JSON object per line.
 """
 import argparse
 import json
+import os
 import sys
 import time
+
+# tools/ of the source tree; the GPU bundle ships torch_reference.py next to this script.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from torch_reference import ARCHS, build_model  # noqa: E402
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--arch", default="resnet34", choices=("resnet18", "resnet34", "resnet50"))
+    p.add_argument("--arch", default="resnet34", choices=ARCHS)
     p.add_argument("--size", type=int, default=244)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--classes", type=int, default=3)
@@ -40,11 +45,7 @@ def main():
     for prec in a.precision:
         torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
         torch.backends.cudnn.allow_tf32 = prec == "tf32"
-        torch.manual_seed(0)
-        model = getattr(torchvision.models, a.arch)(weights=None)
-        f = model.fc.in_features
-        model.fc = torch.nn.Sequential(torch.nn.Linear(f, f), torch.nn.ReLU(), torch.nn.Linear(f, a.classes))
-        model = model.to(dev).train()
+        model = build_model(torch, torchvision, a.arch, "mlp", a.classes, seed=0).to(dev).train()
         fmt = torch.channels_last if a.channels_last else torch.contiguous_format
         model = model.to(memory_format=fmt)
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -6,11 +6,13 @@ Each line is "name shape kind": shape comma-separated, kind `param` or `buffer`,
 in state_dict order; num_batches_tracked is left out (the model keeps one counter).
 """
 import os
-
-import torch
-import torchvision
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../../tools"))
+from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
+
+torch, torchvision = import_deps("make_state_dict_fixtures.py")
 
 
 def write(model, filename):
@@ -25,10 +27,6 @@ def write(model, filename):
     print(f"{filename}: {total} parameters")
 
 
-for arch in ("resnet18", "resnet34", "resnet50"):
-    model = getattr(torchvision.models, arch)(weights=None)
-    write(model, f"{arch}_fc1000.txt")
-    # The seed recipe's head: Linear(C, C) -> ReLU -> Linear(C, 3).
-    c = model.fc.in_features
-    model.fc = torch.nn.Sequential(torch.nn.Linear(c, c), torch.nn.ReLU(), torch.nn.Linear(c, 3))
-    write(model, f"{arch}_mlp3.txt")
+for arch in ARCHS:
+    write(build_model(torch, torchvision, arch, "fc", 1000), f"{arch}_fc1000.txt")
+    write(build_model(torch, torchvision, arch, "mlp", 3), f"{arch}_mlp3.txt")  # the seed recipe's head

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "reference/reference_ops.h"
 #include "resnet_ddp/nn/resnet.h"
 

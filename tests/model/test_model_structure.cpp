@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "resnet_ddp/nn/resnet.h"
 
 using namespace rd;

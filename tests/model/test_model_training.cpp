@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "model/reference_resnet.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/h5.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/errors.h"
@@ -37,24 +38,7 @@
 
 namespace {
 
-// Owns an HDF5 identifier; closes it with the matching H5*close.
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5Id& operator=(H5Id&&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
+using H5Id = rd::h5::Id;
 
 bool h5_exists(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
 
@@ -89,28 +73,19 @@ std::vector<T> read_dataset(hid_t file, const std::string& name, hid_t mem_type,
 }
 
 std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
-  RD_CHECK(H5Aexists(obj, name) > 0, "'" << path << "' lacks the root attribute '" << name << "'");
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  H5Id type(H5Aget_type(attr.get()), H5Tclose);
-  RD_CHECK(H5Tget_class(type.get()) == H5T_STRING, "'" << path << "' attribute '" << name << "' is not a string");
-  if (H5Tis_variable_str(type.get()) > 0) {
-    char* value = nullptr;
-    H5Id mem(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), H5Tclose);
-    RD_CHECK(H5Aread(attr.get(), mem.get(), &value) >= 0, "cannot read attribute '" << name << "'");
-    std::string s = value ? value : "";
-    H5free_memory(value);
-    return s;
-  }
-  std::string s(H5Tget_size(type.get()), '\0');
-  RD_CHECK(H5Aread(attr.get(), type.get(), s.data()) >= 0, "cannot read attribute '" << name << "'");
-  return s.substr(0, s.find('\0'));
+  std::string s;
+  const rd::h5::Status st = rd::h5::read_attr(obj, name, s);
+  RD_CHECK(st != rd::h5::Status::Missing, "'" << path << "' lacks the root attribute '" << name << "'");
+  RD_CHECK(st != rd::h5::Status::WrongType, "'" << path << "' attribute '" << name << "' is not a string");
+  RD_CHECK(st == rd::h5::Status::Ok, "cannot read attribute '" << name << "'");
+  return s;
 }
 
 double read_number_attr(hid_t obj, const char* name, const std::string& path) {
-  RD_CHECK(H5Aexists(obj, name) > 0, "'" << path << "' lacks the root attribute '" << name << "'");
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   double v = 0;
-  RD_CHECK(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v) >= 0, "cannot read attribute '" << name << "'");
+  const rd::h5::Status st = rd::h5::read_attr(obj, name, H5T_NATIVE_DOUBLE, v);
+  RD_CHECK(st != rd::h5::Status::Missing, "'" << path << "' lacks the root attribute '" << name << "'");
+  RD_CHECK(st == rd::h5::Status::Ok, "cannot read attribute '" << name << "'");
   return v;
 }
 
@@ -118,15 +93,12 @@ void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), value.size() + 1);
   H5Tset_strpad(type.get(), H5T_STR_NULLTERM);
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5Awrite(attr.get(), type.get(), value.c_str());
+  RD_CHECK(rd::h5::write_attr(obj, name, type, type, value.c_str()), "cannot write attribute '" << name << "'");
 }
 
 void write_int_attr(hid_t obj, const char* name, int64_t value) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5Awrite(attr.get(), H5T_NATIVE_INT64, &value);
+  RD_CHECK(rd::h5::write_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value),
+           "cannot write attribute '" << name << "'");
 }
 
 void write_floats(hid_t loc, const std::string& name, const float* data, const std::vector<int64_t>& dims) {

@@ -2,7 +2,7 @@
 // host arrays in double precision, written straight from the PyTorch
 // definitions. It is deliberately slow and obvious, so the backends (oneDNN,
 // cuDNN, hand-written kernels) can be checked against it; its own backward
-// passes are checked against finite differences in tests/kernel/test_reference.cpp.
+// passes are checked against finite differences in tests/backend/test_reference.cpp.
 #pragma once
 
 #include <cmath>

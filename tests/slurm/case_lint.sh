@@ -3,7 +3,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
-files=(jobs/*.slurm jobs/*.sh tests/slurm/*.sh)
+files=(jobs/*.slurm jobs/*.sh tests/slurm/*.sh tests/multihost/*.sh tools/multihost_bandwidth.sh)
 for f in "${files[@]}"; do
   bash -n "$f" || { echo "FAIL: bash -n $f"; exit 1; }
 done

@@ -436,6 +436,39 @@ TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]")
   }
 }
 
+namespace {
+
+size_t open_fd_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Bytes of the largest state_dict tensor as the model holds them, and its name.
+std::pair<std::string, std::vector<float>> largest_tensor(ResNet& model) {
+  const Arena& params = model.params();
+  size_t big = 0;
+  for (size_t i = 0; i < params.slices().size(); ++i)
+    if (params.slice(i).count > params.slice(big).count) big = i;
+  return {params.slice(big).name, host(model.backend(), params.ptr(big), params.slice(big).count)};
+}
+
+// `good` with one byte flipped inside the stored values of `values`.
+std::string flip_inside(const std::string& good, const std::vector<float>& values, const std::string& p) {
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(values.data()), 64));
+  REQUIRE(at != std::string::npos);
+  bytes[at + 10] = static_cast<char>(bytes[at + 10] ^ 0x5a);
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("checkpoint round trip restores the exact training state", "[train]") {
   TempDir dir;
   auto be = make_cpu_backend({});
@@ -453,13 +486,14 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   sched.step(1e-3, 0.9);
 
   const std::string path = dir.file("last.h5");
-  write_checkpoint(path, snapshot_model(*model, &opt, &sched, tiny_meta("mlp", 3)));
+  write_checkpoint(path, *model, &opt, &sched, tiny_meta("mlp", 3));
   REQUIRE(fs::exists(path));
   for (const auto& e : fs::directory_iterator(dir.path))  // no temp file left behind
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
 
-  Snapshot snap = read_checkpoint(path);
-  const CheckpointMeta& m = snap.meta;
+  CheckpointReader ck(path);
+  CHECK(ck.path() == path);
+  const CheckpointMeta& m = ck.meta();
   CHECK(m.arch == "resnet_tiny");
   CHECK(m.head == "mlp");
   CHECK(m.num_classes == 3);
@@ -469,266 +503,62 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   CHECK(m.world_size == 2);
   CHECK(m.args == "resnet_ddp --data 'a b'");
   CHECK(m.class_names == std::vector<std::string>{"class_0", "class_1", "class_2"});
+  CHECK(m.optimizer.present);
+  CHECK(m.optimizer.config.type == OptimizerKind::Adam);
+  CHECK(m.optimizer.config.lr == 1e-3);
+  CHECK(m.optimizer.step == 1);
+  CHECK(m.scheduler.type == "plateau");
   // torchvision state_dict order: a BN's buffers right after its weight and bias.
-  REQUIRE(snap.state_dict.size() > 5);
-  CHECK(snap.state_dict[0].name == "conv1.weight");
-  CHECK(snap.state_dict[1].name == "bn1.weight");
-  CHECK(snap.state_dict[2].name == "bn1.bias");
-  CHECK(snap.state_dict[3].name == "bn1.running_mean");
-  CHECK(snap.state_dict[4].name == "bn1.running_var");
-  CHECK(snap.state_dict[5].name == "bn1.num_batches_tracked");
-  CHECK(snap.state_dict[5].is_int64_scalar);
-  CHECK(snap.state_dict[5].int_value == 1);
-  CHECK(snap.state_dict.back().name == "fc.2.bias");
+  const std::vector<TensorInfo> sd = ck.check_tensors();
+  REQUIRE(sd.size() > 5);
+  CHECK(sd[0].name == "conv1.weight");
+  CHECK(sd[1].name == "bn1.weight");
+  CHECK(sd[2].name == "bn1.bias");
+  CHECK(sd[3].name == "bn1.running_mean");
+  CHECK(sd[4].name == "bn1.running_var");
+  CHECK(sd[5].name == "bn1.num_batches_tracked");
+  CHECK(sd[5].is_int64_scalar);
+  CHECK(sd[5].int_value == 1);
+  CHECK(sd.back().name == "fc.2.bias");
 
-  ResNetConfig cfg = model->config();
-  ResNet other(*be, cfg);
+  ResNet other(*be, model->config());
   other.init_parameters(99);
   Optimizer opt2(*be, other.params(), other.grads(), oc);
   Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
-  check_compatible(snap, other, m.class_names, path);
-  CHECK(restore_model(snap, other, false, path).empty());
-  restore_optimizer(snap, other, opt2, path);
-  restore_scheduler(snap, sched2);
-
+  check_compatible(m, other, m.class_names, path);
+  CHECK(ck.load_model(other, false).empty());
+  ck.load_optimizer(other, opt2);
+  restore_scheduler(m.scheduler, sched2);
   CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
   CHECK(same_slices(*be, model->buffers(), other.buffers().data(), model->buffers().data()));
   CHECK(other.num_batches_tracked() == model->num_batches_tracked());
   CHECK(opt2.steps() == 1);
   CHECK(opt2.lr() == 3e-4);
-  for (size_t k = 0; k < 2; ++k)
-    CHECK(same_slices(*be, model->params(), opt2.state(k), opt.state(k)));
+  for (size_t k = 0; k < 2; ++k) CHECK(same_slices(*be, model->params(), opt2.state(k), opt.state(k)));
   CHECK(sched2.last_epoch() == 2);
   CHECK(sched2.plateau.best == 0.8);
   CHECK(sched2.plateau.num_bad_epochs == 1);
   CHECK(eval_logits(other, 3) == eval_logits(*model, 3));
-  CHECK(read_checkpoint_meta(path).global_step == 42);
-}
 
-TEST_CASE("damaged checkpoints are rejected with the file named", "[train]") {
-  TempDir dir;
-  auto be = make_cpu_backend({});
-  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
-  const std::string good = dir.file("good.h5");
-  write_checkpoint(good, snapshot_model(*model, nullptr, nullptr, tiny_meta("fc", 3)));
-  const auto size = fs::file_size(good);
-
-  SECTION("truncated") {
-    const std::string p = dir.file("truncated.h5");
-    fs::copy_file(good, p);
-    fs::resize_file(p, size / 2);
-    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains(p));
-  }
-  SECTION("not HDF5 at all") {
-    const std::string p = dir.file("garbage.h5");
-    std::ofstream(p) << "this is not a checkpoint\n";
-    CHECK_THROWS_AS(read_checkpoint(p), UsageError);
-    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains("not an HDF5 file") && Catch::Contains(p));
-  }
-  SECTION("flipped bytes inside tensor data fail the checksum") {
-    // Find the stored bytes of the largest tensor and corrupt them in place.
-    Snapshot s = read_checkpoint(good);
-    const HostTensor* big = &s.state_dict[0];
-    for (const auto& t : s.state_dict)
-      if (t.values.size() > big->values.size()) big = &t;
-    std::string bytes;
-    {
-      std::ifstream in(good, std::ios::binary);
-      bytes.assign(std::istreambuf_iterator<char>(in), {});
-    }
-    const std::string needle(reinterpret_cast<const char*>(big->values.data()), 64);
-    const size_t at = bytes.find(needle);
-    REQUIRE(at != std::string::npos);
-    bytes[at + 10] = static_cast<char>(bytes[at + 10] ^ 0x5a);
-    const std::string p = dir.file("flipped.h5");
-    std::ofstream(p, std::ios::binary) << bytes;
-    CHECK_THROWS_WITH(read_checkpoint(p), Catch::Contains(p) && Catch::Contains(big->name));
-  }
-  SECTION("missing file") {
-    CHECK_THROWS_WITH(read_checkpoint(dir.file("missing.h5")), Catch::Contains("no such file"));
-  }
-}
-
-TEST_CASE("checkpoints of another arch, head or class set do not fit", "[train]") {
-  TempDir dir;
-  auto be = make_cpu_backend({});
-  auto fc3 = trained_tiny(*be, HeadKind::Fc, 3, 1);
-  const std::string path = dir.file("fc3.h5");
-  write_checkpoint(path, snapshot_model(*fc3, nullptr, nullptr, tiny_meta("fc", 3)));
-  Snapshot snap = read_checkpoint(path);
-  const auto names = snap.meta.class_names;
-
-  auto mlp3 = trained_tiny(*be, HeadKind::Mlp, 3, 2);
-  CHECK_THROWS_WITH(check_compatible(snap, *mlp3, names, path), Catch::Contains("--head") && Catch::Contains(path));
-  auto fc4 = trained_tiny(*be, HeadKind::Fc, 4, 2);
-  CHECK_THROWS_WITH(check_compatible(snap, *fc4, {}, path), Catch::Contains("classes"));
-  CHECK_THROWS_WITH(check_compatible(snap, *fc3, {"x", "y", "z"}, path), Catch::Contains("class names"));
-  CHECK_THROWS_AS(restore_model(snap, *fc4, false, path), UsageError);
-  ResNetConfig r18;
-  r18.arch = "resnet18";
-  r18.head = HeadKind::Fc;
-  r18.num_classes = 3;
-  ResNet big(*be, r18);
-  CHECK_THROWS_WITH(check_compatible(snap, big, names, path), Catch::Contains("--arch"));
-
-  // --init semantics: the backbone loads, a head of the wrong size keeps its init.
-  const std::vector<float> head_before = host(*be, fc4->params().ptr(static_cast<size_t>(fc4->params().find("fc.weight"))),
-                                              fc4->params().slice(static_cast<size_t>(fc4->params().find("fc.weight"))).count);
-  Snapshot weights = read_checkpoint(path, true);
-  auto skipped = restore_model(weights, *fc4, true, path);
-  CHECK(skipped == std::vector<std::string>{"fc.weight", "fc.bias"});
-  const size_t conv1 = static_cast<size_t>(fc4->params().find("conv1.weight"));
-  CHECK(host(*be, fc4->params().ptr(conv1), fc4->params().slice(conv1).count) ==
-        host(*be, fc3->params().ptr(conv1), fc3->params().slice(conv1).count));
-  CHECK(host(*be, fc4->params().ptr(static_cast<size_t>(fc4->params().find("fc.weight"))), head_before.size()) ==
-        head_before);
-}
-
-TEST_CASE("a failed write keeps the previous checkpoint", "[train]") {
-  TempDir dir;
-  auto be = make_cpu_backend({});
-  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
-  const std::string path = dir.file("last.h5");
-  CheckpointMeta meta = tiny_meta("fc", 3);
-  write_checkpoint(path, snapshot_model(*model, nullptr, nullptr, meta));
-  const auto before = fs::file_size(path);
-
-  // A file-size limit makes the next write fail part-way, like a full disk.
-  struct rlimit old {};
-  getrlimit(RLIMIT_FSIZE, &old);
-  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = 4096;
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
-  meta.epoch = 4;
-  std::string error;
-  try {
-    write_checkpoint(path, snapshot_model(*model, nullptr, nullptr, meta));
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  setrlimit(RLIMIT_FSIZE, &old);
-  std::signal(SIGXFSZ, old_handler);
-  CHECK_THAT(error, Catch::Contains(path) && Catch::Contains("unchanged"));
-  CHECK(fs::file_size(path) == before);
-  CHECK(read_checkpoint_meta(path).epoch == 3);
-  for (const auto& e : fs::directory_iterator(dir.path))
-    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
-
-  CHECK_THROWS_WITH(write_checkpoint(dir.file("no/such/dir/x.h5"), snapshot_model(*model, nullptr, nullptr, meta)),
-                    Catch::Contains("x.h5"));
-}
-
-void check_same_tensors(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    CHECK(a[i].name == b[i].name);
-    CHECK(a[i].shape == b[i].shape);
-    CHECK(a[i].is_int64_scalar == b[i].is_int64_scalar);
-    CHECK(a[i].int_value == b[i].int_value);
-    CHECK(a[i].values == b[i].values);
-  }
-}
-
-size_t open_fd_count() {
-  size_t n = 0;
-  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
-  return n;
-}
-
-TEST_CASE("a checkpoint written straight from the model equals one written from a snapshot", "[train]") {
-  TempDir dir;
-  auto be = make_cpu_backend({});
-  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 7);
-  OptimizerConfig oc;
-  Optimizer opt(*be, model->params(), model->grads(), oc);
-  std::vector<float> gr = rd::test::random_floats(model->grads().size(), 9);
-  be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
-  opt.step();
-  Scheduler sched(SchedulerKind::Cosine, 1e-3, 5);
-  sched.step(1e-3, 0.5);
-  CheckpointMeta meta = tiny_meta("mlp", 3);
-  meta.step_in_epoch = 2;  // preemption checkpoint: the partial-epoch attributes too
-  meta.partial_train_count = 5;
-
-  const std::string from_model = dir.file("model.h5"), from_snap = dir.file("snap.h5");
-  write_checkpoint(from_model, *model, &opt, &sched, meta);
-  write_checkpoint(from_snap, snapshot_model(*model, &opt, &sched, meta));
-  for (const auto& e : fs::directory_iterator(dir.path))
-    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
-  const Snapshot a = read_checkpoint(from_model), b = read_checkpoint(from_snap);
-  CHECK(a.meta.epoch == b.meta.epoch);
-  CHECK(a.meta.step_in_epoch == 2);
-  CHECK(a.meta.partial_train_count == 5);
-  CHECK(a.meta.args == b.meta.args);
-  CHECK(a.meta.class_names == b.meta.class_names);
-  check_same_tensors(a.state_dict, b.state_dict);
-  REQUIRE(a.optimizer.present);
-  CHECK(a.optimizer.type == b.optimizer.type);
-  CHECK(a.optimizer.step == 1);
-  REQUIRE(a.optimizer.states.size() == 2);
-  REQUIRE(b.optimizer.states.size() == 2);
-  for (size_t k = 0; k < 2; ++k) {
-    CHECK(a.optimizer.states[k].first == b.optimizer.states[k].first);
-    check_same_tensors(a.optimizer.states[k].second, b.optimizer.states[k].second);
-  }
-  CHECK(a.scheduler.type == "cosine");
-  CHECK(a.scheduler.last_epoch == b.scheduler.last_epoch);
-  CHECK(a.scheduler.cosine.base_lr == b.scheduler.cosine.base_lr);
-  // What the model holds, not only what the other writer wrote.
-  ResNet other(*be, model->config());
-  other.init_parameters(99);
-  restore_model(a, other, false, from_model);
-  CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
-}
-
-TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores", "[train]") {
-  TempDir dir;
-  auto be = make_cpu_backend({});
-  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 13);
-  OptimizerConfig oc;
-  Optimizer opt(*be, model->params(), model->grads(), oc);
-  std::vector<float> gr = rd::test::random_floats(model->grads().size(), 4);
-  be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
-  opt.step();
-  opt.set_lr(2e-4);
-  Scheduler sched(SchedulerKind::Plateau, 1e-3, 5);
-  sched.step(1e-3, 0.8);
-  sched.step(1e-3, 0.9);
-  const std::string path = dir.file("last.h5");
-  write_checkpoint(path, *model, &opt, &sched, tiny_meta("mlp", 3));
-
-  CheckpointReader ck(path);
-  CHECK(ck.path() == path);
-  CHECK(ck.meta().epoch == 3);
-  CHECK(ck.meta().class_names == tiny_meta("mlp", 3).class_names);
-  CHECK(ck.optimizer().present);
-  CHECK(ck.optimizer().states.empty());  // tensors are not held
-  CHECK(ck.scheduler().type == "plateau");
-
-  ResNet other(*be, model->config());
-  other.init_parameters(99);
-  Optimizer opt2(*be, other.params(), other.grads(), oc);
-  Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
-  check_compatible(ck.meta(), other, ck.meta().class_names, path);
-  CHECK(ck.load_model(other, false).empty());
-  ck.load_optimizer(other, opt2);
-  restore_scheduler(ck.scheduler(), sched2);
-  CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
-  CHECK(same_slices(*be, model->buffers(), other.buffers().data(), model->buffers().data()));
-  CHECK(other.num_batches_tracked() == model->num_batches_tracked());
-  CHECK(opt2.steps() == 1);
-  CHECK(opt2.lr() == 2e-4);
-  for (size_t k = 0; k < 2; ++k) CHECK(same_slices(*be, model->params(), opt2.state(k), opt.state(k)));
-  CHECK(sched2.last_epoch() == 2);
-  CHECK(sched2.plateau.num_bad_epochs == 1);
-  CHECK(eval_logits(other, 3) == eval_logits(*model, 3));
+  // A preemption checkpoint carries the partial epoch; cosine state round-trips.
+  CheckpointMeta preempted = tiny_meta("mlp", 3);
+  preempted.step_in_epoch = 2;
+  preempted.partial_train_count = 5;
+  Scheduler cosine(SchedulerKind::Cosine, 1e-3, 5);
+  cosine.step(1e-3, 0.5);
+  write_checkpoint(path, *model, &opt, &cosine, preempted);
+  CheckpointReader p(path);
+  CHECK(p.meta().step_in_epoch == 2);
+  CHECK(p.meta().partial_train_count == 5);
+  CHECK(p.meta().scheduler.type == "cosine");
+  CHECK(p.meta().scheduler.last_epoch == 1);
+  CHECK(p.meta().scheduler.cosine.base_lr == cosine.cosine.base_lr);
 
   // A model-only file: the optimizer cannot resume from it, with the file named.
   const std::string weights = dir.file("weights.h5");
   write_checkpoint(weights, *model, nullptr, nullptr, tiny_meta("mlp", 3));
   CheckpointReader w(weights);
-  CHECK_FALSE(w.optimizer().present);
+  CHECK_FALSE(w.meta().optimizer.present);
   CHECK_THROWS_WITH(w.load_optimizer(other, opt2), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
   Optimizer sgd(*be, other.params(), other.grads(), [] {
     OptimizerConfig c;
@@ -738,13 +568,60 @@ TEST_CASE("a checkpoint streamed into a model restores what a snapshot restores"
   CHECK_THROWS_WITH(ck.load_optimizer(other, sgd), Catch::Contains("--optimizer adam"));
 }
 
-TEST_CASE("streaming a checkpoint into a model checks what restore_model checks", "[train]") {
+TEST_CASE("damaged checkpoints are rejected with the file named", "[train]") {
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Fc, 3, 1);
+  const std::string good = dir.file("good.h5");
+  write_checkpoint(good, *model, nullptr, nullptr, tiny_meta("fc", 3));
+  const auto size = fs::file_size(good);
+
+  SECTION("truncated") {
+    const std::string p = dir.file("truncated.h5");
+    fs::copy_file(good, p);
+    fs::resize_file(p, size / 2);
+    CHECK_THROWS_WITH(CheckpointReader(p), Catch::Contains(p));
+  }
+  SECTION("not HDF5 at all") {
+    const std::string p = dir.file("garbage.h5");
+    std::ofstream(p) << "this is not a checkpoint\n";
+    CHECK_THROWS_AS(CheckpointReader(p), UsageError);
+    CHECK_THROWS_WITH(CheckpointReader(p), Catch::Contains("not an HDF5 file") && Catch::Contains(p));
+  }
+  SECTION("flipped bytes inside tensor data fail the checksum") {
+    const auto [name, values] = largest_tensor(*model);
+    const std::string p = flip_inside(good, values, dir.file("flipped.h5"));
+    CHECK_THROWS_WITH(CheckpointReader(p).check_tensors(), Catch::Contains(p) && Catch::Contains(name));
+    auto other = trained_tiny(*be, HeadKind::Fc, 3, 5);
+    CHECK_THROWS_WITH(CheckpointReader(p).load_model(*other, false), Catch::Contains(p) && Catch::Contains(name));
+  }
+  SECTION("missing file") {
+    CHECK_THROWS_WITH(CheckpointReader(dir.file("missing.h5")), Catch::Contains("no such file"));
+  }
+}
+
+TEST_CASE("checkpoints of another arch, head or class set do not fit", "[train]") {
   TempDir dir;
   auto be = make_cpu_backend({});
   auto fc3 = trained_tiny(*be, HeadKind::Fc, 3, 1);
   const std::string path = dir.file("fc3.h5");
   write_checkpoint(path, *fc3, nullptr, nullptr, tiny_meta("fc", 3));
+  const CheckpointMeta meta = CheckpointReader(path).meta();
+  const auto names = meta.class_names;
 
+  SECTION("metadata") {
+    auto mlp3 = trained_tiny(*be, HeadKind::Mlp, 3, 2);
+    CHECK_THROWS_WITH(check_compatible(meta, *mlp3, names, path), Catch::Contains("--head") && Catch::Contains(path));
+    auto fc4 = trained_tiny(*be, HeadKind::Fc, 4, 2);
+    CHECK_THROWS_WITH(check_compatible(meta, *fc4, {}, path), Catch::Contains("classes"));
+    CHECK_THROWS_WITH(check_compatible(meta, *fc3, {"x", "y", "z"}, path), Catch::Contains("class names"));
+    ResNetConfig r18;
+    r18.arch = "resnet18";
+    r18.head = HeadKind::Fc;
+    r18.num_classes = 3;
+    ResNet big(*be, r18);
+    CHECK_THROWS_WITH(check_compatible(meta, big, names, path), Catch::Contains("--arch"));
+  }
   SECTION("a head of another size: an error, or kept at its init for --init") {
     auto fc4 = trained_tiny(*be, HeadKind::Fc, 4, 2);
     CHECK_THROWS_AS(CheckpointReader(path).load_model(*fc4, false), UsageError);
@@ -764,35 +641,13 @@ TEST_CASE("streaming a checkpoint into a model checks what restore_model checks"
     CHECK_THROWS_WITH(CheckpointReader(path).load_model(*mlp, false), Catch::Contains(path) && Catch::Contains("missing"));
   }
   SECTION("NaN in a tensor") {
-    Snapshot s = snapshot_model(*fc3, nullptr, nullptr, tiny_meta("fc", 3));
-    s.state_dict[0].values[3] = std::nanf("");
+    const ParamSlice& s = fc3->params().slice(0);
+    const float nan = std::nanf("");
+    be->copy_from_host(fc3->params().ptr(0) + 3, &nan, sizeof nan);
     const std::string p = dir.file("nan.h5");
-    write_checkpoint(p, s);
+    write_checkpoint(p, *fc3, nullptr, nullptr, tiny_meta("fc", 3));
     CHECK_THROWS_WITH(CheckpointReader(p).load_model(*fc3, false),
-                      Catch::Contains(p) && Catch::Contains(s.state_dict[0].name) && Catch::Contains("NaN"));
-  }
-  SECTION("flipped bytes inside tensor data") {
-    Snapshot s = read_checkpoint(path);
-    const HostTensor* big = &s.state_dict[0];
-    for (const auto& t : s.state_dict)
-      if (t.values.size() > big->values.size()) big = &t;
-    std::string bytes;
-    {
-      std::ifstream in(path, std::ios::binary);
-      bytes.assign(std::istreambuf_iterator<char>(in), {});
-    }
-    const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(big->values.data()), 64));
-    REQUIRE(at != std::string::npos);
-    bytes[at + 10] = static_cast<char>(bytes[at + 10] ^ 0x5a);
-    const std::string p = dir.file("flipped.h5");
-    std::ofstream(p, std::ios::binary) << bytes;
-    auto other = trained_tiny(*be, HeadKind::Fc, 3, 5);
-    CHECK_THROWS_WITH(CheckpointReader(p).load_model(*other, false), Catch::Contains(p) && Catch::Contains(big->name));
-  }
-  SECTION("not a checkpoint") {
-    const std::string p = dir.file("garbage.h5");
-    std::ofstream(p) << "this is not a checkpoint\n";
-    CHECK_THROWS_WITH(CheckpointReader(p), Catch::Contains("not an HDF5 file") && Catch::Contains(p));
+                      Catch::Contains(p) && Catch::Contains(s.name) && Catch::Contains("NaN"));
   }
 }
 
@@ -831,7 +686,7 @@ TEST_CASE("a write that fails at any point keeps the previous checkpoint and clo
                         Catch::Contains(std::strerror(EFBIG)));
   CHECK(open_fd_count() == fds_before);  // HDF5 let go of the temp file
   CHECK(static_cast<rlim_t>(fs::file_size(path)) == size);
-  CHECK(read_checkpoint_meta(path).epoch == 3);
+  CHECK(CheckpointReader(path).meta().epoch == 3);
   for (const auto& e : fs::directory_iterator(dir.path))
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
 }

@@ -20,15 +20,8 @@ import socket
 import sys
 import time
 
-
-def import_deps():
-    try:
-        import torch
-        import torchvision
-    except ImportError as e:
-        sys.exit(f"fashion_mnist_pytorch.py: cannot import {e.name}; install Debian's python3-torch and "
-                 f"python3-torchvision and run with /usr/bin/python3")
-    return torch, torchvision
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_reference import build_model, import_deps  # noqa: E402
 
 
 def free_port():
@@ -38,7 +31,7 @@ def free_port():
 
 
 def worker(rank, args, port, result_path):
-    torch, torchvision = import_deps()
+    torch, torchvision = import_deps("fashion_mnist_pytorch.py")
     import torch.distributed as dist
     from torchvision import transforms
 
@@ -60,10 +53,7 @@ def worker(rank, args, port, result_path):
     val_loader = torch.utils.data.DataLoader(torch.utils.data.Subset(val_set, val_indices),
                                              batch_size=args.batch_size, num_workers=args.workers)
 
-    model = getattr(torchvision.models, args.arch)(weights=None)
-    c = model.fc.in_features
-    k = len(train_set.classes)
-    model.fc = torch.nn.Sequential(torch.nn.Linear(c, c), torch.nn.ReLU(), torch.nn.Linear(c, k))
+    model = build_model(torch, torchvision, args.arch, "mlp", len(train_set.classes), seed=None)
     model = torch.nn.parallel.DistributedDataParallel(model)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -134,7 +124,7 @@ def main():
             p.error(f"--data '{args.data}' has no {split}/ folder")
     if min(args.ranks, args.threads, args.epochs, args.batch_size) < 1 or args.workers < 0:
         p.error("--ranks, --threads, --epochs and --batch-size must be >= 1, --workers >= 0")
-    torch, _ = import_deps()
+    torch, _ = import_deps("fashion_mnist_pytorch.py")
     import tempfile
     result = os.path.join(tempfile.mkdtemp(prefix="rd_fmnist_pt_"), "result.json")
     torch.multiprocessing.spawn(worker, args=(args, free_port(), result), nprocs=args.ranks, join=True)

@@ -38,7 +38,6 @@ import sys
 import time
 
 TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = 77
 
 TOL_LOGITS = 1e-5
 TOL_LOSS = 1e-6
@@ -83,22 +82,10 @@ LABEL_SMOOTHING = 0.1
 LR = 1e-4
 
 
-def import_deps():
-    mods = []
-    for name, pkg in (("torch", "python3-torch"), ("torchvision", "python3-torchvision"),
-                      ("h5py", "python3-h5py"), ("numpy", "python3-numpy")):
-        try:
-            mods.append(__import__(name))
-        except ImportError as e:
-            print(f"run_parity.py: SKIP: cannot import {name} ({e}); install Debian's {pkg} "
-                  f"(make deps); this script must run under /usr/bin/python3")
-            sys.exit(SKIP)
-    return mods
-
-
-torch, torchvision, h5py, numpy = import_deps()
 sys.path.insert(0, TOOLS)
-from torch_to_h5 import build_model  # noqa: E402
+from torch_reference import build_model, import_deps  # noqa: E402
+
+torch, torchvision, h5py, numpy = import_deps("run_parity.py", ("torch", "torchvision", "h5py", "numpy"), skip=True)
 
 
 def rel_err(got, ref):

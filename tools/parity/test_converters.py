@@ -13,16 +13,11 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import h5py
-    import torch
-    import torchvision
-except ImportError as e:
-    print(f"test_converters.py: SKIP: cannot import {e.name}; install Debian's python3-torch, "
-          f"python3-torchvision, python3-h5py and run with /usr/bin/python3")
-    sys.exit(77)
-
 TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TOOLS)
+from torch_reference import import_deps  # noqa: E402
+
+h5py, torch, torchvision = import_deps("test_converters.py", ("h5py", "torch", "torchvision"), skip=True)
 FAILURES = []
 
 

@@ -1,11 +1,13 @@
 // HDF5 checkpoints (layout: docs/checkpoint_format.md).
 //
-// The file layer works on a host-side Snapshot, so the same code writes what a
-// CPU or CUDA model holds; snapshot_model / restore_model move state between a
-// ResNet (+ optimizer + scheduler) and a Snapshot. Writes are atomic (temp file
-// in the same directory written directly by HDF5, fsync, rename, fsync of the
-// directory). Saving and loading a model stream between its arenas and the
-// file (write_checkpoint's ResNet overload, CheckpointReader) without a Snapshot.
+// One writer (write_checkpoint: a model's arenas, optimizer and scheduler -> file)
+// and one reader (CheckpointReader: file -> arenas, and the tensor list `info`
+// prints). Both move one tensor at a time through a host buffer of the largest
+// tensor's size: a host copy of ResNet-34 with Adam state is ~250 MB, which made
+// the end-of-run evaluation of best_model.h5 the peak of a whole run. Writes are
+// atomic (temp file in the same directory written directly by HDF5, fsync, rename,
+// fsync of the directory) and carry a CRC-32 that the reader checks before HDF5
+// parses the file.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,25 @@ namespace rd::train {
 
 inline constexpr int64_t kCheckpointFormatVersion = 1;
 
+// The /optimizer group's attributes (its tensors stream into the Optimizer).
+struct OptimizerMeta {
+  bool present = false;
+  OptimizerConfig config;  // config.lr is the initial LR
+  int64_t step = 0;
+  double lr = 0;  // the current LR
+};
+
+// The /scheduler group.
+struct SchedulerMeta {
+  bool present = false;
+  std::string type = "none";
+  int64_t last_epoch = 0;
+  PlateauState plateau;
+  CosineState cosine;
+};
+
+// Everything a checkpoint holds except its tensors. write_checkpoint takes the
+// optimizer and scheduler parts from the objects it is given.
 struct CheckpointMeta {
   int64_t format_version = kCheckpointFormatVersion;
   std::string arch, head;
@@ -47,70 +68,28 @@ struct CheckpointMeta {
   double partial_train_loss_sum = 0.0;
   int64_t partial_train_correct = 0;
   int64_t partial_train_count = 0;
+  OptimizerMeta optimizer;
+  SchedulerMeta scheduler;
 };
 
-// One state_dict entry: float32 tensor, or an int64 scalar (num_batches_tracked).
-struct HostTensor {
+// One /state_dict entry as stored: float32 of `shape`, or an int64 scalar
+// (num_batches_tracked).
+struct TensorInfo {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<float> values;
   bool is_int64_scalar = false;
   int64_t int_value = 0;
 };
 
-struct OptimizerSnapshot {
-  bool present = false;
-  std::string type;
-  int64_t step = 0;
-  double lr = 0, initial_lr = 0, weight_decay = 0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double momentum = 0, dampening = 0;
-  bool nesterov = false;
-  // state name ("exp_avg", ...) -> one tensor per trainable parameter, param order.
-  std::vector<std::pair<std::string, std::vector<HostTensor>>> states;
-};
-
-struct SchedulerSnapshot {
-  bool present = false;
-  std::string type = "none";
-  int64_t last_epoch = 0;
-  PlateauState plateau;
-  CosineState cosine;
-};
-
-struct Snapshot {
-  CheckpointMeta meta;
-  std::vector<HostTensor> state_dict;  // torchvision state_dict order
-  OptimizerSnapshot optimizer;
-  SchedulerSnapshot scheduler;
-};
-
-// Atomic write. Throws rd::Error naming the path (the previous file stays intact).
-void write_checkpoint(const std::string& path, const Snapshot& snap);
-// The same file as write_checkpoint(path, snapshot_model(model, opt, sched, meta)),
-// written straight from the model's arenas one tensor at a time: no Snapshot, so
-// saving needs only the largest tensor's worth of extra host memory.
+// Atomic write in torchvision's state_dict order, straight from the arenas.
+// Throws rd::Error naming the path (the previous file stays intact).
 void write_checkpoint(const std::string& path, ResNet& model, const Optimizer* opt, const Scheduler* sched,
                       const CheckpointMeta& meta);
 
-// Reads and validates the structure. weights_only: /state_dict (and whatever
-// metadata exists) only, for --init files. Throws rd::UsageError naming the file
-// when it is not HDF5, not a resnet_ddp checkpoint, a newer version, or damaged.
-Snapshot read_checkpoint(const std::string& path, bool weights_only = false);
-
-// Metadata without tensors (for `info`, resume decisions).
-CheckpointMeta read_checkpoint_meta(const std::string& path);
-
-// ---- file -> model, one tensor at a time -------------------------------------------
-// A checkpoint opened for loading into a model. The constructor reads and checks
-// everything read_checkpoint does except the tensors (metadata, optimizer and
-// scheduler attributes); load_model / load_optimizer then read each tensor the
-// model has a slice for straight into that slice through one staging buffer of
-// the largest tensor's size. Loading therefore never holds the file's tensors in
-// host memory (a Snapshot of ResNet-34 with Adam state is ~250 MB, which made
-// the end-of-run evaluation of best_model.h5 the peak of a whole run). Checks
-// and messages are those of restore_model / restore_optimizer; datasets the
-// model has no slice for are not read. Throws rd::UsageError naming the file.
+// A checkpoint opened for reading. The constructor reads and checks everything
+// but the tensors; weights_only (for --init files) reads /state_dict and whatever
+// metadata exists. Every method throws rd::UsageError naming the file when it is
+// not HDF5, not a resnet_ddp checkpoint, a newer version, damaged, or does not fit.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& path, bool weights_only = false);
@@ -120,13 +99,13 @@ class CheckpointReader {
 
   const std::string& path() const;
   const CheckpointMeta& meta() const;
-  // Attributes only: `states` stays empty (load_optimizer reads the tensors).
-  const OptimizerSnapshot& optimizer() const;
-  const SchedulerSnapshot& scheduler() const;
 
-  // As restore_model(read_checkpoint(path), model, allow_head_mismatch, path).
+  // Reads (and so verifies) every tensor; returns the state_dict's, in file order.
+  std::vector<TensorInfo> check_tensors();
+  // Reads each tensor the model has a slice for into that slice. With
+  // allow_head_mismatch (for --init), head tensors whose shape differs are
+  // skipped (all or none of the head); returns their names.
   std::vector<std::string> load_model(ResNet& model, bool allow_head_mismatch);
-  // As restore_optimizer(read_checkpoint(path), model, opt, path).
   void load_optimizer(ResNet& model, Optimizer& opt);
 
  private:
@@ -134,25 +113,12 @@ class CheckpointReader {
   std::unique_ptr<Impl> impl_;
 };
 
-// ---- model <-> snapshot -----------------------------------------------------------
-// Copies parameters, BN buffers and num_batches_tracked (torchvision order), plus
-// optimizer / scheduler state when given.
-Snapshot snapshot_model(ResNet& model, const Optimizer* opt, const Scheduler* sched,
-                        const CheckpointMeta& meta);
-
-// Checks that `snap` fits `model` (arch, head, classes, every tensor and shape) and
-// throws rd::UsageError naming `path` and the first mismatch otherwise.
-void check_compatible(const Snapshot& snap, ResNet& model, const std::vector<std::string>& class_names,
-                      const std::string& path);
+// Checks that `meta` fits `model` (arch, head, classes) and throws rd::UsageError
+// naming `path` and the first mismatch otherwise.
 void check_compatible(const CheckpointMeta& meta, ResNet& model, const std::vector<std::string>& class_names,
                       const std::string& path);
 
-// Loads weights (and buffers) into the model. With allow_head_mismatch (for
-// --init), head tensors whose shape differs are skipped; returns their names.
-std::vector<std::string> restore_model(const Snapshot& snap, ResNet& model, bool allow_head_mismatch,
-                                       const std::string& path);
-void restore_optimizer(const Snapshot& snap, ResNet& model, Optimizer& opt, const std::string& path);
-void restore_scheduler(const Snapshot& snap, Scheduler& sched);
-void restore_scheduler(const SchedulerSnapshot& snap, Scheduler& sched);
+// A scheduler of the saved type continues; another type starts fresh.
+void restore_scheduler(const SchedulerMeta& saved, Scheduler& sched);
 
 }  // namespace rd::train

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "resnet_ddp/errors.h"
 
 using namespace rd;

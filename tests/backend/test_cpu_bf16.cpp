@@ -5,7 +5,7 @@
 // without bf16 support.
 #include <catch2/catch.hpp>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "resnet_ddp/errors.h"
 
 using namespace rd;

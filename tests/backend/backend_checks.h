@@ -2,7 +2,7 @@
 // data in and out only through the backend's own copy functions, compares
 // forward and backward with the float64 reference (tests/reference) and with
 // central finite differences (tests/common/gradcheck.h), and checks that
-// `accumulate=true` adds while `false` overwrites. tests/kernel runs them on the
+// `accumulate=true` adds while `false` overwrites. tests/backend runs them on the
 // CPU backend in every layout it supports; tests/gpu reuses them for CUDA
 // (pass a looser Tol for TF32).
 #pragma once

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "kernel/backend_checks.h"
+#include "backend/backend_checks.h"
 #include "resnet_ddp/backend/forwarding_backend.h"
 
 using namespace rd;
