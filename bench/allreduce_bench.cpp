@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 using Clock = std::chrono::steady_clock;
 using rd::dist::ReduceOp;
@@ -58,32 +60,22 @@ void burn(double seconds, rd::dist::Comm* progress) {
 int main(int argc, char** argv) {
   auto env = rd::dist::init_process(argc, argv);
   double min_kb = 4, max_mb = 256, budget = 0.3;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto num = [&](const char* flag) {
-      if (i + 1 >= argc) {
-        if (env.rank == 0) std::fprintf(stderr, "allreduce_bench: %s needs a value\n", flag);
-        rd::dist::finalize_process();
-        std::exit(2);
-      }
-      char* end = nullptr;
-      double v = std::strtod(argv[++i], &end);
-      if (*end || !(v > 0)) {
-        if (env.rank == 0) std::fprintf(stderr, "allreduce_bench: %s '%s' must be a positive number\n", flag, argv[i]);
-        rd::dist::finalize_process();
-        std::exit(2);
-      }
-      return v;
-    };
-    if (a == "--min-kb") min_kb = num("--min-kb");
-    else if (a == "--max-mb") max_mb = num("--max-mb");
-    else if (a == "--seconds") budget = num("--seconds");
-    else {
-      if (env.rank == 0)
-        std::fprintf(stderr, "usage: allreduce_bench [--min-kb 4] [--max-mb 256] [--seconds 0.3]\n");
-      rd::dist::finalize_process();
-      return a == "--help" ? 0 : 2;
-    }
+  bool help = false;
+  try {
+    rd::FlagSet fs("", "allreduce_bench");
+    fs.real("--min-kb", &min_kb, 0.0, true, "smallest message in KiB");
+    fs.real("--max-mb", &max_mb, 0.0, true, "largest message in MiB");
+    fs.real("--seconds", &budget, 0.0, true, "time per message size");
+    fs.parse(std::vector<std::string>(argv + 1, argv + argc), false, &help);
+    if (help && env.rank == 0) std::printf("Usage: mpirun -np N allreduce_bench [flags]\n\nFlags:\n%s", fs.help().c_str());
+  } catch (const rd::UsageError& e) {
+    if (env.rank == 0) std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
+    rd::dist::finalize_process();
+    return 2;
+  }
+  if (help) {
+    rd::dist::finalize_process();
+    return 0;
   }
   auto comm = rd::dist::make_mpi_comm();
   const int n = comm->size();

@@ -1,5 +1,6 @@
 // Command-line pieces the step benchmarks share (train_step_bench, op_profile_bench):
-// one parser per flag, so both accept exactly the same values and defaults.
+// the flags both take, added to each program's FlagSet, so both accept exactly the
+// same values and defaults.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,9 @@
 #include <thread>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/names.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 namespace rd::bench {
 
@@ -19,57 +23,26 @@ struct ModelConfig {
   int batch = 0;
 };
 
-// Set by each program: its name and where its usage is documented.
-inline const char*& program_name() {
-  static const char* name = "bench";
-  return name;
-}
-
-[[noreturn]] inline void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "%s: %s\n(see --help)\n", program_name(), msg.c_str());
-  std::exit(2);
-}
-
-inline int parse_int(const std::string& flag, const std::string& text, int min_value) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < min_value || v > 1000000)
-    usage_error(flag + " '" + text + "': expected an integer >= " + std::to_string(min_value));
-  return static_cast<int>(v);
-}
-
+// --config ARCH:SIZE:BATCH, e.g. resnet34:244:16.
 inline ModelConfig parse_config(const std::string& text) {
+  const std::string bad = "--config '" + text + "': ";
   const size_t a = text.find(':');
   const size_t b = a == std::string::npos ? a : text.find(':', a + 1);
-  if (b == std::string::npos) usage_error("--config '" + text + "': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
+  if (b == std::string::npos) throw UsageError(bad + "expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
   ModelConfig c;
   c.arch = text.substr(0, a);
   if (c.arch != "resnet18" && c.arch != "resnet34" && c.arch != "resnet50")
-    usage_error("--config '" + text + "': arch must be resnet18, resnet34 or resnet50");
-  c.size = parse_int("--config size", text.substr(a + 1, b - a - 1), 32);
-  c.batch = parse_int("--config batch", text.substr(b + 1), 1);
+    throw UsageError(bad + "arch must be resnet18, resnet34 or resnet50");
+  auto number = [&](const std::string& s, int min) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || v < min || v > 1000000)
+      throw UsageError(bad + "'" + s + "' is not an integer >= " + std::to_string(min));
+    return static_cast<int>(v);
+  };
+  c.size = number(text.substr(a + 1, b - a - 1), 32);
+  c.batch = number(text.substr(b + 1), 1);
   return c;
-}
-
-// --precision fp32|bf16 (the CPU backend's two modes); true = bf16.
-inline bool parse_bf16(const std::string& value) {
-  if (value == "fp32") return false;
-  if (value == "bf16") return true;
-  usage_error("--precision '" + value + "': expected fp32 or bf16");
-}
-
-inline ConvAlgo parse_conv_algo(const std::string& value) {
-  if (value == "auto") return ConvAlgo::Auto;
-  if (value == "direct") return ConvAlgo::Direct;
-  if (value == "winograd") return ConvAlgo::Winograd;
-  usage_error("--conv-algo '" + value + "': expected auto, direct or winograd");
-}
-
-inline Layout parse_layout(const std::string& value) {
-  if (value == "nchw16c") return Layout::NCHW16C;
-  if (value == "nhwc") return Layout::NHWC;
-  if (value == "nchw") return Layout::NCHW;
-  usage_error("--layout '" + value + "': expected nchw16c, nhwc or nchw");
 }
 
 // The flags both step benchmarks take; each program's Options derives from this.
@@ -77,39 +50,34 @@ struct StepOptions {
   int threads = 0;  // 0 = OMP_NUM_THREADS, else every core
   int warmup = 1;
   int steps = 3;
-  bool bf16 = false;
+  bool bf16 = false;  // --precision fp32|bf16, the CPU backend's two modes
   ConvAlgo conv_algo = ConvAlgo::Auto;
   std::optional<Layout> layout;  // default: the trainer's for the precision
 };
 
-// Walks the --flag VALUE pairs: -h/--help prints `help` and exits 0; a flag without a
-// value, or one neither StepOptions nor `handle(flag, value)` (returning false)
-// knows, is a usage error.
-template <class Handle>
-void parse_flags(int argc, char** argv, const char* help, StepOptions& o, Handle handle) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(help, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage_error("flag " + flag + " needs a value (or is unknown)");
-    const std::string value = argv[++i];
-    if (flag == "--threads") o.threads = parse_int(flag, value, 0);
-    else if (flag == "--warmup") o.warmup = parse_int(flag, value, 0);
-    else if (flag == "--steps") o.steps = parse_int(flag, value, 1);
-    else if (flag == "--precision") o.bf16 = parse_bf16(value);
-    else if (flag == "--conv-algo") o.conv_algo = parse_conv_algo(value);
-    else if (flag == "--layout") o.layout = parse_layout(value);
-    else if (!handle(flag, value)) usage_error("unknown flag " + flag);
+// Parses argv with the shared flags plus the program's own in `fs`: --help prints
+// `usage` and every flag and exits 0; a bad flag is named on stderr, exit status 2.
+inline void parse_step_flags(FlagSet& fs, StepOptions& o, int argc, char** argv, const char* program,
+                             const std::string& usage) {
+  std::string layout;
+  fs.integer("--threads", &o.threads, 0, "compute threads (0 = OMP_NUM_THREADS, else every core)", 1000000);
+  fs.integer("--warmup", &o.warmup, 0, "untimed steps first", 1000000);
+  fs.integer("--steps", &o.steps, 1, "timed steps", 1000000);
+  fs.enumeration("--precision", &o.bf16, {{"fp32", false}, {"bf16", true}}, "compute precision");
+  fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(), "CPU 3x3 convolution algorithm");
+  fs.choice("--layout", &layout, {"nchw16c", "nhwc", "nchw"}, "activation layout [default: the trainer's]");
+  try {
+    fs.parse_or_help(argc, argv, usage);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    std::exit(2);
   }
-}
-
-// --threads 0 = OMP_NUM_THREADS, else every core.
-inline int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) return parse_int("OMP_NUM_THREADS", env, 1);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const auto& [name, value] : layout_names())
+    if (name == layout) o.layout = value;
+  if (o.threads > 0) return;
+  // --threads 0 = OMP_NUM_THREADS, else every core.
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) o.threads = std::max(1, std::atoi(env));
+  else o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace rd::bench

@@ -1,24 +1,29 @@
 // The training step both step benchmarks time (train_step_bench, op_profile_bench):
-// a ResNet with initialised parameters, one fixed random batch already on the
-// device, label-smoothed (0.1) cross-entropy, backward, Adam (lr 1e-4), synchronise.
-// The same work as one step of the trainer minus data loading and communication.
+// the trainer's TrainStep on a ResNet with initialised parameters and one fixed
+// random batch already on the device: label-smoothed (0.1) cross-entropy, backward,
+// Adam (lr 1e-4), synchronise. One step of the trainer minus data loading and
+// communication.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/train_step.h"
 
 namespace rd::bench {
 
 class TrainStep {
  public:
   TrainStep(Backend& backend, const std::string& arch, HeadKind head, int num_classes, int batch, int size)
-      : be_(backend), model_(backend, config(arch, head, num_classes)) {
+      : be_(backend),
+        model_(backend, config(arch, head, num_classes)),
+        opt_(backend, model_.params(), model_.grads(), train::OptimizerConfig{}),
+        step_(model_, opt_, nullptr, 0.1f) {
     model_.init_parameters(0);
     model_.train(true);
     std::mt19937 rng(0);
@@ -29,18 +34,12 @@ class TrainStep {
     for (size_t i = 0; i < labels_.size(); ++i) labels_[i] = static_cast<int32_t>(i % static_cast<size_t>(num_classes));
     input_ = &model_.input_buffer(batch, size, size);
     be_.copy_from_host_nchw(host.data(), *input_);
-    m_ = be_.allocate(model_.params().bytes());
-    v_ = be_.allocate(model_.params().bytes());
-    dlogits_ = be_.matrix(batch, num_classes);
   }
 
   void operator()() {
-    const Tensor& logits = model_.forward(*input_);
-    be_.softmax_xent(logits, labels_.data(), 0.1f, 1.f, &dlogits_, nullptr);
-    model_.backward(dlogits_, false);
-    Arena& params = model_.params();
-    be_.adam_step(params.data(), model_.grads().data(), static_cast<float*>(m_.get()), static_cast<float*>(v_.get()),
-                  params.size(), math::AdamArgs{.lr = 1e-4f, .step = ++adam_step_});
+    step_.forward(*input_, labels_.data());
+    step_.backward_and_reduce();
+    step_.update();
     be_.synchronize();
   }
 
@@ -55,11 +54,10 @@ class TrainStep {
 
   Backend& be_;
   ResNet model_;
+  train::Optimizer opt_;  // Adam, lr 1e-4: OptimizerConfig's defaults
+  train::TrainStep step_;
   Tensor* input_ = nullptr;
   std::vector<int32_t> labels_;
-  std::shared_ptr<void> m_, v_;  // Adam moments
-  Tensor dlogits_;
-  int64_t adam_step_ = 0;
 };
 
 }  // namespace rd::bench

@@ -14,7 +14,10 @@
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/dist/ddp.h"
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/train_step.h"
 
 using Clock = std::chrono::steady_clock;
 using namespace rd;
@@ -32,31 +35,25 @@ struct Options {
   bool progress_thread = true;
 };
 
-int positive_int(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < 1 || x > 1 << 20) throw UsageError(flag + " '" + v + "': expected a positive integer");
-  return static_cast<int>(x);
-}
+const char* kUsage =
+    "Usage: mpirun -np N ddp_overhead_bench [flags]\n\n"
+    "Training-step time without gradient all-reduce, with buckets overlapped with backward,\n"
+    "and with one all-reduce after backward.\n\nFlags:\n";
 
-Options parse(int argc, char** argv) {
+// Throws UsageError naming the flag; *help is set for --help (rank 0 prints the text).
+Options parse(int argc, char** argv, int rank, bool* help) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--arch") o.arch = value(), validate_arch(o.arch);
-    else if (a == "--batch") o.batch = positive_int(a, value());
-    else if (a == "--pixels") o.pixels = positive_int(a, value());
-    else if (a == "--steps") o.steps = positive_int(a, value());
-    else if (a == "--threads") o.threads = positive_int(a, value());
-    else if (a == "--bucket-mb") o.bucket_mb = parse_bucket_mb(value());
-    else if (a == "--no-progress-thread") o.progress_thread = false;
-    else throw UsageError("unknown argument '" + a + "'");
-  }
-  if (o.pixels < 32) throw UsageError("--pixels must be at least 32");
+  FlagSet fs("", "ddp_overhead_bench");
+  fs.text("--arch", &o.arch, "ARCH", "resnet18 | resnet34 | resnet50 | resnet_tiny");
+  fs.integer("--batch", &o.batch, 1, "images per rank per step", 1 << 20);
+  fs.integer("--pixels", &o.pixels, 32, "square image size", 1 << 20);
+  fs.integer("--steps", &o.steps, 1, "timed steps per mode", 1 << 20);
+  fs.integer("--threads", &o.threads, 0, "compute threads per rank (0 = cores / ranks on node)", 1 << 20);
+  fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient bucket size in MiB");
+  fs.negated("--no-progress-thread", &o.progress_thread, "no helper thread driving MPI progress");
+  fs.parse(std::vector<std::string>(argv + 1, argv + argc), false, help);
+  if (*help && rank == 0) std::printf("%s%s", kUsage, fs.help().c_str());
+  validate_arch(o.arch);
   return o;
 }
 
@@ -76,28 +73,20 @@ Result run(ResNet& model, Comm& comm, const Options& o, int mode, const std::vec
   bo.overlap = mode == 1;
   bo.progress_thread = o.progress_thread;
   GradientBucketer bucketer(comm, model.grads(), bo);
-  std::vector<float> m(model.params().size()), v(model.params().size());
-  Tensor dlogits = be.matrix(o.batch, model.config().num_classes);
+  train::Optimizer adam(be, model.params(), model.grads(), train::OptimizerConfig{});  // lr 1e-4
+  train::TrainStep step(model, adam, mode == 0 ? nullptr : &bucketer, 0.0f);
   Result r;
-  for (int step = -1; step < o.steps; ++step) {  // step -1 warms up (allocations, plans)
+  for (int i = -1; i < o.steps; ++i) {  // step -1 warms up (allocations, plans)
     comm.barrier();
     const auto t0 = Clock::now();
     const double exposed0 = bucketer.stats().exposed_comm_s;
     Tensor& in = model.input_buffer(o.batch, o.pixels, o.pixels);
     be.copy_from_host_nchw(images.data(), in);
-    const Tensor& logits = model.forward(in);
-    be.softmax_xent(logits, labels.data(), 0.0f, 1.0f, &dlogits, nullptr);
-    if (mode == 0) {
-      model.backward(dlogits, false, nullptr);
-    } else {
-      bucketer.begin_backward();
-      model.backward(dlogits, false, &bucketer);
-      bucketer.finish();
-    }
-    be.adam_step(model.params().data(), model.grads().data(), m.data(), v.data(),
-                 model.params().size(), rd::math::AdamArgs{.lr = 1e-4f, .step = step + 2});
+    step.forward(in, labels.data());
+    step.backward_and_reduce();
+    step.update();
     const double dt = seconds(t0, Clock::now());
-    if (step >= 0) {
+    if (i >= 0) {
       r.step_s += dt;
       r.exposed_s += bucketer.stats().exposed_comm_s - exposed0;
     }
@@ -115,12 +104,17 @@ Result run(ResNet& model, Comm& comm, const Options& o, int mode, const std::vec
 int main(int argc, char** argv) {
   auto env = init_process(argc, argv);
   Options o;
+  bool help = false;
   try {
-    o = parse(argc, argv);
+    o = parse(argc, argv, env.rank, &help);
   } catch (const UsageError& e) {
     if (env.rank == 0) std::fprintf(stderr, "ddp_overhead_bench: %s\n", e.what());
     finalize_process();
     return 2;
+  }
+  if (help) {
+    finalize_process();
+    return 0;
   }
   try {
     auto comm = make_mpi_comm();

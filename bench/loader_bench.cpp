@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <string>
 
 #include "resnet_ddp/data/commands.h"
@@ -19,6 +20,8 @@
 #include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/data/pack.h"
 #include "resnet_ddp/data/sampler.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 using namespace rd::data;
 namespace fs = std::filesystem;
@@ -48,31 +51,20 @@ double measure(const Dataset& ds, const TransformPipeline& tf, int workers, int 
 int main(int argc, char** argv) {
   std::string data;
   int workers = 1, size = 244, batch = 32;
-  size_t images = 256;
+  int64_t images = 256;
   bool torchvision = false;
   bool generated = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "loader_bench: " << a << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--data") data = value();
-    else if (a == "--workers") workers = std::atoi(value().c_str());
-    else if (a == "--images") images = static_cast<size_t>(std::atol(value().c_str()));
-    else if (a == "--image-size") size = std::atoi(value().c_str());
-    else if (a == "--batch-size") batch = std::atoi(value().c_str());
-    else if (a == "--torchvision") torchvision = true;
-    else {
-      std::cerr << "loader_bench: unknown flag " << a << "\n";
-      return 2;
-    }
-  }
-  if (workers < 1 || images < 1 || batch < 1 || size < 8) {
-    std::cerr << "loader_bench: --workers, --images, --batch-size must be >= 1, --image-size >= 8\n";
+  try {
+    rd::FlagSet fs("", "loader_bench");
+    fs.path("--data", &data, "DIR", "ImageFolder root [default: a generated synthetic set]");
+    fs.integer("--workers", &workers, 1, "loader threads", 4096);
+    fs.integer("--images", &images, 1, "images per measurement", std::numeric_limits<int64_t>::max());
+    fs.integer("--image-size", &size, 8, "Resize target", 4096);
+    fs.integer("--batch-size", &batch, 1, "images per batch", 65536);
+    fs.boolean("--torchvision", &torchvision, "also time torchvision's loader on the same files");
+    fs.parse_or_help(argc, argv, "Usage: loader_bench [flags]\n\nFlags:\n");
+  } catch (const rd::UsageError& e) {
+    std::cerr << "loader_bench: " << e.what() << "\n";
     return 2;
   }
   try {
@@ -95,7 +87,7 @@ int main(int argc, char** argv) {
     measure(*folder, tf, workers, batch, std::min<size_t>(images, 64));  // warm the page cache
     const double jpeg = measure(*folder, tf, workers, batch, images);
     const double h5rate = measure(*packed, tf, workers, batch, images);
-    std::printf("resnet_ddp loader, AutoAugment + Resize(%d), %d worker(s), %zu images\n", size, workers, images);
+    std::printf("resnet_ddp loader, AutoAugment + Resize(%d), %d worker(s), %zu images\n", size, workers, static_cast<size_t>(images));
     std::printf("  ImageFolder (%s): %8.1f img/s  %8.1f img/s per core\n", data.c_str(), jpeg, jpeg / workers);
     std::printf("  HDF5 packed      : %8.1f img/s  %8.1f img/s per core\n", h5rate, h5rate / workers);
     double tv_rate = 0;
@@ -121,7 +113,7 @@ int main(int argc, char** argv) {
     // Machine-readable summary for bench/run_bench.sh (torchvision 0 = not measured).
     std::printf("RESULT_JSON {\"workers\": %d, \"images\": %zu, \"image_size\": %d, \"batch\": %d, "
                 "\"jpeg_img_per_s\": %.3f, \"h5_img_per_s\": %.3f, \"torchvision_img_per_s\": %.3f}\n",
-                workers, images, size, batch, jpeg, h5rate, tv_rate);
+                workers, static_cast<size_t>(images), size, batch, jpeg, h5rate, tv_rate);
     std::remove(h5.c_str());
     if (generated) fs::remove_all(data);
   } catch (const std::exception& e) {

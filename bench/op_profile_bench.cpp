@@ -117,37 +117,25 @@ struct Options : rd::bench::StepOptions {
   std::string json_path;
 };
 
-using rd::bench::usage_error;
-
-using rd::bench::parse_int;
-
 Options parse_args(int argc, char** argv) {
-  rd::bench::program_name() = "op_profile_bench";
   Options o;
   bool have_config = false;
-  rd::bench::parse_flags(
-      argc, argv,
-      "usage: op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]\n"
-      "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
-      "       [--layout nchw16c|nhwc|nchw] [--json PATH]\n"
-      "e.g. --config resnet34:244:16 (arch resnet18|resnet34|resnet50)\n",
-      o, [&](const std::string& flag, const std::string& value) {
-        if (flag == "--config") {
-          const rd::bench::ModelConfig c = rd::bench::parse_config(value);
-          o.arch = c.arch;
-          o.size = c.size;
-          o.batch = c.batch;
-          have_config = true;
-        } else if (flag == "--json") {
-          if (value.empty()) usage_error("--json needs a file path");
-          o.json_path = value;
-        } else {
-          return false;
-        }
-        return true;
-      });
-  if (!have_config) usage_error("--config ARCH:SIZE:BATCH is required");
-  o.threads = rd::bench::resolve_threads(o.threads);
+  rd::FlagSet fs("", "op_profile_bench");
+  fs.custom("--config", "ARCH:SIZE:BATCH", "model, image size and batch, e.g. resnet34:244:16 (required)",
+            [&](const std::string& v) {
+              const rd::bench::ModelConfig c = rd::bench::parse_config(v);
+              o.arch = c.arch;
+              o.size = c.size;
+              o.batch = c.batch;
+              have_config = true;
+            });
+  fs.path("--json", &o.json_path, "PATH", "also write the profile as JSON");
+  rd::bench::parse_step_flags(fs, o, argc, argv, "op_profile_bench",
+                              "usage: op_profile_bench --config ARCH:SIZE:BATCH [flags]\n\nFlags:\n");
+  if (!have_config) {
+    std::fprintf(stderr, "op_profile_bench: --config ARCH:SIZE:BATCH is required (see --help)\n");
+    std::exit(2);
+  }
   return o;
 }
 

@@ -34,29 +34,16 @@ struct Options : rd::bench::StepOptions {  // warm-up 1, 3 timed steps
   int num_classes = 3;
 };
 
-using rd::bench::parse_int;
-using rd::bench::usage_error;
-
 Options parse_args(int argc, char** argv) {
-  rd::bench::program_name() = "train_step_bench";
   Options o;
-  rd::bench::parse_flags(
-      argc, argv,
-      "usage: train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]\n"
-      "       [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]\n"
-      "       [--precision fp32|bf16] [--conv-algo auto|direct|winograd]\n"
-      "default configs: resnet34:244:16 resnet18:64:32\n",
-      o, [&](const std::string& flag, const std::string& value) {
-        if (flag == "--config") o.configs.push_back(rd::bench::parse_config(value));
-        else if (flag == "--num-classes") o.num_classes = parse_int(flag, value, 1);
-        else if (flag == "--head" && value == "fc") o.head = rd::HeadKind::Fc;
-        else if (flag == "--head" && value == "mlp") o.head = rd::HeadKind::Mlp;
-        else if (flag == "--head") usage_error("--head '" + value + "': expected fc or mlp");
-        else return false;
-        return true;
-      });
+  rd::FlagSet fs("", "train_step_bench");
+  fs.custom("--config", "ARCH:SIZE:BATCH", "model, image size and batch (repeatable) [default: resnet34:244:16 resnet18:64:32]",
+            [&](const std::string& v) { o.configs.push_back(rd::bench::parse_config(v)); });
+  fs.enumeration("--head", &o.head, rd::head_names(), "classifier head");
+  fs.integer("--num-classes", &o.num_classes, 1, "number of classes", 1000000);
+  rd::bench::parse_step_flags(fs, o, argc, argv, "train_step_bench",
+                              "usage: train_step_bench [flags]\n       train_step_bench --print-isa\n\nFlags:\n");
   if (o.configs.empty()) o.configs = {{"resnet34", 244, 16}, {"resnet18", 64, 32}};
-  o.threads = rd::bench::resolve_threads(o.threads);
   return o;
 }
 

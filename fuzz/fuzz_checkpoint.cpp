@@ -44,7 +44,7 @@ struct Fixture {
     model->init_parameters(1);
     train::OptimizerConfig oc;
     opt = std::make_unique<train::Optimizer>(*be, model->params(), model->grads(), oc);
-    sched = std::make_unique<train::Scheduler>("plateau", 1e-3, 5);
+    sched = std::make_unique<train::Scheduler>(train::SchedulerKind::Plateau, 1e-3, 5);
     train::CheckpointMeta m;
     m.arch = "resnet_tiny";
     m.head = "mlp";

@@ -12,6 +12,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 namespace {
 
@@ -25,40 +26,23 @@ struct Options {
 };
 
 const char* kUsage =
-    "usage: message_passing [--device cpu|cuda|auto] [--elements N] [--verbose]\n"
-    "  Start with mpirun/srun, e.g. mpirun -np 4 ./message_passing\n"
-    "  --device    cpu: MPI over host memory; cuda: NCCL over GPU memory (GPU = local rank);\n"
-    "              auto (default): cuda when a GPU is visible, else cpu\n"
-    "  --elements  floats in the tensor rank 0 sends (default 1)\n"
-    "  --verbose   print one line per rank (rank, local rank, node, device) first\n";
+    "usage: message_passing [flags]\n"
+    "  Start with mpirun/srun, e.g. mpirun -np 4 ./message_passing\n\nFlags:\n";
 
-Options parse(int argc, char** argv) {
+// Throws rd::UsageError naming the flag; *help is set by --help.
+Options parse(int argc, char** argv, std::string* help) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= argc) throw rd::UsageError(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--device") {
-      o.device = value("--device");
-      if (o.device != "cpu" && o.device != "cuda" && o.device != "auto")
-        throw rd::UsageError("--device '" + o.device + "': expected cpu, cuda or auto");
-    } else if (a == "--elements") {
-      std::string v = value("--elements");
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > (1LL << 31))
-        throw rd::UsageError("--elements '" + v + "': expected an integer in 1..2^31");
-      o.elements = static_cast<size_t>(n);
-    } else if (a == "--verbose") {
-      o.verbose = true;
-    } else if (a == "--help" || a == "-h") {
-      throw rd::UsageError("");
-    } else {
-      throw rd::UsageError("unknown argument '" + a + "'");
-    }
-  }
+  int64_t elements = 1;
+  rd::FlagSet fs("", "message_passing");
+  fs.choice("--device", &o.device, {"cpu", "cuda", "auto"},
+            "cpu: MPI over host memory; cuda: NCCL over GPU memory (GPU = local rank); auto: cuda when a GPU "
+            "is visible, else cpu");
+  fs.integer("--elements", &elements, 1, "floats in the tensor rank 0 sends", int64_t{1} << 31);
+  fs.boolean("--verbose", &o.verbose, "print one line per rank (rank, local rank, node, device) first");
+  bool want_help = false;
+  fs.parse(std::vector<std::string>(argv + 1, argv + argc), false, &want_help);
+  if (want_help) *help = kUsage + fs.help();
+  o.elements = static_cast<size_t>(elements);
   return o;
 }
 
@@ -196,15 +180,18 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   Options opt;
+  std::string help;
   try {
-    opt = parse(argc, argv);  // every rank parses the same arguments: all agree
+    opt = parse(argc, argv, &help);  // every rank parses the same arguments: all agree
   } catch (const rd::UsageError& e) {
-    if (env.rank == 0) {
-      if (*e.what()) std::fprintf(stderr, "message_passing: %s\n", e.what());
-      std::fputs(kUsage, *e.what() ? stderr : stdout);
-    }
+    if (env.rank == 0) std::fprintf(stderr, "message_passing: %s\n", e.what());
     rd::dist::finalize_process();
-    return *e.what() ? 2 : 0;
+    return 2;
+  }
+  if (!help.empty()) {
+    if (env.rank == 0) std::fputs(help.c_str(), stdout);
+    rd::dist::finalize_process();
+    return 0;
   }
   try {
     rc = run(env, opt);

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,71 +21,13 @@
 #include "resnet_ddp/data/pack.h"
 #include "resnet_ddp/data/transforms.h"
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 namespace fs = std::filesystem;
 
 namespace rd::data {
 
 namespace {
-
-// Minimal "--flag value" / "--flag=value" parser; every error names the flag.
-class Flags {
- public:
-  Flags(const char* command, int argc, char** argv) : command_(command) {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        help_ = true;
-        continue;
-      }
-      if (a.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + a + "' (see --help)");
-      const auto eq = a.find('=');
-      if (eq != std::string::npos) {
-        values_[a.substr(0, eq)] = a.substr(eq + 1);
-      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
-        values_[a] = argv[++i];
-      } else {
-        values_[a] = "";  // boolean flag
-      }
-    }
-  }
-  bool help() const { return help_; }
-  void allow(std::initializer_list<const char*> known) const {
-    for (const auto& [k, v] : values_) {
-      bool ok = false;
-      for (const char* n : known) ok |= k == n;
-      if (!ok) throw UsageError(std::string(k) + ": unknown flag for `resnet_ddp " + command_ + "` (see --help)");
-    }
-  }
-  bool has(const std::string& f) const { return values_.count(f) != 0; }
-  std::string str(const std::string& f, const std::string& def) const {
-    auto it = values_.find(f);
-    if (it == values_.end()) return def;
-    if (it->second.empty()) throw UsageError(f + ": needs a value");
-    return it->second;
-  }
-  long integer(const std::string& f, long def, long lo, long hi) const {
-    if (!has(f)) return def;
-    const std::string s = str(f, "");
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(s.c_str(), &end, 10);
-    if (errno || !end || *end || s.empty() || v < lo || v > hi)
-      throw UsageError(f + " " + s + ": expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
-    return v;
-  }
-  bool boolean(const std::string& f) const {
-    auto it = values_.find(f);
-    if (it == values_.end()) return false;
-    if (!it->second.empty()) throw UsageError(f + " takes no value (got '" + it->second + "')");
-    return true;
-  }
-
- private:
-  std::string command_;
-  std::map<std::string, std::string> values_;
-  bool help_ = false;
-};
 
 int run_command(const char* name, const std::function<int()>& body) {
   try {
@@ -181,57 +124,57 @@ void write_image(const std::string& path, int w, int h, const std::vector<uint8_
 }
 
 const char* kSynthHelp =
-    "usage: resnet_ddp synth --out DIR [options]\n"
+    "usage: resnet_ddp synth --out DIR [flags]\n"
     "Writes a procedurally generated ImageFolder tree (DIR/Train/<class>, DIR/Validation/<class>).\n"
     "Each class is a shape family (disk, square, triangle, ring, cross, L; more classes repeat\n"
     "shapes in pairs, triples, ...) at random place, size, rotation and colour over noisy\n"
-    "gradients with clutter: learnable, but not from colour statistics.\n"
-    "  --out DIR            output directory (created; must not contain Train/ or Validation/)\n"
-    "  --train N            training images (default 1322)\n"
-    "  --val M              validation images (default 363)\n"
-    "  --classes K          number of classes, named C0..C<K-1> (default 3: C0 C2 C4)\n"
-    "  --class-names A,B    explicit class names (overrides --classes)\n"
-    "  --size WxH           image size (default 256x256)\n"
-    "  --seed S             random seed (default 0)\n"
-    "  --format jpg|png     file format (default jpg)\n"
-    "  --threads T          generator threads (default: all cores)\n";
+    "gradients with clutter: learnable, but not from colour statistics.\n\nFlags:\n";
+
+// Parses argv[1..] with `fs`; true when --help printed `usage` and the flag table.
+bool parse_or_help(FlagSet& fs, int argc, char** argv, const char* usage, std::vector<std::string>* given = nullptr) {
+  bool help = false;
+  fs.parse(std::vector<std::string>(argv + 1, argv + argc), false, &help, given);
+  if (help) std::cout << usage << fs.help() << "  --help                      this text\n";
+  return help;
+}
 
 }  // namespace
 
 int synth_main(int argc, char** argv) {
   return run_command("synth", [&] {
-    Flags f("synth", argc, argv);
-    if (f.help()) {
-      std::cout << kSynthHelp;
-      return 0;
-    }
-    f.allow({"--out", "--train", "--val", "--classes", "--class-names", "--size", "--seed", "--format", "--threads"});
-    if (!f.has("--out")) throw UsageError("--out DIR is required (see --help)");
-    const std::string out = f.str("--out", "");
-    const long n_train = f.integer("--train", 1322, 1, 100000000);
-    const long n_val = f.integer("--val", 363, 1, 100000000);
-    const int threads = static_cast<int>(f.integer("--threads", 0, 0, 1024));
-    const uint64_t seed = static_cast<uint64_t>(f.integer("--seed", 0, 0, LONG_MAX));
-    const std::string format = f.str("--format", "jpg");
-    if (format != "jpg" && format != "png") throw UsageError("--format " + format + ": expected jpg or png");
+    std::string out, format = "jpg", class_names, size;
+    int64_t n_train = 1322, n_val = 363, classes = 3, seed = 0;
+    int threads = 0;
+    FlagSet f("synth");
+    f.path("--out", &out, "DIR", "output directory (created; must not contain Train/ or Validation/)");
+    f.integer("--train", &n_train, 1, "training images", 100000000);
+    f.integer("--val", &n_val, 1, "validation images", 100000000);
+    f.integer("--classes", &classes, 2, "number of classes, named C0..C<K-1> (unset: C0 C2 C4)", 10000);
+    f.text("--class-names", &class_names, "A,B", "explicit class names (overrides --classes)");
+    f.text("--size", &size, "WxH", "image size [default: 256x256]");
+    f.integer("--seed", &seed, 0, "random seed", LONG_MAX);
+    f.choice("--format", &format, {"jpg", "png"}, "file format");
+    f.integer("--threads", &threads, 0, "generator threads (0 = all cores)", 1024);
+    std::vector<std::string> given;
+    if (parse_or_help(f, argc, argv, kSynthHelp, &given)) return 0;
+    if (out.empty()) throw UsageError("--out DIR is required (see --help)");
     std::vector<std::string> names;
-    if (f.has("--class-names")) {
-      std::stringstream ss(f.str("--class-names", ""));
+    if (!class_names.empty()) {
+      std::stringstream ss(class_names);
       for (std::string n; std::getline(ss, n, ',');) {
         if (n.empty() || n.find('/') != std::string::npos || n == "." || n == "..")
           throw UsageError("--class-names: invalid class name '" + n + "'");
         names.push_back(n);
       }
-    } else if (f.has("--classes")) {
-      const long k = f.integer("--classes", 3, 2, 10000);
-      for (long i = 0; i < k; ++i) names.push_back("C" + std::to_string(i));
+    } else if (std::find(given.begin(), given.end(), "--classes") != given.end()) {
+      for (int64_t i = 0; i < classes; ++i) names.push_back(std::string("C").append(std::to_string(i)));
     } else {
       names = {"C0", "C2", "C4"};
     }
     if (names.size() < 2) throw UsageError("--class-names: need at least 2 classes");
     int w = 256, h = 256;
-    if (f.has("--size")) {
-      const std::string s = f.str("--size", "");
+    if (!size.empty()) {
+      const std::string& s = size;
       char x = 0, extra = 0;
       if (std::sscanf(s.c_str(), "%d%c%d%c", &w, &x, &h, &extra) != 3 || (x != 'x' && x != 'X') ||
           w < 8 || h < 8 || w > 8192 || h > 8192)
@@ -248,18 +191,18 @@ int synth_main(int argc, char** argv) {
     std::vector<Job> jobs;
     const std::string ext = format == "png" ? ".png" : ".jpg";
     int64_t key = 0;
-    for (const auto& [split, count] : {std::pair<std::string, long>{"Train", n_train}, {"Validation", n_val}}) {
+    for (const auto& [split, count] : {std::pair<std::string, int64_t>{"Train", n_train}, {"Validation", n_val}}) {
       for (size_t k = 0; k < names.size(); ++k) fs::create_directories(out + "/" + split + "/" + names[k]);
-      for (long i = 0; i < count; ++i) {
-        const int klass = static_cast<int>(i % static_cast<long>(names.size()));
+      for (int64_t i = 0; i < count; ++i) {
+        const int klass = static_cast<int>(i % static_cast<int64_t>(names.size()));
         char file[64];
-        std::snprintf(file, sizeof file, "%s_%06ld", split == "Train" ? "train" : "val", i);
+        std::snprintf(file, sizeof file, "%s_%06lld", split == "Train" ? "train" : "val", static_cast<long long>(i));
         jobs.push_back({out + "/" + split + "/" + names[static_cast<size_t>(klass)] + "/" + file + ext, klass, key++});
       }
     }
     parallel_for(jobs.size(), threads, [&](size_t i) {
       thread_local std::vector<uint8_t> px;
-      SampleRng rng(seed, -1, jobs[i].key);
+      SampleRng rng(static_cast<uint64_t>(seed), -1, jobs[i].key);
       render(jobs[i].klass, w, h, rng, px);
       write_image(jobs[i].path, w, h, px, format == "png");
     });
@@ -271,36 +214,26 @@ int synth_main(int argc, char** argv) {
 
 namespace {
 const char* kPackHelp =
-    "usage: resnet_ddp pack --data DIR --out FILE.h5 [options]\n"
+    "usage: resnet_ddp pack --data DIR --out FILE.h5 [flags]\n"
     "Decodes and resizes every image of an ImageFolder tree once into one HDF5 file\n"
-    "(per split: uint8 images N x S x S x 3 chunked per image, int32 labels, source names).\n"
-    "  --data DIR           ImageFolder root (DIR/Train/<class>/*, DIR/Validation/<class>/*, optional DIR/Test)\n"
-    "  --out FILE.h5        output file (written to FILE.h5.partial, renamed when complete)\n"
-    "  --image-size S       stored side length after Resize((S, S)) (default 244)\n"
-    "  --compress L         deflate level 0-9 (default 0: fastest to read)\n"
-    "  --strict-data        any unusable image is an error instead of a skipped file\n"
-    "  --max-pixels N       reject images above N pixels (default 64000000)\n"
-    "  --threads T          decode threads (default: all cores)\n";
+    "(per split: uint8 images N x S x S x 3 chunked per image, int32 labels, source names).\n\nFlags:\n";
 }
 
 int pack_main(int argc, char** argv) {
   return run_command("pack", [&] {
-    Flags f("pack", argc, argv);
-    if (f.help()) {
-      std::cout << kPackHelp;
-      return 0;
-    }
-    f.allow({"--data", "--out", "--image-size", "--compress", "--strict-data", "--max-pixels", "--threads"});
-    if (!f.has("--data")) throw UsageError("--data DIR is required (see --help)");
-    if (!f.has("--out")) throw UsageError("--out FILE.h5 is required (see --help)");
     PackOptions opts;
-    const std::string data = f.str("--data", "");
-    const std::string out = f.str("--out", "");
-    opts.image_size = static_cast<int>(f.integer("--image-size", 244, 8, 4096));
-    opts.compress_level = static_cast<int>(f.integer("--compress", 0, 0, 9));
-    opts.threads = static_cast<int>(f.integer("--threads", 0, 0, 1024));
-    opts.scan.strict = f.boolean("--strict-data");
-    opts.scan.max_pixels = f.integer("--max-pixels", opts.scan.max_pixels, 1, LONG_MAX);
+    std::string data, out;
+    FlagSet f("pack");
+    f.path("--data", &data, "DIR", "ImageFolder root (DIR/Train/<class>/*, DIR/Validation/<class>/*, optional DIR/Test)");
+    f.path("--out", &out, "FILE.h5", "output file (written to FILE.h5.partial, renamed when complete)");
+    f.integer("--image-size", &opts.image_size, 8, "stored side length after Resize((S, S))", 4096);
+    f.integer("--compress", &opts.compress_level, 0, "deflate level 0-9 (0: fastest to read)", 9);
+    f.boolean("--strict-data", &opts.scan.strict, "any unusable image is an error instead of a skipped file");
+    f.integer("--max-pixels", &opts.scan.max_pixels, 1, "reject images above N pixels", LONG_MAX);
+    f.integer("--threads", &opts.threads, 0, "decode threads (0 = all cores)", 1024);
+    if (parse_or_help(f, argc, argv, kPackHelp)) return 0;
+    if (data.empty()) throw UsageError("--data DIR is required (see --help)");
+    if (out.empty()) throw UsageError("--out FILE.h5 is required (see --help)");
     opts.scan.log = [](const std::string& line) { std::cerr << line << "\n"; };
     opts.progress = ::isatty(2) != 0;
     if (fs::is_directory(out)) throw UsageError("--out " + out + ": is a directory");

@@ -177,12 +177,12 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
   if (opt) {
     const OptimizerConfig& c = opt->config();
     Id g = w.group(f, "optimizer");
-    w.str(g, "type", c.type);
+    w.str(g, "type", name_of(optimizer_names(), c.type));
     w.i64(g, "step", opt->steps());
     w.f64(g, "lr", opt->lr());
     w.f64(g, "initial_lr", c.lr);
     w.f64(g, "weight_decay", c.weight_decay);
-    if (c.type == "adam") {
+    if (c.type == OptimizerKind::Adam) {
       w.f64(g, "beta1", c.beta1);
       w.f64(g, "beta2", c.beta2);
       w.f64(g, "eps", c.eps);
@@ -194,7 +194,7 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
     // Before the first step PyTorch has no state at all; we write zeros, which
     // give the same next step for Adam, and skip SGD's buffer (seeded by step 1).
     auto* state_owner = const_cast<Optimizer*>(opt);  // state() hands out a writable pointer
-    for (size_t k = 0; k < opt->state_count() && !(c.type == "sgd" && opt->steps() == 0); ++k) {
+    for (size_t k = 0; k < opt->state_count() && !(c.type == OptimizerKind::Sgd && opt->steps() == 0); ++k) {
       Id sg = w.group(g, opt->state_name(k));
       for (size_t i = 0; i < params.slices().size(); ++i) w.slice(sg, params, i, state_owner->state(k));
     }
@@ -303,9 +303,9 @@ bool is_nbt(const std::string& name) {
 }
 bool is_head_tensor(const std::string& name) { return name.rfind("fc.", 0) == 0; }
 
-const std::vector<std::string>& optimizer_state_names(const std::string& type) {
+const std::vector<std::string>& optimizer_state_names(OptimizerKind type) {
   static const std::vector<std::string> adam{"exp_avg", "exp_avg_sq"}, sgd{"momentum_buffer"};
-  return type == "adam" ? adam : sgd;
+  return type == OptimizerKind::Adam ? adam : sgd;
 }
 
 // An opened dataset with its element class and shape (rank checked).
@@ -486,13 +486,16 @@ void CheckpointReader::Impl::read_groups() {
     OptimizerMeta& o = meta.optimizer;
     OptimizerConfig& c = o.config;
     o.present = true;
-    c.type = str(g, "type");
-    if (c.type != "adam" && c.type != "sgd") bad("unknown optimizer type '" + c.type + "'");
+    const std::string type = str(g, "type");
+    bool known = false;
+    for (const auto& [name, kind] : optimizer_names())
+      if (name == type) c.type = kind, known = true;
+    if (!known) bad("unknown optimizer type '" + type + "'");
     o.step = i64(g, "step");
     o.lr = f64(g, "lr");
     c.lr = f64_or(g, "initial_lr", o.lr);
     c.weight_decay = f64_or(g, "weight_decay", 0.0);
-    if (c.type == "adam") {
+    if (c.type == OptimizerKind::Adam) {
       c.beta1 = f64_or(g, "beta1", 0.9);
       c.beta2 = f64_or(g, "beta2", 0.999);
       c.eps = f64_or(g, "eps", 1e-8);
@@ -632,10 +635,11 @@ std::vector<std::string> CheckpointReader::load_model(ResNet& model, bool allow_
 void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
   Impl& r = *impl_;
   const OptimizerMeta& o = r.meta.optimizer;
-  const std::string& type = o.config.type;
+  const OptimizerKind type = o.config.type;
   if (!o.present) r.bad("has no /optimizer state to resume from");
   if (type != opt.config().type)
-    r.bad("optimizer state is for --optimizer " + type + ", this run uses --optimizer " + opt.config().type);
+    r.bad("optimizer state is for --optimizer " + name_of(optimizer_names(), type) +
+          ", this run uses --optimizer " + opt.type_name());
   opt.set_steps(o.step);
   opt.set_lr(o.lr);
   Backend& be = model.backend();
@@ -646,7 +650,7 @@ void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
     const auto& known = optimizer_state_names(type);
     if (std::find(known.begin(), known.end(), name) == known.end() || !h5::has_link(r.group("optimizer"), name)) {
       // SGD before its first step has no momentum buffer; anything else is damage.
-      if (type == "sgd" && o.step == 0) continue;
+      if (type == OptimizerKind::Sgd && o.step == 0) continue;
       r.bad("missing optimizer state '" + name + "'");
     }
     float* base = opt.state(k);

@@ -5,16 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <limits>
-#include <sstream>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 namespace fs = std::filesystem;
 
@@ -44,249 +42,24 @@ std::string TrainOptions::metrics_path() const {
 
 namespace {
 
-// A small declarative flag table: each flag knows its target, how to parse and
-// validate a value, and how to describe itself in --help.
-class FlagSet {
- public:
-  explicit FlagSet(std::string command) : command_(std::move(command)) {}
-
-  void text(const std::string& name, std::string* target, const std::string& metavar,
-            const std::string& help) {
-    add(name, metavar, help, *target, [target](const std::string&, const std::string& v) {
-      *target = v;
-    });
-    flags_.back().get = [target] { return *target; };
-  }
-  void path(const std::string& name, std::string* target, const std::string& metavar,
-            const std::string& help) {
-    add(name, metavar, help, *target, [target](const std::string& flag, const std::string& v) {
-      if (v.empty()) throw UsageError(flag + ": expected a path, got an empty string");
-      *target = v;
-    });
-    flags_.back().get = [target] { return *target; };
-  }
-  void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
-              const std::string& help) {
-    std::string metavar;
-    for (const auto& c : choices) metavar += (metavar.empty() ? "" : "|") + c;
-    add(name, metavar, help, *target, [target, choices, metavar](const std::string& flag,
-                                                                 const std::string& v) {
-      for (const auto& c : choices)
-        if (v == c) {
-          *target = v;
-          return;
-        }
-      throw UsageError(flag + ": expected one of " + metavar + ", got '" + v + "'");
-    });
-    flags_.back().get = [target] { return *target; };
-  }
-  template <class Int>
-  void integer(const std::string& name, Int* target, int64_t min, const std::string& help,
-               int64_t max = std::numeric_limits<int32_t>::max()) {
-    add(name, "N", help, std::to_string(*target),
-        [target, min, max](const std::string& flag, const std::string& v) {
-          errno = 0;
-          char* end = nullptr;
-          const long long x = std::strtoll(v.c_str(), &end, 10);
-          if (v.empty() || *end != '\0' || errno == ERANGE)
-            throw UsageError(flag + ": expected an integer, got '" + v + "'");
-          if (x < min || x > max)
-            throw UsageError(flag + ": expected an integer in [" + std::to_string(min) + ", " +
-                             std::to_string(max) + "], got " + v);
-          *target = static_cast<Int>(x);
-        });
-    flags_.back().get = [target] { return std::to_string(*target); };
-  }
-  // Real number with min (inclusive unless min_exclusive) and optional max.
-  void real(const std::string& name, double* target, double min, bool min_exclusive,
-            const std::string& help, double max = std::numeric_limits<double>::infinity()) {
-    std::ostringstream def;
-    def << *target;
-    add(name, "X", help, def.str(),
-        [target, min, min_exclusive, max](const std::string& flag, const std::string& v) {
-          errno = 0;
-          char* end = nullptr;
-          const double x = std::strtod(v.c_str(), &end);
-          if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x))
-            throw UsageError(flag + ": expected a number, got '" + v + "'");
-          const bool low = min_exclusive ? !(x > min) : !(x >= min);
-          if (low || x > max) {
-            std::ostringstream m;
-            m << flag << ": expected a number " << (min_exclusive ? "> " : ">= ") << min;
-            if (std::isfinite(max)) m << " and <= " << max;
-            m << ", got " << v;
-            throw UsageError(m.str());
-          }
-          *target = x;
-        });
-    // Shortest text that reads back as the same double: 1e-2 and 0.01 compare equal.
-    flags_.back().get = [target] {
-      char buf[32];
-      for (int prec = 1; prec <= 17; ++prec) {
-        std::snprintf(buf, sizeof buf, "%.*g", prec, *target);
-        if (std::strtod(buf, nullptr) == *target) break;
-      }
-      return std::string(buf);
-    };
-  }
-  // A flag that switches a default-on option off.
-  void negated(const std::string& name, bool* target, const std::string& help) {
-    Flag f;
-    f.name = name;
-    f.help = help;
-    f.is_bool = true;
-    f.set = [target](const std::string&, const std::string&) { *target = false; };
-    f.get = [target] { return std::string(*target ? "on" : "off"); };
-    flags_.push_back(std::move(f));
-  }
-  void boolean(const std::string& name, bool* target, const std::string& help) {
-    Flag f;
-    f.name = name;
-    f.help = help;
-    f.is_bool = true;
-    f.set = [target](const std::string&, const std::string&) { *target = true; };
-    f.get = [target] { return std::string(*target ? "on" : "off"); };
-    flags_.push_back(std::move(f));
-  }
-
-  // Parses args; positional arguments are returned (an error when !allow_positional).
-  std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional,
-                                 bool* help_requested, std::vector<std::string>* given = nullptr) {
-    std::vector<std::string> positional;
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      if (a == "--help" || a == "-h") {
-        *help_requested = true;
-        return positional;
-      }
-      if (a == "--") {
-        for (size_t j = i + 1; j < args.size(); ++j) positional.push_back(args[j]);
-        break;
-      }
-      if (a.size() < 2 || a[0] != '-') {
-        positional.push_back(a);
-        continue;
-      }
-      std::string name = a, value;
-      bool has_value = false;
-      if (auto eq = a.find('='); eq != std::string::npos) {
-        name = a.substr(0, eq);
-        value = a.substr(eq + 1);
-        has_value = true;
-      }
-      Flag* f = find(name);
-      if (!f) throw UsageError(unknown_message(name));
-      if (given) given->push_back(name);
-      if (f->is_bool) {
-        if (has_value) throw UsageError(name + ": takes no value (got '" + value + "')");
-        f->set(name, "");
-        continue;
-      }
-      if (!has_value) {
-        if (i + 1 >= args.size()) throw UsageError(name + ": missing value (" + f->metavar + ")");
-        value = args[++i];
-      }
-      f->set(name, value);
-    }
-    if (!allow_positional && !positional.empty())
-      throw UsageError("unexpected argument '" + positional.front() + "' for '" + command_ +
-                       "' (flags start with --; see resnet_ddp " + command_ + " --help)");
-    return positional;
-  }
-
-  std::string help() const {
-    std::ostringstream out;
-    for (const auto& f : flags_) {
-      std::string lhs = "  " + f.name + (f.is_bool ? "" : " " + f.metavar);
-      out << lhs;
-      if (lhs.size() < 30) out << std::string(30 - lhs.size(), ' ');
-      else out << "\n" << std::string(30, ' ');
-      out << f.help;
-      if (!f.is_bool && !f.default_value.empty()) out << " [default: " << f.default_value << "]";
-      out << "\n";
-    }
-    return out.str();
-  }
-
-  std::vector<std::pair<std::string, std::string>> values() const {
-    std::vector<std::pair<std::string, std::string>> v;
-    for (const auto& f : flags_)
-      if (f.get) v.emplace_back(f.name, f.get());
-    return v;
-  }
-
- private:
-  struct Flag {
-    std::string name, metavar, help, default_value;
-    bool is_bool = false;
-    std::function<void(const std::string&, const std::string&)> set;
-    std::function<std::string()> get;
-  };
-
-  void add(const std::string& name, const std::string& metavar, const std::string& help,
-           const std::string& default_value,
-           std::function<void(const std::string&, const std::string&)> set) {
-    Flag f;
-    f.name = name;
-    f.metavar = metavar;
-    f.help = help;
-    f.default_value = default_value;
-    f.set = std::move(set);
-    flags_.push_back(std::move(f));
-  }
-  Flag* find(const std::string& name) {
-    for (auto& f : flags_)
-      if (f.name == name) return &f;
-    return nullptr;
-  }
-  static size_t edit_distance(const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  }
-  std::string unknown_message(const std::string& name) const {
-    std::string msg = "unknown flag '" + name + "' for '" + command_ + "'";
-    size_t best = 4;
-    std::string suggestion;
-    for (const auto& f : flags_) {
-      const size_t d = edit_distance(name, f.name);
-      if (d < best) {
-        best = d;
-        suggestion = f.name;
-      }
-    }
-    if (!suggestion.empty()) msg += " (did you mean " + suggestion + "?)";
-    return msg + "; see resnet_ddp " + command_ + " --help";
-  }
-
-  std::string command_;
-  std::vector<Flag> flags_;
-};
-
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--data", &o.data, "PATH",
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
   fs.choice("--arch", &o.arch, {"resnet18", "resnet34", "resnet50", "resnet_tiny"},
             "network depth (resnet_tiny: a miniature model for tests)");
-  fs.choice("--head", &o.head, {"mlp", "fc"},
+  fs.enumeration("--head", &o.head, head_names(),
             "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
   fs.integer("--image-size", &o.image_size, 32, "square input size after Resize", 4096);
   fs.integer("--batch-size", &o.batch_size, 1, "images per rank per step", 65536);
   fs.integer("--val-batch-size", &o.val_batch_size, 0, "images per rank per validation batch (0 = --batch-size)", 65536);
   fs.integer("--epochs", &o.epochs, 1, "number of epochs", 1000000);
   fs.real("--lr", &o.lr, 0.0, true, "learning rate");
-  fs.choice("--optimizer", &o.optimizer, {"adam", "sgd"}, "optimizer (PyTorch semantics)");
+  fs.enumeration("--optimizer", &o.optimizer, optimizer_names(), "optimizer (PyTorch semantics)");
   fs.real("--momentum", &o.momentum, 0.0, false, "SGD momentum", 1.0);
   fs.boolean("--nesterov", &o.nesterov, "SGD with Nesterov momentum");
   fs.real("--weight-decay", &o.weight_decay, 0.0, false, "L2 penalty added to the gradient");
   fs.real("--label-smoothing", &o.label_smoothing, 0.0, false, "cross-entropy label smoothing", 1.0);
-  fs.choice("--scheduler", &o.scheduler, {"plateau", "cosine", "none"},
+  fs.enumeration("--scheduler", &o.scheduler, scheduler_names(),
             "LR schedule per epoch: plateau = ReduceLROnPlateau(val loss, factor 0.1, patience 5, "
             "min_lr 1e-8); cosine = CosineAnnealingLR(T_max = epochs)");
   fs.boolean("--sync-bn", &o.sync_bn,
@@ -305,9 +78,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
              "drive MPI progress from a helper thread during backward (worth it when a core is spare)");
   fs.integer("--accum-steps", &o.accum_steps, 1, "micro-batches accumulated per optimizer step", 65536);
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
-  fs.choice("--precision", &o.precision, {"fp32", "tf32", "fp16", "bf16"},
+  fs.enumeration("--precision", &o.precision, precision_names(),
             "compute precision (fp16 uses dynamic loss scaling)");
-  fs.choice("--conv-algo", &o.conv_algo, {"auto", "direct", "winograd"},
+  fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(),
             "CPU fp32 3x3 convolutions: Winograd where it is faster (auto), never, or wherever possible");
   fs.integer("--max-steps", &o.max_steps, 0, "stop each epoch after N optimizer steps (0 = full epoch; smoke runs)",
              std::numeric_limits<int64_t>::max());
@@ -451,11 +224,11 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       TrainOptions& t = pc.train;
       if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
       if (t.resume.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
-      if (t.optimizer != "sgd" && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
+      if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
       if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
       if (t.eval_only && t.resume == "none" && t.init.empty())
         throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
-      if (t.precision == "fp16" && t.device == "cpu")
+      if (t.precision == Precision::FP16 && t.device == "cpu")
         throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
       if (t.deterministic && t.device == "cuda")
         throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");

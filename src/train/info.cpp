@@ -72,7 +72,7 @@ int info_main(const InfoOptions& o) {
         << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
         << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
         << ",\n  \"parameters\": " << count_params(s.state_dict) << ",\n  \"tensors\": " << s.state_dict.size()
-        << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? m.optimizer.config.type : "")
+        << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? name_of(optimizer_names(), m.optimizer.config.type) : "")
         << ",\n  \"optimizer_step\": " << m.optimizer.step << ",\n  \"lr\": " << json_number(m.optimizer.lr)
         << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
         << ",\n  \"args\": " << json_string(m.args) << ",\n  \"created_by\": " << json_string(m.created_by);
@@ -103,7 +103,7 @@ int info_main(const InfoOptions& o) {
       out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
       out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
       if (m.optimizer.present)
-        out << "optimizer:       " << m.optimizer.config.type << ", step " << m.optimizer.step << ", lr "
+        out << "optimizer:       " << name_of(optimizer_names(), m.optimizer.config.type) << ", step " << m.optimizer.step << ", lr "
             << py_float(m.optimizer.lr) << " (initial " << py_float(m.optimizer.config.lr) << ")\n";
       if (m.scheduler.present) {
         out << "scheduler:       " << m.scheduler.type;

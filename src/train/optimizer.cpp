@@ -11,19 +11,17 @@ Optimizer::Optimizer(Backend& backend, Arena& params, Arena& grads, const Optimi
     : backend_(backend), params_(params), grads_(grads), cfg_(cfg), lr_(cfg.lr) {
   RD_CHECK(params.allocated() && grads.allocated() && params.size() == grads.size(),
            "Optimizer: parameter and gradient arenas must be allocated with the same layout");
-  if (cfg_.type != "adam" && cfg_.type != "sgd")
-    throw UsageError("--optimizer: unknown optimizer '" + cfg_.type + "'");
   const size_t bytes = std::max<size_t>(params.size(), 1) * sizeof(float);
   for (size_t i = 0; i < state_count(); ++i) state_[i] = backend_.allocate(bytes);
 }
 
 size_t Optimizer::state_count() const {
-  if (cfg_.type == "adam") return 2;
+  if (cfg_.type == OptimizerKind::Adam) return 2;
   return cfg_.momentum != 0.0 ? 1 : 0;
 }
 
 const char* Optimizer::state_name(size_t i) const {
-  if (cfg_.type == "adam") return i == 0 ? "exp_avg" : "exp_avg_sq";
+  if (cfg_.type == OptimizerKind::Adam) return i == 0 ? "exp_avg" : "exp_avg_sq";
   return "momentum_buffer";
 }
 
@@ -35,7 +33,7 @@ float* Optimizer::state(size_t i) {
 void Optimizer::step() {
   ++step_;
   const size_t n = params_.size();
-  if (cfg_.type == "adam") {
+  if (cfg_.type == OptimizerKind::Adam) {
     math::AdamArgs a;
     a.lr = static_cast<float>(lr_);
     a.beta1 = static_cast<float>(cfg_.beta1);
@@ -58,9 +56,7 @@ void Optimizer::step() {
   }
 }
 
-Scheduler::Scheduler(std::string type, double base_lr, int64_t epochs) : type_(std::move(type)) {
-  if (type_ != "plateau" && type_ != "cosine" && type_ != "none")
-    throw UsageError("--scheduler: unknown scheduler '" + type_ + "'");
+Scheduler::Scheduler(SchedulerKind kind, double base_lr, int64_t epochs) : kind_(kind) {
   plateau.best = std::numeric_limits<double>::infinity();
   cosine.t_max = std::max<int64_t>(epochs, 1);
   cosine.base_lr = base_lr;
@@ -68,7 +64,7 @@ Scheduler::Scheduler(std::string type, double base_lr, int64_t epochs) : type_(s
 
 double Scheduler::step(double lr, double val_loss) {
   ++last_epoch_;
-  if (type_ == "plateau") {
+  if (kind_ == SchedulerKind::Plateau) {
     PlateauState& p = plateau;
     // mode "min", threshold_mode "rel": better when below best * (1 - threshold).
     if (val_loss < p.best * (1.0 - p.threshold)) {
@@ -89,7 +85,7 @@ double Scheduler::step(double lr, double val_loss) {
     }
     return lr;
   }
-  if (type_ == "cosine") {
+  if (kind_ == SchedulerKind::Cosine) {
     // torch's recursive (chainable) form, evaluated at the new last_epoch.
     const double pi = 3.14159265358979323846;
     const double T = static_cast<double>(cosine.t_max);

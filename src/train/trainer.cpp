@@ -26,6 +26,7 @@
 #include "resnet_ddp/train/optimizer.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
+#include "resnet_ddp/train/train_step.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -44,8 +45,10 @@ struct CollectiveExit {
   int code;
 };
 
-// Everything rank 0 decides about the starting state, broadcast to all ranks.
-struct StartState {
+// The run's live state: rank 0 decides where it starts (fresh, resumed, --init) and
+// broadcasts it as raw bytes; the epoch loop then advances it (steps, best accuracy)
+// and checkpoints record it.
+struct RunState {
   int64_t resumed = 0;         // 1 when continuing from a checkpoint
   int64_t epoch = 0;           // completed epochs
   int64_t step_in_epoch = 0;   // steps already done in the next epoch
@@ -70,6 +73,17 @@ struct StartState {
 
 struct StepTimes {
   double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
+};
+
+// One epoch's training on this rank (rank 0's sums also hold the resumed part of an
+// interrupted epoch).
+struct EpochStats {
+  double loss_sum = 0;
+  int64_t correct = 0, seen = 0;
+  StepTimes times;
+  int64_t steps = 0;     // optimizer steps this run took
+  double seconds = 0;    // training time, validation excluded
+  bool preempted = false;  // the checkpoint is written; the caller exits 0
 };
 
 class Trainer {
@@ -102,9 +116,7 @@ class Trainer {
   void load_start_state();
   void broadcast_start_state(bool rank0_loaded);
   void train_epochs();
-  // Returns false when preempted (checkpoint written, caller exits 0).
-  bool train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct, int64_t& seen, StepTimes& times,
-                       int64_t& steps_done, double& train_seconds);
+  EpochStats train_one_epoch(int64_t epoch);
   void validate(double& val_loss, double& val_acc);
   void sync_buffers();
   void save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
@@ -132,17 +144,14 @@ class Trainer {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<dist::GradientBucketer> bucketer_;
   std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
+  std::unique_ptr<TrainStep> step_;
   std::vector<std::string> class_names_;
   const float* norm_mean_ = nullptr;
   const float* norm_std_ = nullptr;
-  bool fp16_ = false;
-  double loss_scale_ = 65536.0;
-  int64_t good_steps_ = 0;
-  StartState start_;
+  RunState run_;
   std::string resume_path_;
   std::unique_ptr<MetricsCsv> metrics_;
   std::unique_ptr<Progress> progress_;
-  Tensor dlogits_;
   std::string last_path_, best_path_;
   OutputLock lock_;  // rank 0, for the whole run
   std::vector<std::string> resume_changes_;  // rank 0: one line per honoured flag change
@@ -198,7 +207,7 @@ void Trainer::setup_device() {
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
   agree([&] {
-    if (o_.precision == "fp16" && device == "cpu")
+    if (o_.precision == Precision::FP16 && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
     if (device == "cuda" && !cuda_backend_available())
       throw UsageError("--device cuda: no usable CUDA device (" +
@@ -209,13 +218,8 @@ void Trainer::setup_device() {
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;
     bo.threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
-    bo.precision = o_.precision == "tf32" ? Precision::TF32
-                   : o_.precision == "fp16" ? Precision::FP16
-                   : o_.precision == "bf16" ? Precision::BF16
-                                            : Precision::FP32;
-    bo.conv_algo = o_.conv_algo == "direct" ? ConvAlgo::Direct
-                   : o_.conv_algo == "winograd" ? ConvAlgo::Winograd
-                                                : ConvAlgo::Auto;
+    bo.precision = o_.precision;
+    bo.conv_algo = o_.conv_algo;
     if (device == "cuda") {
       const int visible = cuda_device_count();
       cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
@@ -233,11 +237,11 @@ void Trainer::setup_device() {
       throw;
     } catch (const Error& e) {
       // A precision the backend does not implement is a usage problem (exit 2).
-      if (o_.precision != "fp32") throw UsageError("--precision " + o_.precision + ": " + e.what());
+      if (o_.precision != Precision::FP32)
+        throw UsageError("--precision " + name_of(precision_names(), o_.precision) + ": " + e.what());
       throw;
     }
   });
-  fp16_ = o_.precision == "fp16";
 #ifdef RESNET_DDP_HAVE_CUDA
   if (backend_->device() == DeviceKind::CUDA) {
     agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, cuda_index); });
@@ -294,7 +298,9 @@ void Trainer::resolve_resume() {
         };
         std::string image = std::to_string(o_.image_size);
         fixed("--arch", o_.arch, m.arch);
-        fixed("--head", o_.head, m.head);
+        std::string head = head_name(o_.head);
+        fixed("--head", head, m.head);
+        o_.head = parse_head(head);
         fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
         o_.image_size = std::stoi(image);
         fixed("--normalize", o_.normalize, m.normalize);
@@ -302,7 +308,7 @@ void Trainer::resolve_resume() {
         const TrainOptions defaults;
         std::string inherited;
         if (!o_.was_given("--arch") && o_.arch != defaults.arch) inherited += " --arch " + o_.arch;
-        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += " --head " + o_.head;
+        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += std::string(" --head ") + head_name(o_.head);
         if (!o_.was_given("--image-size") && o_.image_size != defaults.image_size)
           inherited += " --image-size " + std::to_string(o_.image_size);
         if (!o_.was_given("--normalize") && o_.normalize != defaults.normalize)
@@ -310,9 +316,10 @@ void Trainer::resolve_resume() {
         if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
         if (o_.eval_only) return;
         const OptimizerMeta& os = m.optimizer;
-        if (os.present && !os.config.type.empty() && os.config.type != o_.optimizer)
-          throw UsageError("--optimizer " + o_.optimizer + ": checkpoint '" + path +
-                           "' does not match this run: it holds --optimizer " + os.config.type +
+        const std::string optimizer = name_of(optimizer_names(), o_.optimizer);
+        if (os.present && os.config.type != o_.optimizer)
+          throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
+                           "' does not match this run: it holds --optimizer " + name_of(optimizer_names(), os.config.type) +
                            " state; resuming cannot change it" + kStartFresh);
         // The previous run's flags, read back from the command line it recorded (a
         // checkpoint from another version may not parse: then only its metadata counts).
@@ -359,7 +366,7 @@ void Trainer::resolve_resume() {
       },
       rank0());
   if (rank0()) {
-    blob = o_.arch + '\n' + o_.head + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
+    blob = o_.arch + '\n' + head_name(o_.head) + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
            (honour_lr_ ? "1" : "0") + (epochs_changed_ ? "1" : "0");
   }
   int64_t n = static_cast<int64_t>(blob.size());
@@ -371,7 +378,7 @@ void Trainer::resolve_resume() {
   for (size_t nl; (nl = blob.find('\n', at)) != std::string::npos; at = nl + 1) f.push_back(blob.substr(at, nl - at));
   f.push_back(blob.substr(at));
   o_.arch = f.at(0);
-  o_.head = f.at(1);
+  o_.head = parse_head(f.at(1));
   o_.image_size = std::stoi(f.at(2));
   o_.normalize = f.at(3);
   honour_lr_ = f.at(4)[0] == '1';
@@ -422,7 +429,7 @@ void Trainer::setup_data() {
 void Trainer::setup_model() {
   ResNetConfig mc;
   mc.arch = o_.arch;
-  mc.head = parse_head(o_.head);
+  mc.head = o_.head;
   mc.num_classes = static_cast<int>(class_names_.size());
   mc.init_seed = static_cast<uint64_t>(o_.seed);
   agree([&] {
@@ -438,7 +445,7 @@ void Trainer::setup_model() {
   oc.type = o_.optimizer;
   oc.lr = o_.lr;
   oc.weight_decay = o_.weight_decay;
-  if (o_.optimizer == "sgd") {
+  if (o_.optimizer == OptimizerKind::Sgd) {
     oc.momentum = o_.momentum;
     oc.nesterov = o_.nesterov;
   }
@@ -448,6 +455,8 @@ void Trainer::setup_model() {
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
   bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
+  step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
+                                      o_.precision == Precision::FP16);
 }
 
 void Trainer::check_output_space() {
@@ -473,7 +482,7 @@ void Trainer::check_output_space() {
 CheckpointMeta Trainer::base_meta() const {
   CheckpointMeta m;
   m.arch = o_.arch;
-  m.head = o_.head;
+  m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
   m.image_size = o_.image_size;
   m.world_size = env_.world;
@@ -490,7 +499,7 @@ CheckpointMeta Trainer::base_meta() const {
 void Trainer::load_start_state() {
   last_path_ = (fs::path(o_.output_dir) / "last.h5").string();
   best_path_ = (fs::path(o_.output_dir) / "best_model.h5").string();
-  start_.lr = o_.lr;
+  run_.lr = o_.lr;
   bool loaded = false;
   agree(
       [&] {
@@ -508,35 +517,35 @@ void Trainer::load_start_state() {
           check_compatible(ck.meta(), *model_, class_names_, path);
           ck.load_model(*model_, false);
           const CheckpointMeta& m = ck.meta();
-          start_.resumed = 1;
-          start_.epoch = m.epoch;
-          start_.step_in_epoch = m.step_in_epoch;
-          start_.global_step = m.global_step;
-          start_.num_batches_tracked = model_->num_batches_tracked();
-          start_.world_size = m.world_size;
-          start_.batch_size = m.batch_size;
-          start_.accum_steps = m.accum_steps;
-          start_.best_val_acc = m.best_val_acc;
-          start_.best_val_loss = m.best_val_loss;
-          start_.partial_loss_sum = m.partial_train_loss_sum;
-          start_.partial_correct = m.partial_train_correct;
-          start_.partial_count = m.partial_train_count;
+          run_.resumed = 1;
+          run_.epoch = m.epoch;
+          run_.step_in_epoch = m.step_in_epoch;
+          run_.global_step = m.global_step;
+          run_.num_batches_tracked = model_->num_batches_tracked();
+          run_.world_size = m.world_size;
+          run_.batch_size = m.batch_size;
+          run_.accum_steps = m.accum_steps;
+          run_.best_val_acc = m.best_val_acc;
+          run_.best_val_loss = m.best_val_loss;
+          run_.partial_loss_sum = m.partial_train_loss_sum;
+          run_.partial_correct = m.partial_train_correct;
+          run_.partial_count = m.partial_train_count;
           if (!o_.eval_only) {
             ck.load_optimizer(*model_, *opt_);
-            start_.has_optimizer_state = 1;
-            start_.optimizer_steps = opt_->steps();
-            start_.lr = honour_lr_ ? o_.lr : opt_->lr();
+            run_.has_optimizer_state = 1;
+            run_.optimizer_steps = opt_->steps();
+            run_.lr = honour_lr_ ? o_.lr : opt_->lr();
             const SchedulerMeta& sc = m.scheduler;
             if (sc.present && sc.type == sched_->type()) {
               restore_scheduler(sc, *sched_);
-              start_.has_scheduler_state = 1;
-              start_.scheduler_last_epoch = sched_->last_epoch();
-              start_.plateau = sched_->plateau;
-              start_.cosine = sched_->cosine;
-              if (honour_lr_) start_.cosine.base_lr = o_.lr;
-              if (epochs_changed_) start_.cosine.t_max = std::max(o_.epochs, 1);
+              run_.has_scheduler_state = 1;
+              run_.scheduler_last_epoch = sched_->last_epoch();
+              run_.plateau = sched_->plateau;
+              run_.cosine = sched_->cosine;
+              if (honour_lr_) run_.cosine.base_lr = o_.lr;
+              if (epochs_changed_) run_.cosine.t_max = std::max(o_.epochs, 1);
             } else if (sc.present) {
-              notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + o_.scheduler +
+              notice("checkpoint used --scheduler " + sc.type + "; starting a fresh " + sched_->type() +
                      " schedule");
             }
           }
@@ -555,11 +564,11 @@ void Trainer::load_start_state() {
             throw UsageError("--init: '" + o_.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " +
                              o_.arch);
           auto skipped = ck.load_model(*model_, true);
-          start_.num_batches_tracked = model_->num_batches_tracked();
+          run_.num_batches_tracked = model_->num_batches_tracked();
           loaded = true;
           if (!skipped.empty())
             notice("--init: the head in " + o_.init + " does not fit " + std::to_string(class_names_.size()) +
-                   " classes / --head " + o_.head + "; it keeps its fresh initialisation");
+                   " classes / --head " + head_name(o_.head) + "; it keeps its fresh initialisation");
           say("Initialised weights from " + o_.init);
         } else if (o_.eval_only) {
           throw UsageError("--eval-only: no checkpoint found (" + last_path_ + " does not exist)");
@@ -570,58 +579,58 @@ void Trainer::load_start_state() {
 }
 
 void Trainer::broadcast_start_state(bool rank0_loaded) {
-  ctrl_->broadcast(&start_, sizeof start_, 0);
+  ctrl_->broadcast(&run_, sizeof run_, 0);
   int64_t loaded = rank0_loaded ? 1 : 0;
   ctrl_->broadcast(&loaded, sizeof loaded, 0);
   // Rank 0's weights everywhere (a fresh init too: one source of truth).
   dist::broadcast_model(*grad_, model_->params(), model_->buffers());
-  model_->set_num_batches_tracked(start_.num_batches_tracked);
-  if (start_.has_optimizer_state) {
+  model_->set_num_batches_tracked(run_.num_batches_tracked);
+  if (run_.has_optimizer_state) {
     for (size_t k = 0; k < opt_->state_count(); ++k)
       grad_->broadcast(opt_->state(k), model_->params().bytes(), 0);
-    opt_->set_steps(start_.optimizer_steps);
-    opt_->set_lr(start_.lr);
+    opt_->set_steps(run_.optimizer_steps);
+    opt_->set_lr(run_.lr);
   }
-  if (start_.has_scheduler_state) {
-    sched_->set_last_epoch(start_.scheduler_last_epoch);
-    sched_->plateau = start_.plateau;
-    sched_->cosine = start_.cosine;
+  if (run_.has_scheduler_state) {
+    sched_->set_last_epoch(run_.scheduler_last_epoch);
+    sched_->plateau = run_.plateau;
+    sched_->cosine = run_.cosine;
   }
-  if (start_.resumed) {
+  if (run_.resumed) {
     // A mid-epoch position: the checkpoint's ranks consumed the first
     // step x world x batch x accum samples of the epoch's permutation (each rank takes
     // every world-th one). Any other shape continues at the last step boundary it has
     // inside that prefix, the sampler sharding the rest over this run's ranks; the few
     // samples past that boundary are trained again.
-    const int64_t old_world = start_.world_size > 0 ? start_.world_size : env_.world;
-    const int64_t old_batch = start_.batch_size > 0 ? start_.batch_size : o_.batch_size;
-    const int64_t old_accum = start_.accum_steps > 0 ? start_.accum_steps : o_.accum_steps;
+    const int64_t old_world = run_.world_size > 0 ? run_.world_size : env_.world;
+    const int64_t old_batch = run_.batch_size > 0 ? run_.batch_size : o_.batch_size;
+    const int64_t old_accum = run_.accum_steps > 0 ? run_.accum_steps : o_.accum_steps;
     const int64_t old_global = old_world * old_batch * old_accum;
     const int64_t new_global = static_cast<int64_t>(env_.world) * o_.batch_size * o_.accum_steps;
-    const int64_t old_step = start_.step_in_epoch;
+    const int64_t old_step = run_.step_in_epoch;
     int64_t replayed = 0;
     if (old_step > 0 && old_global != new_global) {
       const int64_t consumed = old_step * old_global;
-      start_.step_in_epoch = consumed / new_global;
-      replayed = consumed - start_.step_in_epoch * new_global;
-      if (start_.step_in_epoch == 0) {
-        start_.partial_loss_sum = 0;
-        start_.partial_correct = start_.partial_count = 0;
+      run_.step_in_epoch = consumed / new_global;
+      replayed = consumed - run_.step_in_epoch * new_global;
+      if (run_.step_in_epoch == 0) {
+        run_.partial_loss_sum = 0;
+        run_.partial_correct = run_.partial_count = 0;
       }
     }
-    std::string where = start_.step_in_epoch > 0
-                            ? "epoch " + std::to_string(start_.epoch + 1) + " step " + std::to_string(start_.step_in_epoch)
-                            : "epoch " + std::to_string(start_.epoch + 1);
+    std::string where = run_.step_in_epoch > 0
+                            ? "epoch " + std::to_string(run_.epoch + 1) + " step " + std::to_string(run_.step_in_epoch)
+                            : "epoch " + std::to_string(run_.epoch + 1);
     if (!o_.eval_only) say("Resuming from " + resume_path_ + " at " + where);
     for (const auto& line : resume_changes_) say(line);
-    if (start_.world_size != env_.world && start_.world_size > 0)
-      notice("checkpoint was trained on " + std::to_string(start_.world_size) + " ranks, this run has " +
-             std::to_string(env_.world) + ": global batch " + std::to_string(start_.world_size * start_.batch_size) +
+    if (run_.world_size != env_.world && run_.world_size > 0)
+      notice("checkpoint was trained on " + std::to_string(run_.world_size) + " ranks, this run has " +
+             std::to_string(env_.world) + ": global batch " + std::to_string(run_.world_size * run_.batch_size) +
              " -> " + std::to_string(env_.world * o_.batch_size) + " (--batch-size is per rank), sampler re-sharded");
     if (old_step > 0 && old_global != new_global && !o_.eval_only)
-      notice("epoch " + std::to_string(start_.epoch + 1) + " was stopped after " + std::to_string(old_step) +
+      notice("epoch " + std::to_string(run_.epoch + 1) + " was stopped after " + std::to_string(old_step) +
              " steps of " + std::to_string(old_global) + " samples; at " + std::to_string(new_global) +
-             " samples per step it continues after step " + std::to_string(start_.step_in_epoch) +
+             " samples per step it continues after step " + std::to_string(run_.step_in_epoch) +
              (replayed > 0 ? " and trains " + std::to_string(replayed) + " of its samples again" : std::string()));
   }
 }
@@ -640,9 +649,9 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         CheckpointMeta m = base_meta();
         m.epoch = epoch;
         m.step_in_epoch = step_in_epoch;
-        m.global_step = start_.global_step;
-        m.best_val_acc = start_.best_val_acc;
-        m.best_val_loss = start_.best_val_loss;
+        m.global_step = run_.global_step;
+        m.best_val_acc = run_.best_val_acc;
+        m.best_val_loss = run_.best_val_loss;
         m.val_acc = val_acc;
         m.val_loss = val_loss;
         m.partial_train_loss_sum = partial_loss;
@@ -653,8 +662,8 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
       rank0());
 }
 
-bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct, int64_t& seen, StepTimes& times,
-                              int64_t& steps_done, double& train_seconds) {
+EpochStats Trainer::train_one_epoch(int64_t epoch) {
+  EpochStats st;
   const auto t_start = Clock::now();
   sampler_->set_epoch(epoch);
   std::vector<int64_t> indices = sampler_->indices();
@@ -663,22 +672,22 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
   int64_t steps_total = (micro_total + o_.accum_steps - 1) / o_.accum_steps;
   if (o_.max_steps > 0) steps_total = std::min(steps_total, o_.max_steps);
   int64_t step = 0;
-  if (epoch == start_.epoch && start_.step_in_epoch > 0) {
+  if (epoch == run_.epoch && run_.step_in_epoch > 0) {
     // Continue an interrupted epoch: the same permutation, minus what was consumed.
-    step = std::min(start_.step_in_epoch, steps_total);
+    step = std::min(run_.step_in_epoch, steps_total);
     const size_t skip = std::min(indices.size(), static_cast<size_t>(step * per_step));
     indices.erase(indices.begin(), indices.begin() + static_cast<long>(skip));
     if (rank0()) {
-      loss_sum += start_.partial_loss_sum;
-      correct += start_.partial_correct;
-      seen += start_.partial_count;
+      st.loss_sum += run_.partial_loss_sum;
+      st.correct += run_.partial_correct;
+      st.seen += run_.partial_count;
     }
   }
   train_loader_->restart(std::move(indices), epoch);
   model_->train(true);
   if (progress_) progress_->start_epoch(epoch + 1, o_.epochs, steps_total);
 
-  const int K = static_cast<int>(class_names_.size());
+  StepTimes& times = st.times;
   std::vector<int32_t> preds;
   data::Batch batch;
   double local_loss = 0;  // this rank's running sums for the progress display
@@ -703,109 +712,77 @@ bool Trainer::train_one_epoch(int64_t epoch, double& loss_sum, int64_t& correct,
       auto t1 = Clock::now();
       times.data += std::chrono::duration<double>(t1 - t0).count();
 
-      const Tensor& logits = model_->forward(input);
-      if (!dlogits_.defined() || dlogits_.shape[0] != batch.n) dlogits_ = backend_->matrix(batch.n, K);
       preds.resize(static_cast<size_t>(batch.n));
-      const float scale = static_cast<float>((fp16_ ? loss_scale_ : 1.0) / group);
-      const double l = backend_->softmax_xent(logits, batch.labels.data(), static_cast<float>(o_.label_smoothing),
-                                              scale, &dlogits_, preds.data());
+      const double l = step_->forward(input, batch.labels.data(), micro, group, preds.data());
       if (!std::isfinite(l)) nonfinite = true;
       int64_t c = 0;
       for (int i = 0; i < batch.n; ++i) c += preds[static_cast<size_t>(i)] == batch.labels[static_cast<size_t>(i)];
-      loss_sum += l;
-      correct += c;
-      seen += batch.n;
+      st.loss_sum += l;
+      st.correct += c;
+      st.seen += batch.n;
       local_loss += l;
       local_correct += c;
       local_seen += batch.n;
-      auto t2 = Clock::now();
-      times.forward += std::chrono::duration<double>(t2 - t1).count();
+      times.forward += seconds_since(t1);
 
-      const bool last_micro = micro == group - 1;
-      bucketer_->set_sync(last_micro);
-      const double comm_before = bucketer_->stats().exposed_comm_s;
-      bucketer_->begin_backward();
-      model_->backward(dlogits_, micro > 0, bucketer_.get());
-      backend_->synchronize();
-      auto t3 = Clock::now();
-      bucketer_->finish();
-      backend_->synchronize();
-      auto t4 = Clock::now();
-      const double comm = bucketer_->stats().exposed_comm_s - comm_before;
-      times.backward += std::chrono::duration<double>(t3 - t2).count();
-      times.comm += std::max(comm, std::chrono::duration<double>(t4 - t3).count());
+      const TrainStep::Seconds s = step_->backward_and_reduce();
+      times.backward += s.backward;
+      times.comm += s.comm;
     }
     if (micro < group) {
       // The loader ran dry inside a group: every rank has the same batch count,
       // so all ranks get here together. Finish the partial group's communication.
       if (micro == 0) break;
-      bucketer_->set_sync(true);
-      bucketer_->begin_backward();
-      bucketer_->finish();
+      step_->reduce_partial_group();
     }
     bool preempt = false, any_nonfinite = false;
     step_flags(nonfinite, preempt, any_nonfinite);
     auto t5 = Clock::now();
-    bool skip_step = false;
-    if (fp16_) {
-      // AMP's GradScaler: unscale and check in one pass; skip steps with
-      // overflowing gradients (their unscaled values are discarded) and back off.
-      const bool finite =
-          !any_nonfinite && backend_->unscale_and_check(model_->grads().data(), static_cast<float>(1.0 / loss_scale_),
-                                                        model_->grads().size());
-      if (!finite) {
-        skip_step = true;
-        loss_scale_ = std::max(loss_scale_ * 0.5, 1.0);
-        good_steps_ = 0;
-      } else if (++good_steps_ % 2000 == 0) {
-        loss_scale_ *= 2.0;
-      }
-    } else if (any_nonfinite) {
+    if (any_nonfinite && !step_->scaler().enabled()) {
+      // Under fp16 the loss scaler skips the step instead (AMP's GradScaler).
       if (rank0())
         std::fprintf(stderr,
                      "resnet_ddp: error: the training loss became NaN or Inf at epoch %lld step %lld (global step "
                      "%lld); stopping without saving. Try a lower --lr, --precision fp32, or check the data.\n",
                      static_cast<long long>(epoch + 1), static_cast<long long>(step + 1),
-                     static_cast<long long>(start_.global_step + 1));
+                     static_cast<long long>(run_.global_step + 1));
       throw CollectiveExit{1};
     }
-    if (!skip_step) opt_->step();
+    step_->update(any_nonfinite);
     backend_->synchronize();
     times.optimizer += seconds_since(t5);
     ++step;
-    ++start_.global_step;
-    ++steps_done;
+    ++run_.global_step;
+    ++st.steps;
     if (progress_) {
       const double elapsed = seconds_since(t_start);
       progress_->step(step, local_seen ? local_loss / static_cast<double>(local_seen) : 0.0,
                       local_seen ? static_cast<double>(local_correct) / static_cast<double>(local_seen) : 0.0,
                       elapsed > 0 ? static_cast<double>(local_seen) * env_.world / elapsed : 0.0);
     }
-    if (!preempt && o_.checkpoint_every > 0 && start_.global_step % o_.checkpoint_every == 0 &&
-        step < steps_total && !loader_done) {
-      // The preemption checkpoint without stopping: a crash loses at most N steps.
-      double sums[1] = {loss_sum};
-      int64_t counts[2] = {correct, seen};
+    const bool periodic = o_.checkpoint_every > 0 && run_.global_step % o_.checkpoint_every == 0 &&
+                          step < steps_total && !loader_done;
+    if (preempt || periodic) {
+      // The periodic save is the preemption checkpoint without stopping: a crash
+      // loses at most N steps.
+      if (preempt && progress_) progress_->end_epoch();
+      if (preempt) st.seconds += seconds_since(t_start);
+      double sums[1] = {st.loss_sum};
+      int64_t counts[2] = {st.correct, st.seen};
       ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
       ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
       save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
     }
     if (preempt) {
-      if (progress_) progress_->end_epoch();
-      train_seconds += seconds_since(t_start);
-      double sums[1] = {loss_sum};
-      int64_t counts[2] = {correct, seen};
-      ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
-      ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
-      save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
       say("Preempted at epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step) +
           "; checkpoint saved to " + fs::absolute(last_path_).string());
-      return false;
+      st.preempted = true;
+      return st;
     }
   }
   if (progress_) progress_->end_epoch();
-  train_seconds += seconds_since(t_start);
-  return true;
+  st.seconds += seconds_since(t_start);
+  return st;
 }
 
 void Trainer::sync_buffers() {
@@ -873,20 +850,21 @@ void Trainer::evaluate_best() {
 
 void Trainer::train_epochs() {
   agree(
-      [&] { metrics_ = std::make_unique<MetricsCsv>(o_.metrics_path(), start_.resumed != 0, start_.epoch + 1); },
+      [&] { metrics_ = std::make_unique<MetricsCsv>(o_.metrics_path(), run_.resumed != 0, run_.epoch + 1); },
       rank0());
   if (rank0()) progress_ = std::make_unique<Progress>(o_.progress, o_.log_every);
   say("");
-  for (int64_t epoch = start_.epoch; epoch < o_.epochs; ++epoch) {
+  for (int64_t epoch = run_.epoch; epoch < o_.epochs; ++epoch) {
     const auto t0 = Clock::now();
-    double loss_sum = 0, train_seconds = 0;
-    int64_t correct = 0, seen = 0, steps_done = 0;
-    StepTimes times;
     const double lr_used = opt_->lr();
-    if (!train_one_epoch(epoch, loss_sum, correct, seen, times, steps_done, train_seconds)) throw CollectiveExit{0};
-    start_.step_in_epoch = 0;
-    double sums[1] = {loss_sum};
-    int64_t counts[2] = {correct, seen};
+    const EpochStats st = train_one_epoch(epoch);
+    if (st.preempted) throw CollectiveExit{0};
+    const StepTimes& times = st.times;
+    const double train_seconds = st.seconds;
+    const int64_t steps_done = st.steps;
+    run_.step_in_epoch = 0;
+    double sums[1] = {st.loss_sum};
+    int64_t counts[2] = {st.correct, st.seen};
     ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
     ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
     const double train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
@@ -895,10 +873,10 @@ void Trainer::train_epochs() {
     validate(val_loss, val_acc);
     const double epoch_seconds = seconds_since(t0);
 
-    const bool improved = val_acc > start_.best_val_acc;
+    const bool improved = val_acc > run_.best_val_acc;
     if (improved) {
-      start_.best_val_acc = val_acc;
-      start_.best_val_loss = val_loss;
+      run_.best_val_acc = val_acc;
+      run_.best_val_loss = val_loss;
     }
     opt_->set_lr(sched_->step(opt_->lr(), val_loss));
 
@@ -906,9 +884,9 @@ void Trainer::train_epochs() {
     say(tag + " Time: " + std::to_string(static_cast<long long>(epoch_seconds)) + "s");
     say(tag + " Average train loss: " + py_float(train_loss) + ", Average train accuracy: " + py_float(train_acc));
     say(tag + " Val loss: " + py_float(val_loss) + ", Val accuracy: " + py_float(val_acc));
-    say(tag + " Current best val acc: " + py_float(start_.best_val_acc));
+    say(tag + " Current best val acc: " + py_float(run_.best_val_acc));
     // Images this epoch actually trained on (all ranks), over the training time.
-    const double images = static_cast<double>(counts[1]) - (epoch == start_.epoch ? static_cast<double>(start_.partial_count) : 0.0);
+    const double images = static_cast<double>(counts[1]) - (epoch == run_.epoch ? static_cast<double>(run_.partial_count) : 0.0);
     const double ips = train_seconds > 0 ? images / train_seconds : 0.0;
     const double steps = std::max<int64_t>(steps_done, 1);
     char buf[512];
@@ -935,7 +913,7 @@ void Trainer::train_epochs() {
       m.train_acc = train_acc;
       m.val_loss = val_loss;
       m.val_acc = val_acc;
-      m.best_val_acc = start_.best_val_acc;
+      m.best_val_acc = run_.best_val_acc;
       m.lr = lr_used;
       m.images_per_s = ips;
       m.images_per_s_per_rank = ips / env_.world;
@@ -945,14 +923,14 @@ void Trainer::train_epochs() {
       m.comm_ms = 1e3 * times.comm / steps;
       m.optimizer_ms = 1e3 * times.optimizer / steps;
       m.world_size = env_.world;
-      m.global_step = start_.global_step;
+      m.global_step = run_.global_step;
       try {
         metrics_->write(m);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "resnet_ddp: warning: %s\n", e.what());
       }
     }
-    start_.partial_count = 0;
+    run_.partial_count = 0;
     // DDP keeps replicas identical; a cheap hash per epoch proves it (a mismatch
     // means a broken all-reduce or a rank that took a different path).
     const dist::ChecksumReport sums_report = dist::compare_across_ranks(*ctrl_, *backend_, model_->params());
@@ -996,12 +974,12 @@ int Trainer::run() {
     std::snprintf(buf, sizeof buf,
                   "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                   "batch %d, %s lr %s, scheduler %s",
-                  o_.arch.c_str(), o_.head.c_str(), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
-                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, o_.optimizer.c_str(),
-                  py_float(opt_->lr()).c_str(), o_.scheduler.c_str());
+                  o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                  o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
+                  py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);
   }
-  if (start_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(start_.epoch) +
+  if (run_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(run_.epoch) +
                                         " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
   train_epochs();
   evaluate_best();

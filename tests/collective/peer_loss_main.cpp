@@ -14,26 +14,22 @@
 #include <vector>
 
 #include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 
 int main(int argc, char** argv) {
   int victim = 1;
   int sig = SIGKILL;
   std::string pidfile;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--victim" && i + 1 < argc) {
-      victim = std::atoi(argv[++i]);
-    } else if (a == "--signal" && i + 1 < argc) {
-      std::string s = argv[++i];
-      if (s == "KILL") sig = SIGKILL;
-      else if (s == "STOP") sig = SIGSTOP;
-      else { std::fprintf(stderr, "peer_loss: --signal must be KILL or STOP\n"); return 2; }
-    } else if (a == "--pidfile" && i + 1 < argc) {
-      pidfile = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: peer_loss --victim R --signal KILL|STOP [--pidfile F]\n");
-      return 2;
-    }
+  try {
+    rd::FlagSet fs("", "peer_loss");
+    fs.integer("--victim", &victim, 0, "rank that dies or freezes");
+    fs.enumeration("--signal", &sig, {{"KILL", SIGKILL}, {"STOP", SIGSTOP}}, "what happens to it");
+    fs.path("--pidfile", &pidfile, "FILE", "where the victim writes its pid");
+    fs.parse_or_help(argc, argv, "usage: peer_loss [flags]\n\nFlags:\n");
+  } catch (const rd::UsageError& e) {
+    std::fprintf(stderr, "peer_loss: %s\n", e.what());
+    return 2;
   }
   try {
     auto env = rd::dist::init_process(argc, argv);

@@ -20,6 +20,8 @@
 #include "resnet_ddp/dist/ddp.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/train_step.h"
 
 using namespace rd;
 using namespace rd::dist;
@@ -67,29 +69,19 @@ Batch make_batch(int step, int n) {
   return b;
 }
 
-// Forward + backward of samples [first, first + n) of `batch`.
-void forward_backward(ResNet& model, const Batch& batch, int first, int n, float grad_scale,
-                      bool accumulate, BackwardHooks* hooks) {
-  Backend& be = model.backend();
+// Samples [first, first + n) of `batch` in the model's input buffer.
+const Tensor& load(ResNet& model, const Batch& batch, int first, int n) {
   const size_t per_image = 3 * kPixels * kPixels;
   Tensor& in = model.input_buffer(n, kPixels, kPixels);
-  be.copy_from_host_nchw(batch.images.data() + first * per_image, in);
-  const Tensor& logits = model.forward(in);
-  Tensor dlogits = be.matrix(n, kClasses);
-  be.softmax_xent(logits, batch.labels.data() + first, 0.0f, grad_scale, &dlogits, nullptr);
-  model.backward(dlogits, accumulate, hooks);
+  model.backend().copy_from_host_nchw(batch.images.data() + first * per_image, in);
+  return in;
 }
 
-struct Adam {
-  std::vector<float> m, v;
-  int64_t step = 0;
-  explicit Adam(size_t n) : m(n, 0.f), v(n, 0.f) {}
-  void apply(ResNet& model) {
-    ++step;
-    model.backend().adam_step(model.params().data(), model.grads().data(), m.data(), v.data(),
-                              model.params().size(), math::AdamArgs{.lr = kLr, .step = step});
-  }
-};
+train::OptimizerConfig adam_config() {
+  train::OptimizerConfig c;  // Adam
+  c.lr = kLr;
+  return c;
+}
 
 std::vector<float> host_copy(const Arena& a) {
   std::vector<float> v(a.size());
@@ -114,18 +106,22 @@ struct Reference {
 Reference train_reference(int ranks, bool sync_bn) {
   ResNet model(backend(), tiny_config(7));
   model.train(true);
-  Adam adam(model.params().size());
+  train::Optimizer adam(backend(), model.params(), model.grads(), adam_config());
+  train::TrainStep one_process(model, adam, nullptr, 0.0f);
   std::vector<float> first_grads;
   for (int step = 0; step < kSteps; ++step) {
     Batch batch = make_batch(step, ranks * kPerRank);
     if (sync_bn) {
-      forward_backward(model, batch, 0, ranks * kPerRank, 1.0f, false, nullptr);
+      one_process.forward(load(model, batch, 0, ranks * kPerRank), batch.labels.data());
+      one_process.backward_and_reduce();
     } else {
-      for (int r = 0; r < ranks; ++r)
-        forward_backward(model, batch, r * kPerRank, kPerRank, 1.0f / ranks, r > 0, nullptr);
+      for (int r = 0; r < ranks; ++r) {
+        one_process.forward(load(model, batch, r * kPerRank, kPerRank), batch.labels.data() + r * kPerRank, r, ranks);
+        one_process.backward_and_reduce();
+      }
     }
     if (step == 0) first_grads = host_copy(model.grads());
-    adam.apply(model);
+    one_process.update();
   }
   return {host_copy(model.params()), host_copy(model.buffers()), first_grads};
 }
@@ -188,7 +184,8 @@ void run_case(const Case& cs) {
   bo.overlap = cs.overlap;
   bo.progress_thread = cs.progress_thread;
   GradientBucketer bucketer(comm, model.grads(), bo);
-  Adam adam(model.params().size());
+  train::Optimizer adam(backend(), model.params(), model.grads(), adam_config());
+  train::TrainStep ddp(model, adam, &bucketer, 0.0f);
 
   for (int step = 0; step < kSteps; ++step) {
     Batch batch = make_batch(step, n * cs.accum_steps * kPerRank);
@@ -196,10 +193,8 @@ void run_case(const Case& cs) {
       // Reference order: micro-batch index = micro * n + rank... any fixed
       // assignment works because the reference sums all of them.
       const int first = (micro * n + comm.rank()) * kPerRank;
-      bucketer.set_sync(micro == cs.accum_steps - 1);
-      bucketer.begin_backward();
-      forward_backward(model, batch, first, kPerRank, 1.0f / cs.accum_steps, micro > 0, &bucketer);
-      bucketer.finish();
+      ddp.forward(load(model, batch, first, kPerRank), batch.labels.data() + first, micro, cs.accum_steps);
+      ddp.backward_and_reduce();
     }
     if (step == 0) {
       Relative g = compare(model.grads(), host_copy(model.grads()), ref.first_grads);
@@ -211,7 +206,7 @@ void run_case(const Case& cs) {
                     cs.sync_bn, cs.overlap, cs.bucket_mb, cs.accum_steps, g.whole,
                     g.worst_name.c_str(), g.worst);
     }
-    adam.apply(model);
+    ddp.update();
     ChecksumReport rep = compare_across_ranks(comm, backend(), model.params());
     INFO("step " << step << ": " << rep.describe());
     CHECK(rep.identical);

@@ -28,8 +28,12 @@
 
 #include "core/h5.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/flags.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/train_step.h"
 #include "recording_backend.h"
 
 namespace {
@@ -170,40 +174,23 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw rd::UsageError("flag " + flag + " needs a value (or is unknown)");
-    const std::string value = argv[++i];
-    if (flag == "--init") a.init = value;
-    else if (flag == "--input") a.input = value;
-    else if (flag == "--out") a.out = value;
-    else if (flag == "--checkpoint") a.checkpoint = value;
-    else if (flag == "--layout") {
-      if (value == "nhwc") a.layout = rd::Layout::NHWC;
-      else if (value == "nchw") a.layout = rd::Layout::NCHW;
-      else if (value == "nchw16c") a.layout = rd::Layout::NCHW16C;
-      else if (value == "default") a.layout = rd::default_cpu_layout(rd::Precision::FP32);  // the trainer's
-      else throw rd::UsageError("--layout '" + value + "': expected nhwc, nchw, nchw16c or default");
-    }
-    else if (flag == "--conv-algo") {
-      if (value == "auto") a.conv_algo = rd::ConvAlgo::Auto;
-      else if (value == "direct") a.conv_algo = rd::ConvAlgo::Direct;
-      else if (value == "winograd") a.conv_algo = rd::ConvAlgo::Winograd;
-      else throw rd::UsageError("--conv-algo '" + value + "': expected auto, direct or winograd");
-    }
-    else if (flag == "--train-steps" || flag == "--threads") {
-      char* end = nullptr;
-      const long v = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end || v < 1 || v > 1000) throw rd::UsageError(flag + " '" + value + "': expected 1..1000");
-      (flag == "--threads" ? a.threads : a.train_steps) = static_cast<int>(v);
-    } else {
-      throw rd::UsageError("unknown flag " + flag);
-    }
-  }
+  std::string layout = "nhwc";
+  rd::FlagSet fs("", "parity_driver");
+  fs.path("--init", &a.init, "INIT.h5", "converted torchvision state_dict (required)");
+  fs.path("--input", &a.input, "INPUT.h5", "batch, labels, label_smoothing and lr (required)");
+  fs.path("--out", &a.out, "OUT.h5", "where the results go (required)");
+  fs.path("--checkpoint", &a.checkpoint, "CKPT.h5", "also write the trained model as a checkpoint");
+  fs.integer("--train-steps", &a.train_steps, 1, "training steps on the batch", 1000);
+  fs.integer("--threads", &a.threads, 1, "compute threads", 1000);
+  fs.choice("--layout", &layout, {"nhwc", "nchw", "nchw16c", "default"},
+            "CPU activation layout (default: the trainer's for this CPU)");
+  fs.enumeration("--conv-algo", &a.conv_algo, rd::conv_algo_names(), "CPU 3x3 convolution algorithm");
+  fs.parse_or_help(argc, argv, "Usage: parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5 [flags]\n\nFlags:\n");
+  if (layout == "default") a.layout = rd::default_cpu_layout(rd::Precision::FP32);  // the trainer's
+  for (const auto& [name, value] : rd::layout_names())
+    if (name == layout) a.layout = value;
   if (a.init.empty() || a.input.empty() || a.out.empty())
-    throw rd::UsageError("usage: parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5 "
-                         "[--train-steps N] [--checkpoint CKPT.h5] [--threads T] [--layout nhwc|nchw|nchw16c|default] "
-                         "[--conv-algo auto|direct|winograd]");
+    throw rd::UsageError("--init, --input and --out are required (see parity_driver --help)");
   return a;
 }
 
@@ -316,36 +303,33 @@ int run(const Args& args) {
   model.train(false);
   write_logits(*backend, out.get(), "eval_logits", model.forward(x));
 
-  rd::Arena& params = model.params();
-  rd::Arena& grads = model.grads();
-  auto m_owner = backend->allocate(params.bytes());
-  auto v_owner = backend->allocate(params.bytes());
-  float* m = static_cast<float*>(m_owner.get());
-  float* v = static_cast<float*>(v_owner.get());
-  rd::Tensor dlogits = backend->matrix(n, cfg.num_classes);
+  // The trainer's step on one process: Adam with the file's lr (betas 0.9/0.999, eps 1e-8).
+  rd::train::OptimizerConfig adam;
+  adam.lr = lr;
+  rd::train::Optimizer optimizer(*backend, model.params(), model.grads(), adam);
+  rd::train::TrainStep train_step(model, optimizer, nullptr, smoothing);
 
   model.train(true);
   for (int step = 1; step <= args.train_steps; ++step) {
     recorder.recording = step == 1;
-    const rd::Tensor& logits = model.forward(x);
+    const double loss_sum = train_step.forward(x, labels.data());
     recorder.recording = false;
-    const double loss_sum = backend->softmax_xent(logits, labels.data(), smoothing, 1.f, &dlogits, nullptr);
-    model.backward(dlogits, false);
+    train_step.backward_and_reduce();
     if (step == 1) {
-      write_logits(*backend, out.get(), "train_logits", logits);
+      write_logits(*backend, out.get(), "train_logits", train_step.logits());
       const double loss = loss_sum / static_cast<double>(n);
       write_scalar(out.get(), "loss", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &loss);
       H5Id g = create_group(out.get(), "grads");
-      write_arena(*backend, grads, g.get());
+      write_arena(*backend, model.grads(), g.get());
       H5Id bufs = create_group(out.get(), "buffers");
       write_arena(*backend, model.buffers(), bufs.get());
       write_int_attr(out.get(), "num_batches_tracked_after_step1", model.num_batches_tracked());
       write_masks(recorder, out.get());
     }
-    backend->adam_step(params.data(), grads.data(), m, v, params.size(), rd::math::AdamArgs{.lr = lr, .step = step});
+    train_step.update();
     if (step == 1) {
       H5Id p = create_group(out.get(), "params_adam1");
-      write_arena(*backend, params, p.get());
+      write_arena(*backend, model.params(), p.get());
     }
   }
   model.train(false);

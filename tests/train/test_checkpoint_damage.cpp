@@ -49,7 +49,7 @@ struct Trainee {
     model->init_parameters(seed);
     OptimizerConfig oc;
     opt = std::make_unique<Optimizer>(be, model->params(), model->grads(), oc);
-    sched = std::make_unique<Scheduler>("plateau", 1e-3, 5);
+    sched = std::make_unique<Scheduler>(SchedulerKind::Plateau, 1e-3, 5);
   }
   State state(Backend& be) {
     State s{arena_values(be, model->params()), arena_values(be, model->buffers()), {}, {}, model->num_batches_tracked(),

@@ -153,18 +153,18 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/tmp/Dataset_2");
   CHECK(t.arch == "resnet34");
-  CHECK(t.head == "mlp");
+  CHECK(t.head == rd::HeadKind::Mlp);
   CHECK(t.image_size == 244);
   CHECK(t.batch_size == 16);
   CHECK(t.epochs == 5);
   CHECK(t.lr == 1e-4);
-  CHECK(t.optimizer == "adam");
+  CHECK(t.optimizer == OptimizerKind::Adam);
   CHECK(t.weight_decay == 0.0);
   CHECK(t.label_smoothing == 0.1);
-  CHECK(t.scheduler == "plateau");
+  CHECK(t.scheduler == SchedulerKind::Plateau);
   CHECK(t.output_dir == "output_model");
   CHECK(t.resume == "auto");
-  CHECK(t.precision == "fp32");
+  CHECK(t.precision == rd::Precision::FP32);
   CHECK(t.device == "auto");
   CHECK(t.accum_steps == 1);
   CHECK(t.metrics_path() == "output_model/metrics.csv");
@@ -179,19 +179,19 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/d");
   CHECK(t.arch == "resnet18");
-  CHECK(t.head == "fc");
+  CHECK(t.head == rd::HeadKind::Fc);
   CHECK(t.batch_size == 8);
   CHECK(t.lr == 3e-3);
-  CHECK(t.optimizer == "sgd");
+  CHECK(t.optimizer == OptimizerKind::Sgd);
   CHECK(t.momentum == 0.8);
   CHECK(t.nesterov);
   CHECK(t.sync_bn);
-  CHECK(t.scheduler == "cosine");
+  CHECK(t.scheduler == SchedulerKind::Cosine);
   CHECK(t.max_steps == 5);
   CHECK(t.deterministic);
   CHECK(t.resume == "none");
   CHECK(t.metrics_path() == "m.csv");
-  CHECK(t.precision == "bf16");
+  CHECK(t.precision == rd::Precision::BF16);
 }
 
 TEST_CASE("CLI errors name the flag", "[train]") {
@@ -337,7 +337,7 @@ TEST_CASE("ReduceLROnPlateau matches torch 1.13", "[train]") {
       1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06,
       1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07,
       1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000004e-08};
-  Scheduler s("plateau", 1e-4, 5);
+  Scheduler s(SchedulerKind::Plateau, 1e-4, 5);
   double lr = 1e-4;
   for (size_t i = 0; i < losses.size(); ++i) {
     lr = s.step(lr, losses[i]);
@@ -356,14 +356,14 @@ TEST_CASE("CosineAnnealingLR matches torch 1.13", "[train]") {
                                         0.009549150281252633, 0.0, 0.009549150281252628, 0.03454915028125265,
                                         0.06545084971874741, 0.09045084971874744, 0.10000000000000006,
                                         0.09045084971874746, 0.06545084971874743};
-  Scheduler s("cosine", 0.1, 5);
+  Scheduler s(SchedulerKind::Cosine, 0.1, 5);
   double lr = 0.1;
   for (size_t i = 0; i < torch_lr.size(); ++i) {
     lr = s.step(lr, 0.0);
     INFO("step " << i + 1);
     CHECK(lr == Approx(torch_lr[i]).margin(1e-15));
   }
-  Scheduler none("none", 0.1, 5);
+  Scheduler none(SchedulerKind::None, 0.1, 5);
   CHECK(none.step(0.1, 1.0) == 0.1);
 }
 
@@ -416,7 +416,7 @@ TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]")
   SECTION("sgd with momentum seeds the buffer with the first gradient") {
     load(p0, params);
     OptimizerConfig cfg;
-    cfg.type = "sgd";
+    cfg.type = OptimizerKind::Sgd;
     cfg.lr = 0.1;
     cfg.momentum = 0.9;
     Optimizer opt(*be, params, grads, cfg);
@@ -481,7 +481,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   be->copy_from_host(model->grads().data(), gr.data(), gr.size() * sizeof(float));
   opt.step();
   opt.set_lr(3e-4);
-  Scheduler sched("plateau", 1e-3, 5);
+  Scheduler sched(SchedulerKind::Plateau, 1e-3, 5);
   sched.step(1e-3, 0.8);
   sched.step(1e-3, 0.9);
 
@@ -504,7 +504,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   CHECK(m.args == "resnet_ddp --data 'a b'");
   CHECK(m.class_names == std::vector<std::string>{"class_0", "class_1", "class_2"});
   CHECK(m.optimizer.present);
-  CHECK(m.optimizer.config.type == "adam");
+  CHECK(m.optimizer.config.type == OptimizerKind::Adam);
   CHECK(m.optimizer.config.lr == 1e-3);
   CHECK(m.optimizer.step == 1);
   CHECK(m.scheduler.type == "plateau");
@@ -524,7 +524,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   ResNet other(*be, model->config());
   other.init_parameters(99);
   Optimizer opt2(*be, other.params(), other.grads(), oc);
-  Scheduler sched2("plateau", 1e-3, 5);
+  Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
   check_compatible(m, other, m.class_names, path);
   CHECK(ck.load_model(other, false).empty());
   ck.load_optimizer(other, opt2);
@@ -544,7 +544,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   CheckpointMeta preempted = tiny_meta("mlp", 3);
   preempted.step_in_epoch = 2;
   preempted.partial_train_count = 5;
-  Scheduler cosine("cosine", 1e-3, 5);
+  Scheduler cosine(SchedulerKind::Cosine, 1e-3, 5);
   cosine.step(1e-3, 0.5);
   write_checkpoint(path, *model, &opt, &cosine, preempted);
   CheckpointReader p(path);
@@ -562,7 +562,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   CHECK_THROWS_WITH(w.load_optimizer(other, opt2), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
   Optimizer sgd(*be, other.params(), other.grads(), [] {
     OptimizerConfig c;
-    c.type = "sgd";
+    c.type = OptimizerKind::Sgd;
     return c;
   }());
   CHECK_THROWS_WITH(ck.load_optimizer(other, sgd), Catch::Contains("--optimizer adam"));

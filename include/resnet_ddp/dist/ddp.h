@@ -18,6 +18,7 @@
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/dist/reducer.h"
 #include "resnet_ddp/nn/arena.h"
 #include "resnet_ddp/nn/resnet.h"
 
@@ -60,7 +61,7 @@ struct DdpStats {
   double exposed_comm_s = 0.0;    // time finish() waited (all comm when not overlapped)
 };
 
-class GradientBucketer : public BackwardHooks {
+class GradientBucketer : public GradientReducer {
  public:
   GradientBucketer(Comm& comm, Arena& grads, const BucketOptions& opts = {});
   ~GradientBucketer() override;
@@ -68,16 +69,17 @@ class GradientBucketer : public BackwardHooks {
   GradientBucketer& operator=(const GradientBucketer&) = delete;
 
   // false: the next backward only accumulates locally (gradient accumulation).
-  void set_sync(bool sync) { sync_ = sync; }
+  void set_sync(bool sync) override { sync_ = sync; }
   bool sync() const { return sync_; }
 
   // Arms the buckets for one backward pass (call before model.backward).
-  void begin_backward();
+  void begin_backward() override;
   void on_grad_ready(size_t index) override;
   void poll() override;
   // Fires whatever has not fired yet (in bucket order) and waits for all; the
   // gradient arena then holds the average over ranks.
-  void finish();
+  void finish() override;
+  double exposed_comm_s() const override { return stats_.exposed_comm_s; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const BucketOptions& options() const { return opts_; }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/arena.h"
 
 namespace rd {
@@ -28,6 +29,7 @@ struct ResNetConfig {
 void validate_arch(const std::string& arch);
 HeadKind parse_head(const std::string& head);
 const char* head_name(HeadKind h);
+inline NameTable<HeadKind> head_names() { return {{"mlp", HeadKind::Mlp}, {"fc", HeadKind::Fc}}; }
 
 // Hooks the model calls during backward, in the order gradients are produced.
 struct BackwardHooks {

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/backend/names.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+
 namespace rd::train {
 
 enum class Command { Train, Predict, Info, Synth, Pack, Help, Version };
@@ -18,18 +22,18 @@ const char* command_name(Command c);
 struct TrainOptions {
   std::string data;                  // ImageFolder root (Train/, Validation/) or packed .h5
   std::string arch = "resnet34";     // resnet18 | resnet34 | resnet50 | resnet_tiny
-  std::string head = "mlp";          // mlp (Linear-ReLU-Linear) | fc
+  HeadKind head = HeadKind::Mlp;     // mlp (Linear-ReLU-Linear) | fc
   int image_size = 244;
   int batch_size = 16;               // per rank
   int val_batch_size = 0;            // 0 = batch_size
   int epochs = 5;
   double lr = 1e-4;
-  std::string optimizer = "adam";    // adam | sgd
+  OptimizerKind optimizer = OptimizerKind::Adam;
   double momentum = 0.9;             // sgd only
   bool nesterov = false;             // sgd only
   double weight_decay = 0.0;
   double label_smoothing = 0.1;
-  std::string scheduler = "plateau"; // plateau | cosine | none
+  SchedulerKind scheduler = SchedulerKind::Plateau;
   bool sync_bn = true;  // SyncBatchNorm whenever world > 1 (the reference recipe)
   int workers = 2;                   // loader threads per rank
   int threads = 0;                   // compute threads per rank, 0 = cores / ranks on node
@@ -44,8 +48,8 @@ struct TrainOptions {
   bool progress_thread = false;
   int accum_steps = 1;
   std::string device = "auto";       // auto | cpu | cuda
-  std::string precision = "fp32";    // fp32 | tf32 | fp16 | bf16
-  std::string conv_algo = "auto";    // auto | direct | winograd (CPU fp32 3x3 convolutions)
+  Precision precision = Precision::FP32;
+  ConvAlgo conv_algo = ConvAlgo::Auto;  // CPU fp32 3x3 convolutions
   int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
   bool eval_only = false;
   std::string metrics;               // "" = OUTPUT_DIR/metrics.csv

@@ -17,12 +17,21 @@
 #include <string>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/arena.h"
 
 namespace rd::train {
 
+enum class OptimizerKind { Adam, Sgd };
+enum class SchedulerKind { Plateau, Cosine, None };
+// --optimizer / --scheduler spellings, also the type names a checkpoint records.
+inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
+inline NameTable<SchedulerKind> scheduler_names() {
+  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
+}
+
 struct OptimizerConfig {
-  std::string type = "adam";  // adam | sgd
+  OptimizerKind type = OptimizerKind::Adam;
   double lr = 1e-4;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
@@ -36,6 +45,7 @@ class Optimizer {
   Optimizer(Backend& backend, Arena& params, Arena& grads, const OptimizerConfig& cfg);
 
   const OptimizerConfig& config() const { return cfg_; }
+  std::string type_name() const { return name_of(optimizer_names(), cfg_.type); }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return step_; }
@@ -81,10 +91,11 @@ struct CosineState {
 
 class Scheduler {
  public:
-  // type: plateau | cosine | none. base_lr is the optimizer's initial LR.
-  Scheduler(std::string type, double base_lr, int64_t epochs);
+  // base_lr is the optimizer's initial LR.
+  Scheduler(SchedulerKind kind, double base_lr, int64_t epochs);
 
-  const std::string& type() const { return type_; }
+  SchedulerKind kind() const { return kind_; }
+  std::string type() const { return name_of(scheduler_names(), kind_); }  // as checkpoints record it
   // End of an epoch: takes the current LR and the validation loss, returns the new LR.
   double step(double current_lr, double val_loss);
   int64_t last_epoch() const { return last_epoch_; }
@@ -94,7 +105,7 @@ class Scheduler {
   CosineState cosine;
 
  private:
-  std::string type_;
+  SchedulerKind kind_;
   int64_t last_epoch_ = 0;
 };
 

@@ -1,0 +1,92 @@
+// The one command-line parser of every program (resnet_ddp, message_passing, the
+// benchmarks, the parity driver): a declarative table where each flag knows its
+// target, how to parse and check a value, and how to describe itself in --help.
+// Values arrive typed (numbers, enumerations), never as strings for the caller to
+// compare. Every error is an rd::UsageError whose message names the flag.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rd {
+
+class FlagSet {
+ public:
+  // Messages name the command ("unknown flag '--x' for 'train'; see resnet_ddp train
+  // --help"); a program without subcommands passes its own name as `program` and an
+  // empty `command`.
+  explicit FlagSet(std::string command, std::string program = "resnet_ddp");
+
+  void text(const std::string& name, std::string* target, const std::string& metavar, const std::string& help);
+  void path(const std::string& name, std::string* target, const std::string& metavar, const std::string& help);
+  void choice(const std::string& name, std::string* target, std::vector<std::string> choices,
+              const std::string& help);
+  // One of `names`, stored as its value: --precision bf16 -> Precision::BF16.
+  template <class E>
+  void enumeration(const std::string& name, E* target, std::vector<std::pair<std::string, E>> names,
+                   const std::string& help) {
+    std::vector<std::string> words;
+    for (const auto& n : names) words.push_back(n.first);
+    add_choice(
+        name, words, help, [target, names](size_t i) { *target = names[i].second; },
+        [target, names] {
+          for (size_t i = 0; i < names.size(); ++i)
+            if (names[i].second == *target) return i;
+          return size_t{0};
+        });
+  }
+  template <class Int>
+  void integer(const std::string& name, Int* target, int64_t min, const std::string& help,
+               int64_t max = std::numeric_limits<int32_t>::max()) {
+    add_integer(name, help, min, max, [target](int64_t v) { *target = static_cast<Int>(v); },
+                [target] { return static_cast<int64_t>(*target); });
+  }
+  // Real number with min (inclusive unless min_exclusive) and optional max.
+  void real(const std::string& name, double* target, double min, bool min_exclusive, const std::string& help,
+            double max = std::numeric_limits<double>::infinity());
+  void boolean(const std::string& name, bool* target, const std::string& help);
+  // A flag that switches a default-on option off.
+  void negated(const std::string& name, bool* target, const std::string& help);
+  // Any other value: `set` parses it (throwing UsageError naming the flag) and may be
+  // called once per occurrence (repeatable flags).
+  void custom(const std::string& name, const std::string& metavar, const std::string& help,
+              std::function<void(const std::string& value)> set);
+
+  // Parses args; positional arguments are returned (an error when !allow_positional).
+  // `given` collects the flags as typed, for "was this set on the command line".
+  std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional, bool* help_requested,
+                                 std::vector<std::string>* given = nullptr);
+  // For a program's main: parses argv[1..]; on --help prints `usage` and the flag table
+  // and exits 0.
+  std::vector<std::string> parse_or_help(int argc, char** argv, const std::string& usage,
+                                         bool allow_positional = false);
+
+  std::string help() const;
+  // Every flag with its current value as text, in --help order.
+  std::vector<std::pair<std::string, std::string>> values() const;
+
+ private:
+  struct Flag {
+    std::string name, metavar, help, default_value;
+    bool is_bool = false;
+    std::function<void(const std::string&, const std::string&)> set;
+    std::function<std::string()> get;
+  };
+  void add(Flag f);
+  void add_choice(const std::string& name, const std::vector<std::string>& words, const std::string& help,
+                  std::function<void(size_t)> set, std::function<size_t()> get);
+  void add_integer(const std::string& name, const std::string& help, int64_t min, int64_t max,
+                   std::function<void(int64_t)> set, std::function<int64_t()> get);
+  Flag* find(const std::string& name);
+  std::string unknown_message(const std::string& name) const;
+  std::string see_help() const;
+
+  std::string command_, program_;
+  std::vector<Flag> flags_;
+};
+
+}  // namespace rd

@@ -1,0 +1,87 @@
+// One optimizer step of data-parallel training: the unit the trainer runs and the
+// benchmarks and the DDP-equivalence and parity tests time and check, in llm.c's
+// three calls:
+//
+//   for (int micro = 0; micro < group; ++micro) {
+//     step.forward(input, labels, micro, group);   // forward + loss, dlogits
+//     step.backward_and_reduce();                  // backward, buckets all-reduced
+//   }
+//   step.update();                                 // (unscale,) optimizer
+//
+// Gradients accumulate over the group's micro-batches, each loss scaled by 1/group,
+// and are all-reduced (bucketed, overlapping backward) only during the last one.
+// Input preparation and the cross-rank agreement on a non-finite loss stay with the
+// caller, and so does timing, except inside backward_and_reduce, which alone can
+// tell backward from the communication it did not hide.
+#pragma once
+
+#include <cstdint>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/dist/reducer.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/optimizer.h"
+
+namespace rd::train {
+
+// fp16 dynamic loss scaling with PyTorch AMP's GradScaler defaults: start at 2^16,
+// halve (not below 1) on an overflowing step, which is skipped, and double after
+// 2000 good steps in a row. Disabled, the scale is 1 and nothing is checked.
+class LossScaler {
+ public:
+  explicit LossScaler(bool enabled) : enabled_(enabled) {}
+  bool enabled() const { return enabled_; }
+  double scale() const { return enabled_ ? scale_ : 1.0; }
+  // Divides the scale out of `grads` and checks them in one pass; false: the step
+  // must be skipped (some rank's loss or gradient was not finite).
+  bool unscale(Backend& backend, Arena& grads, bool any_nonfinite);
+
+ private:
+  bool enabled_;
+  double scale_ = 65536.0;
+  int64_t good_steps_ = 0;
+};
+
+class TrainStep {
+ public:
+  // `reducer` (dist::GradientBucketer) null: one process, no communication.
+  // `loss_scaling`: fp16.
+  TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
+            bool loss_scaling = false);
+
+  // Forward and label-smoothed cross-entropy of micro-batch `micro` of `group`.
+  // Returns the batch's summed (unscaled) loss; `predictions` (optional) receives each
+  // sample's arg-max class.
+  double forward(const Tensor& input, const int32_t* labels, int micro = 0, int group = 1,
+                 int32_t* predictions = nullptr);
+  const Tensor& logits() const { return *logits_; }
+
+  // Backward of the last forward. On the group's last micro-batch the gradient
+  // buckets are all-reduced as they fill. Returns the seconds spent in backward and
+  // waiting for communication afterwards (exposed, not overlapped).
+  struct Seconds {
+    double backward = 0, comm = 0;
+  };
+  Seconds backward_and_reduce();
+  // The data ran out inside a group: the all-reduce its last micro-batch would have done.
+  void reduce_partial_group();
+
+  // One optimizer update from the reduced gradients (fp16: unscaled and checked
+  // first). `any_nonfinite`: some rank's loss was not finite. False: step skipped.
+  bool update(bool any_nonfinite = false);
+
+  LossScaler& scaler() { return scaler_; }
+
+ private:
+  ResNet& model_;
+  Backend& backend_;
+  Optimizer& optimizer_;
+  dist::GradientReducer* reducer_;
+  float label_smoothing_;
+  LossScaler scaler_;
+  const Tensor* logits_ = nullptr;
+  Tensor dlogits_;
+  int micro_ = 0, group_ = 1;
+};
+
+}  // namespace rd::train

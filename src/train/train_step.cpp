@@ -1,0 +1,85 @@
+#include "resnet_ddp/train/train_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+
+namespace rd::train {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+bool LossScaler::unscale(Backend& backend, Arena& grads, bool any_nonfinite) {
+  if (!enabled_) return !any_nonfinite;
+  // One pass unscales and checks; an overflowing step's unscaled values are discarded.
+  const bool finite =
+      !any_nonfinite && backend.unscale_and_check(grads.data(), static_cast<float>(1.0 / scale_), grads.size());
+  if (!finite) {
+    scale_ = std::max(scale_ * 0.5, 1.0);
+    good_steps_ = 0;
+  } else if (++good_steps_ % 2000 == 0) {
+    scale_ *= 2.0;
+  }
+  return finite;
+}
+
+TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
+                     bool loss_scaling)
+    : model_(model),
+      backend_(model.backend()),
+      optimizer_(optimizer),
+      reducer_(reducer),
+      label_smoothing_(label_smoothing),
+      scaler_(loss_scaling) {}
+
+double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions) {
+  micro_ = micro;
+  group_ = group;
+  logits_ = &model_.forward(input);
+  const int64_t n = logits_->shape[0], classes = logits_->shape[1];
+  if (!dlogits_.defined() || dlogits_.shape[0] != n) dlogits_ = backend_.matrix(n, classes);
+  // Accumulated micro-batches average: each contributes 1/group of the gradient.
+  const float scale = static_cast<float>(scaler_.scale() / group);
+  return backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
+}
+
+TrainStep::Seconds TrainStep::backward_and_reduce() {
+  const bool accumulate = micro_ > 0;
+  if (!reducer_) {
+    const auto t0 = Clock::now();
+    model_.backward(dlogits_, accumulate, nullptr);
+    backend_.synchronize();
+    return {seconds_between(t0, Clock::now()), 0.0};
+  }
+  reducer_->set_sync(micro_ == group_ - 1);
+  const double exposed_before = reducer_->exposed_comm_s();
+  const auto t0 = Clock::now();
+  reducer_->begin_backward();
+  model_.backward(dlogits_, accumulate, reducer_);
+  backend_.synchronize();
+  const auto t1 = Clock::now();
+  reducer_->finish();
+  backend_.synchronize();
+  const auto t2 = Clock::now();
+  const double exposed = reducer_->exposed_comm_s() - exposed_before;
+  return {seconds_between(t0, t1), std::max(exposed, seconds_between(t1, t2))};
+}
+
+void TrainStep::reduce_partial_group() {
+  if (!reducer_) return;
+  reducer_->set_sync(true);
+  reducer_->begin_backward();
+  reducer_->finish();
+}
+
+bool TrainStep::update(bool any_nonfinite) {
+  if (!scaler_.unscale(backend_, model_.grads(), any_nonfinite)) return false;
+  optimizer_.step();
+  return true;
+}
+
+}  // namespace rd::train
