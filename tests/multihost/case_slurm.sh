@@ -22,44 +22,21 @@ mkdir -p "$d/munge" "$d/state" "$d/run" "$d/log" "$d/jobs" "$d/bin" "$d/spool/mh
 chmod 755 "$d" "$d/munge"
 for var in $(compgen -e); do [[ $var == SLURM_* ]] && unset "$var"; done
 export SLURM_CONF=$d/slurm.conf
-cat >"$SLURM_CONF" <<CONF
+{
+  cat <<CONF
 # Private test cluster written by tests/multihost/case_slurm.sh: nodes are namespace hosts
 ClusterName=rdmh
 SlurmctldHost=mh1($MH_SUBNET.1)
 SlurmctldPort=6817
 SlurmdPort=6818
-AuthType=auth/munge
-AuthInfo=socket=$d/munge/socket,cred_expire=20
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$d/state
-SlurmdSpoolDir=$d/spool/%n
-SlurmctldPidFile=$d/run/slurmctld.pid
-SlurmdPidFile=$d/run/slurmd.%n.pid
-SlurmctldLogFile=$d/log/slurmctld.log
-SlurmdLogFile=$d/log/slurmd.%n.log
-MailProg=/bin/true
-PlugStackConfig=$d/plugstack.conf
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/builtin
-MpiDefault=none
-ReturnToService=2
-KillWait=10
-MessageTimeout=20
-InactiveLimit=0
-MinJobAge=600
+CONF
+  rd_slurm_conf_common "$d"
+  cat <<CONF
 NodeName=mh1 NodeAddr=$MH_SUBNET.1 CPUs=1 State=UNKNOWN
 NodeName=mh2 NodeAddr=$MH_SUBNET.2 CPUs=1 State=UNKNOWN
 PartitionName=$RD_SLURM_PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
-: >"$d/plugstack.conf"
+} >"$SLURM_CONF"
 # Slurm clients run on mh1 (the cluster's network is only there): wrappers on PATH.
 for tool in sbatch scontrol squeue scancel sinfo srun; do
   printf '#!/bin/sh\nexec nsenter -t %s -n -u -m -- %s "$@"\n' "${MH_HOLDERS[1]}" "$(command -v "$tool")" >"$d/bin/$tool"

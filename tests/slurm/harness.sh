@@ -60,15 +60,12 @@ rd_free_port() {
   done
 }
 
-rd_write_slurm_conf() {
-  local dir=$1 ctld_port=$2 node_port_lo=$3 host
-  host=$(hostname -s)
-  cat >"$dir/slurm.conf" <<EOF
-# Private test cluster written by tests/slurm/harness.sh
-ClusterName=rdtest
-# The address in brackets: clients need not resolve the host name (chroots, containers).
-SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=$ctld_port
+# The settings every private test cluster shares (this harness and the multihost one):
+# paths under DIR, munge auth through DIR's socket, no accounting, short waits.
+rd_slurm_conf_common() {
+  local dir=$1
+  : >"$dir/plugstack.conf"
+  cat <<EOF
 AuthType=auth/munge
 # cred_expire also holds a requeued job back that long (default 120 s).
 AuthInfo=socket=$dir/munge/socket,cred_expire=20
@@ -82,12 +79,6 @@ SlurmdPidFile=$dir/run/slurmd.%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.%n.log
 MailProg=/bin/true
-# Per-node scratch (srun --mpi=pmix puts its client dirs there): the nodes share /tmp.
-TmpFS=$dir/tmpfs/%n
-# Job ids unlike another private cluster's, should two run at once.
-FirstJobId=$((1000 + RANDOM * 10))
-SlurmctldDebug=info
-SlurmdDebug=info
 PlugStackConfig=$dir/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -104,9 +95,32 @@ KillWait=10
 MessageTimeout=20
 InactiveLimit=0
 MinJobAge=600
+EOF
+}
+
+rd_write_slurm_conf() {
+  local dir=$1 ctld_port=$2 node_port_lo=$3 host
+  host=$(hostname -s)
+  {
+    cat <<EOF
+# Private test cluster written by tests/slurm/harness.sh
+ClusterName=rdtest
+# The address in brackets: clients need not resolve the host name (chroots, containers).
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+# Per-node scratch (srun --mpi=pmix puts its client dirs there): the nodes share /tmp.
+TmpFS=$dir/tmpfs/%n
+# Job ids unlike another private cluster's, should two run at once.
+FirstJobId=$((1000 + RANDOM * 10))
+SlurmctldDebug=info
+SlurmdDebug=info
+EOF
+    rd_slurm_conf_common "$dir"
+    cat <<EOF
 NodeName=${RD_SLURM_NODES[0]%-*}-[001-002] NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port_lo-$((node_port_lo + 1)) CPUs=1 State=UNKNOWN
 PartitionName=$RD_SLURM_PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+  } >"$dir/slurm.conf"
   : >"$dir/plugstack.conf"
 }
 
