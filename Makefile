@@ -82,7 +82,8 @@ san-build: deps deps-harden
 	  CC=clang CXX=clang++ cmake -S . -B $(SAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRESNET_DDP_CUDA=OFF \
 	    -DRESNET_DDP_NATIVE=OFF -DRESNET_DDP_WERROR=$(WERROR) \
 	    -DRESNET_DDP_SANITIZE=$(or $(SANITIZE),address$(,)undefined) \
-	    -DRESNET_DDP_FUZZ=$(if $(filter thread,$(SANITIZE)),OFF,ON) $(CMAKE_ARGS); fi
+	    -DRESNET_DDP_FUZZ=$(if $(filter thread,$(SANITIZE)),OFF,ON) $(CMAKE_ARGS); \
+	else cmake $(SAN_DIR) >/dev/null; fi  # re-read the CMakeLists: targets may have been renamed
 	cmake --build $(SAN_DIR) -j $(JOBS) --target $(SAN_TARGETS)
 
 test-sanitize: san-build

@@ -30,5 +30,5 @@ cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 rm -rf "${root:?}$clone"
 git clone -q "$repo" "$root$clone"
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  CI="${CI:-true}" bash -c "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q make >/dev/null && cd $clone && make ${targets[*]}"
+  CI="${CI:-true}" CI_SANITIZE="${CI_SANITIZE:-}" bash -c "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q make >/dev/null && cd $clone && make ${targets[*]}"
 echo "fresh_debian_check: make ${targets[*]} passed in a fresh Debian chroot"
