@@ -93,6 +93,13 @@ rd_set_launcher() {
     ((RD_PREFLIGHT)) && rd_note "warning: $problem" && return 0
     rd_die "$problem"
   fi
+  # Open MPI's mpirun waits on a daemon whose node dropped off the network for its TCP
+  # keepalive (default 300 s + 9 x 20 s) while the ranks have long exited, so the job
+  # would sit to its time limit. Short keepalives end it in ~15 s (measured on the
+  # multihost harness, docs/distributed.md). A value the user exported wins.
+  export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-5}
+  export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-2}
+  export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}
 }
 
 # Threads per rank from what Slurm granted on this node, unless RESNET_DDP_THREADS says.
