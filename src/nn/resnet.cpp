@@ -61,8 +61,7 @@ struct GradBuffers {
 class Block {
  public:
   Block(Arena& p, Arena& b, const std::string& name, bool bottleneck, int in_ch, int width,
-        int stride)
-      : bottleneck_(bottleneck) {
+        int stride) {
     const int out_ch = bottleneck ? width * 4 : width;
     if (bottleneck) {
       // torchvision's Bottleneck (v1.5): the stride sits on the 3x3 conv.
@@ -133,7 +132,6 @@ class Block {
   int out_channels = 0;
 
  private:
-  bool bottleneck_;
   std::vector<Conv2d> convs_;
   std::vector<BatchNorm2d> bns_;
   std::unique_ptr<Conv2d> down_conv_;
