@@ -203,7 +203,7 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
     Id g = w.group(f, "scheduler");
     w.str(g, "type", sched->type());
     w.i64(g, "last_epoch", sched->last_epoch());
-    if (sched->type() == "plateau") {
+    if (sched->kind() == SchedulerKind::Plateau) {
       const PlateauState& p = sched->plateau;
       w.str(g, "mode", "min");
       w.f64(g, "factor", p.factor);
@@ -216,7 +216,7 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
       w.f64(g, "best", p.best);
       w.i64(g, "num_bad_epochs", p.num_bad_epochs);
       w.i64(g, "cooldown_counter", p.cooldown_counter);
-    } else if (sched->type() == "cosine") {
+    } else if (sched->kind() == SchedulerKind::Cosine) {
       w.i64(g, "T_max", sched->cosine.t_max);
       w.f64(g, "eta_min", sched->cosine.eta_min);
       w.f64(g, "base_lr", sched->cosine.base_lr);
