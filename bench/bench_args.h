@@ -65,7 +65,7 @@ inline void parse_step_flags(FlagSet& fs, StepOptions& o, int argc, char** argv,
   fs.integer("--steps", &o.steps, 1, "timed steps", 1000000);
   fs.enumeration("--precision", &o.bf16, {{"fp32", false}, {"bf16", true}}, "compute precision");
   fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(), "CPU 3x3 convolution algorithm");
-  fs.choice("--layout", &layout, {"nchw16c", "nhwc", "nchw"}, "activation layout [default: the trainer's]");
+  fs.choice("--layout", &layout, {"nchw16c", "nchw8c", "nhwc", "nchw"}, "activation layout [default: the trainer's]");
   try {
     fs.parse_or_help(argc, argv, usage);
   } catch (const UsageError& e) {

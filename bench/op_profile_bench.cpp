@@ -7,7 +7,7 @@
 //
 //   op_profile_bench --config ARCH:SIZE:BATCH [--threads T] [--steps N] [--warmup N]
 //                    [--precision fp32|bf16] [--conv-algo auto|direct|winograd]
-//                    [--layout nchw16c|nhwc|nchw] [--json PATH]   (defaults: the trainer's)
+//                    [--layout nchw16c|nchw8c|nhwc|nchw] [--json PATH]   (defaults: the trainer's)
 //
 // Prints a table (ms/step, %, calls/step per category) on stdout; --json also writes
 // it as JSON. "outside backend calls" is the step's wall time not spent in any

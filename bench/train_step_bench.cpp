@@ -4,7 +4,7 @@
 // PyTorch, so bench/train_step_vs_pytorch.sh can print the ratio.
 //
 //   train_step_bench [--config ARCH:SIZE:BATCH]... [--threads T] [--steps N]
-//                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nhwc|nchw]
+//                    [--warmup N] [--head fc|mlp] [--num-classes K] [--layout nchw16c|nchw8c|nhwc|nchw]
 //   train_step_bench --print-isa      (the CPU backend's ISA, defaults and bf16 support)
 //
 // Prints one JSON object (same keys as the PyTorch script) on stdout.

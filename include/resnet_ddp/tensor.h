@@ -22,8 +22,14 @@ enum class Layout : uint8_t {
   RowMajor,  // plain C order for any rank (parameters, logits, 1-D vectors)
   NCHW,
   NHWC,
-  NCHW16C,  // oneDNN nChw16c: channels padded to a multiple of 16
+  NCHW16C,  // oneDNN nChw16c: channels padded to a multiple of 16 (AVX-512 kernels)
+  NCHW8C,   // oneDNN nChw8c: channels padded to a multiple of 8 (AVX2 kernels)
 };
+
+// Channels per block of a channel-blocked layout (1 for the plain ones).
+inline int64_t channel_block(Layout l) {
+  return l == Layout::NCHW16C ? 16 : l == Layout::NCHW8C ? 8 : 1;
+}
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);

@@ -33,6 +33,7 @@ const char* layout_name(Layout l) {
     case Layout::NCHW: return "NCHW";
     case Layout::NHWC: return "NHWC";
     case Layout::NCHW16C: return "nChw16c";
+    case Layout::NCHW8C: return "nChw8c";
   }
   return "?";
 }
@@ -78,7 +79,8 @@ bool Shape::operator==(const Shape& o) const {
 }
 
 int64_t storage_elems(const Shape& s, Layout layout) {
-  if (layout == Layout::NCHW16C && s.rank == 4) return s[0] * ((s[1] + 15) / 16 * 16) * s[2] * s[3];
+  const int64_t b = channel_block(layout);
+  if (b > 1 && s.rank == 4) return s[0] * ((s[1] + b - 1) / b * b) * s[2] * s[3];
   return s.numel();
 }
 

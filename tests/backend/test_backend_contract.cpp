@@ -114,7 +114,7 @@ struct Config {
 
 const Config kConfigs[] = {
     {DType::F32, Layout::NHWC}, {DType::F16, Layout::NHWC}, {DType::BF16, Layout::NHWC},
-    {DType::F16, Layout::NCHW}, {DType::F32, Layout::NCHW16C},
+    {DType::F16, Layout::NCHW}, {DType::F32, Layout::NCHW16C}, {DType::F32, Layout::NCHW8C},
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Every CPU backend op against the float64 reference and finite differences,
-// in every activation layout the backend accepts (NHWC, nChw16c, NCHW).
+// in every activation layout the backend accepts (NHWC, nChw16c, nChw8c, NCHW).
 #include <catch2/catch.hpp>
 
 #include <memory>
@@ -17,7 +17,7 @@ namespace {
 // with a warning, but the default (NHWC) must work.
 std::vector<std::unique_ptr<Backend>> cpu_backends() {
   std::vector<std::unique_ptr<Backend>> all;
-  for (Layout layout : {Layout::NHWC, Layout::NCHW16C, Layout::NCHW}) {
+  for (Layout layout : {Layout::NHWC, Layout::NCHW16C, Layout::NCHW8C, Layout::NCHW}) {
     BackendOptions opts;
     opts.layout = layout;
     try {

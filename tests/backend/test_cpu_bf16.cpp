@@ -28,7 +28,7 @@ std::unique_ptr<Backend> bf16_backend(Layout layout) {
 }  // namespace
 
 TEST_CASE("cpu backend bf16: convolutions match the reference to bf16 accuracy", "[kernel][bf16]") {
-  for (Layout layout : {Layout::NCHW16C, Layout::NHWC, Layout::NCHW}) {
+  for (Layout layout : {Layout::NCHW16C, Layout::NCHW8C, Layout::NHWC, Layout::NCHW}) {
     auto be = bf16_backend(layout);
     if (!be) return;
     REQUIRE(be->name().find("bf16") != std::string::npos);

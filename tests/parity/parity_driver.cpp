@@ -182,7 +182,7 @@ Args parse_args(int argc, char** argv) {
   fs.path("--checkpoint", &a.checkpoint, "CKPT.h5", "also write the trained model as a checkpoint");
   fs.integer("--train-steps", &a.train_steps, 1, "training steps on the batch", 1000);
   fs.integer("--threads", &a.threads, 1, "compute threads", 1000);
-  fs.choice("--layout", &layout, {"nhwc", "nchw", "nchw16c", "default"},
+  fs.choice("--layout", &layout, {"nhwc", "nchw", "nchw16c", "nchw8c", "default"},
             "CPU activation layout (default: the trainer's for this CPU)");
   fs.enumeration("--conv-algo", &a.conv_algo, rd::conv_algo_names(), "CPU 3x3 convolution algorithm");
   fs.parse_or_help(argc, argv, "Usage: parity_driver --init INIT.h5 --input INPUT.h5 --out OUT.h5 [flags]\n\nFlags:\n");

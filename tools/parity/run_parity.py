@@ -463,7 +463,7 @@ def parse_args():
     p.add_argument("--width", type=int, default=200)
     p.add_argument("--threads", type=int, default=1, help="threads for PyTorch and the driver (default 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", choices=("nhwc", "nchw", "nchw16c", "default"), default="nhwc",
+    p.add_argument("--layout", choices=("nhwc", "nchw", "nchw16c", "nchw8c", "default"), default="nhwc",
                    help="activation layout of resnet_ddp's CPU backend (default nhwc; 'default' is "
                         "the trainer's choice for this CPU: nChw16c on AVX-512, NHWC on AVX2)")
     p.add_argument("--conv-algo", choices=("auto", "direct", "winograd"), default="auto",

@@ -115,7 +115,7 @@ class Backend {
   // is the stem-convolution case oneDNN's JIT kernels implement; NHWC in is not).
   Layout layout_for_channels(int64_t channels) const {
     const Layout l = activation_layout();
-    return l == Layout::NCHW16C && channels % 16 != 0 ? Layout::NCHW : l;
+    return channels % channel_block(l) != 0 ? Layout::NCHW : l;
   }
   Tensor activation(int64_t n, int64_t c, int64_t h, int64_t w) {
     return tensor(Shape{n, c, h, w}, layout_for_channels(c), activation_dtype());
@@ -277,6 +277,9 @@ struct CpuIsaDefaults {
   std::string isa;         // oneDNN's name for it, e.g. "avx2", "avx512_core_amx"
   bool avx512 = false;     // nChw16c and Winograd run natively
   bool bf16 = false;       // bf16 convolutions run natively (AVX512-BF16 or AMX)
+  // bf16 mode keeps fp32 Winograd for 3x3 stride-1 convolutions: true without AMX,
+  // where oneDNN's bf16 direct kernels are slower than fp32 Winograd.
+  bool winograd_in_bf16 = false;
   Layout fp32_layout = Layout::NHWC;
   Layout bf16_layout = Layout::NHWC;
   Layout layout(Precision p) const { return p == Precision::BF16 ? bf16_layout : fp32_layout; }

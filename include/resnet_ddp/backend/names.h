@@ -21,7 +21,7 @@ inline NameTable<ConvAlgo> conv_algo_names() {
   return {{"auto", ConvAlgo::Auto}, {"direct", ConvAlgo::Direct}, {"winograd", ConvAlgo::Winograd}};
 }
 inline NameTable<Layout> layout_names() {
-  return {{"nchw16c", Layout::NCHW16C}, {"nhwc", Layout::NHWC}, {"nchw", Layout::NCHW}};
+  return {{"nchw16c", Layout::NCHW16C}, {"nchw8c", Layout::NCHW8C}, {"nhwc", Layout::NHWC}, {"nchw", Layout::NCHW}};
 }
 
 // The spelling of `value` in `table` ("" when absent).

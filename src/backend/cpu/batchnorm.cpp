@@ -30,44 +30,53 @@ namespace {
 // block into its double accumulators: float error stays at block scale and the
 // totals are exact to double precision.
 // NCHW: each channel's planes are contiguous, so split channels across threads.
-// nChw16c: each 16-channel block is a set of contiguous planes of 16-wide rows, so
-// split blocks across threads and sum rows like NHWC.
+// nChw16c/nChw8c: each channel block is a set of contiguous planes of 16- or 8-wide
+// rows, so split blocks across threads and sum rows like NHWC.
 constexpr int64_t kRowBlock = 32;
+
+// The channel-blocked walk, with the block width B a compile-time constant so the
+// inner loop is one vector (B = 16: nChw16c on AVX-512, B = 8: nChw8c on AVX2).
+template <int64_t B, class F>
+void channel_sums_blocked(const Dims& d, int threads, double* out_a, double* out_b, F f) {
+  const int64_t HW = d.h * d.w, blocks = d.c / B;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t cb = 0; cb < blocks; ++cb) {
+    double a[B] = {}, b[B] = {};
+    for (int64_t n = 0; n < d.n; ++n) {
+      const int64_t plane = (n * blocks + cb) * HW * B;
+      for (int64_t r0 = 0; r0 < HW; r0 += kRowBlock) {
+        float fa[B] = {}, fb[B] = {};
+        const int64_t r_end = std::min(HW, r0 + kRowBlock);
+        for (int64_t r = r0; r < r_end; ++r) {
+#pragma omp simd
+          for (int64_t l = 0; l < B; ++l) {
+            float va, vb;
+            f(plane + r * B + l, cb * B + l, va, vb);
+            fa[l] += va;
+            fb[l] += vb;
+          }
+        }
+        for (int64_t l = 0; l < B; ++l) {
+          a[l] += fa[l];
+          b[l] += fb[l];
+        }
+      }
+    }
+    for (int64_t l = 0; l < B; ++l) {
+      out_a[cb * B + l] = a[l];
+      out_b[cb * B + l] = b[l];
+    }
+  }
+}
 
 template <class F>
 void channel_sums(const Dims& d, Layout layout, double* partial, int threads, double* out_a,
                   double* out_b, F f) {
   const int64_t C = d.c, HW = d.h * d.w, rows = d.n * HW;
   if (layout == Layout::NCHW16C) {
-    const int64_t blocks = C / kBlock;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t cb = 0; cb < blocks; ++cb) {
-      double a[kBlock] = {}, b[kBlock] = {};
-      for (int64_t n = 0; n < d.n; ++n) {
-        const int64_t plane = (n * blocks + cb) * HW * kBlock;
-        for (int64_t r0 = 0; r0 < HW; r0 += kRowBlock) {
-          float fa[kBlock] = {}, fb[kBlock] = {};
-          const int64_t r_end = std::min(HW, r0 + kRowBlock);
-          for (int64_t r = r0; r < r_end; ++r) {
-#pragma omp simd
-            for (int64_t l = 0; l < kBlock; ++l) {
-              float va, vb;
-              f(plane + r * kBlock + l, cb * kBlock + l, va, vb);
-              fa[l] += va;
-              fb[l] += vb;
-            }
-          }
-          for (int64_t l = 0; l < kBlock; ++l) {
-            a[l] += fa[l];
-            b[l] += fb[l];
-          }
-        }
-      }
-      for (int64_t l = 0; l < kBlock; ++l) {
-        out_a[cb * kBlock + l] = a[l];
-        out_b[cb * kBlock + l] = b[l];
-      }
-    }
+    channel_sums_blocked<16>(d, threads, out_a, out_b, f);
+  } else if (layout == Layout::NCHW8C) {
+    channel_sums_blocked<8>(d, threads, out_a, out_b, f);
   } else if (layout == Layout::NHWC) {
     const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel num_threads(threads)
@@ -130,21 +139,28 @@ void channel_sums(const Dims& d, Layout layout, double* partial, int threads, do
   }
 }
 
+template <int64_t B, class G>
+void for_each_element_blocked(const Dims& d, int threads, G g) {
+  const int64_t HW = d.h * d.w, blocks = d.c / B;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t cb = 0; cb < blocks; ++cb) {
+      const int64_t plane = (n * blocks + cb) * HW * B;
+      for (int64_t r = 0; r < HW; ++r) {
+#pragma omp simd
+        for (int64_t l = 0; l < B; ++l) g(plane + r * B + l, cb * B + l);
+      }
+    }
+}
+
 // Applies g(index, c) to every element, parallel over the outer dimension.
 template <class G>
 void for_each_element(const Dims& d, Layout layout, int threads, G g) {
   const int64_t C = d.c, HW = d.h * d.w;
   if (layout == Layout::NCHW16C) {
-    const int64_t blocks = C / kBlock;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < d.n; ++n)
-      for (int64_t cb = 0; cb < blocks; ++cb) {
-        const int64_t plane = (n * blocks + cb) * HW * kBlock;
-        for (int64_t r = 0; r < HW; ++r) {
-#pragma omp simd
-          for (int64_t l = 0; l < kBlock; ++l) g(plane + r * kBlock + l, cb * kBlock + l);
-        }
-      }
+    for_each_element_blocked<16>(d, threads, g);
+  } else if (layout == Layout::NCHW8C) {
+    for_each_element_blocked<8>(d, threads, g);
   } else if (layout == Layout::NHWC) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < d.n * HW; ++r) {
@@ -175,9 +191,9 @@ void apply_scale_shift(const Dims& d, Layout layout, int threads, const float* x
                      [=](int64_t i, int64_t c) { ys[i] = xs[i] * scale[c] + shift[c]; });
 }
 
-// The walk a tensor's layout needs (checks nChw16c's channel blocks).
+// The walk a tensor's layout needs (checks the channel blocks of nChw16c/nChw8c).
 Layout bn_layout(const Tensor& x) {
-  if (is_blocked(x)) return Layout::NCHW16C;
+  if (is_blocked(x)) return x.layout;
   RD_CHECK(x.layout == Layout::NHWC || x.layout == Layout::NCHW,
            "batch norm: unsupported layout " << layout_name(x.layout));
   return x.layout;

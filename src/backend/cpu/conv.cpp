@@ -8,6 +8,8 @@
 // shape and cached, and all primitives share one user-managed scratchpad, so a
 // training step allocates nothing.
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/layout.h"
@@ -19,7 +21,12 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 static tag activation_tag(Layout l) {
-  return l == Layout::NCHW16C ? tag::nChw16c : l == Layout::NHWC ? tag::nhwc : tag::nchw;
+  switch (l) {
+    case Layout::NCHW16C: return tag::nChw16c;
+    case Layout::NCHW8C: return tag::nChw8c;
+    case Layout::NHWC: return tag::nhwc;
+    default: return tag::nchw;
+  }
 }
 
 dnnl::memory::desc CpuBackend::activation_md(const Shape& s) const {
@@ -40,7 +47,10 @@ void* CpuBackend::scratchpad(const dnnl::memory::desc& md) {
 // (measured on ResNet-18 at 64 px, docs/performance.md).
 bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
   // oneDNN 2.6 has Winograd kernels for AVX-512 only (cpu_isa_defaults()).
-  if (conv_algo_ == ConvAlgo::Direct || precision_ != Precision::FP32 || !isa_.avx512) return false;
+  if (conv_algo_ == ConvAlgo::Direct || !isa_.avx512) return false;
+  // bf16 mode: fp32 Winograd beats bf16 direct convolution where the bf16 kernels run
+  // on AVX512-BF16's dot products, not AMX tiles (isa_.winograd_in_bf16).
+  if (precision_ == Precision::BF16 && !isa_.winograd_in_bf16) return false;
   if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
   if (conv_algo_ == ConvAlgo::Winograd) return true;
   return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;
@@ -72,7 +82,8 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   // throws dnnl::error when oneDNN has no implementation for them.
   auto build = [&](dnnl::algorithm alg, const dnnl::memory::desc& src, const dnnl::memory::desc& dst,
                    const dnnl::memory::desc& diff_dst, const dnnl::memory::desc& diff_src) {
-    const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16 ? dt::bf16 : dt::f32, tag::any);
+    const bool bf16_weights = src.data_type() == dt::bf16;
+    const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16_weights ? dt::bf16 : dt::f32, tag::any);
     const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
     plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, any_w, dst,
@@ -101,10 +112,25 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     }
   }
   if (!built) {
-    const dnnl::memory::desc x_bf16({x[0], x[1], x[2], x[3]}, dt::bf16, activation_tag(layout_for_channels(x[1])));
-    const dnnl::memory::desc y_bf16({y[0], y[1], y[2], y[3]}, dt::bf16, activation_tag(layout_for_channels(y[1])));
-    build(dnnl::algorithm::convolution_direct, bf16 ? x_bf16 : plan->x_act_md, plan->y_act_md,
-          bf16 ? y_bf16 : plan->y_act_md, plan->x_act_md);
+    // Direct convolution in the activations' own layout; where oneDNN has no JIT kernel
+    // for that layout and shape it would run its reference code (100x slower: AVX2's
+    // nChw8c backward-weights with a 2x2 input and a 3x3 kernel), so the plan then
+    // converts to NHWC, and failing that NCHW, around the primitives instead.
+    const auto uses_reference = [&] {
+      for (const char* impl : {plan->fwd_pd.impl_info_str(), plan->bwd_data_pd.impl_info_str(),
+                               plan->bwd_weights_pd.impl_info_str()})
+        if (std::string(impl).find("ref") != std::string::npos) return true;
+      return false;
+    };
+    const tag act_x = activation_tag(layout_for_channels(x[1])), act_y = activation_tag(layout_for_channels(y[1]));
+    const std::pair<tag, tag> candidates[] = {{act_x, act_y}, {tag::nhwc, tag::nhwc}, {tag::nchw, tag::nchw}};
+    for (const auto& [tx, ty] : candidates) {
+      const dnnl::memory::desc xf({x[0], x[1], x[2], x[3]}, dt::f32, tx), yf({y[0], y[1], y[2], y[3]}, dt::f32, ty);
+      const dnnl::memory::desc xs({x[0], x[1], x[2], x[3]}, bf16 ? dt::bf16 : dt::f32, tx);
+      const dnnl::memory::desc ys({y[0], y[1], y[2], y[3]}, bf16 ? dt::bf16 : dt::f32, ty);
+      build(dnnl::algorithm::convolution_direct, xs, yf, ys, xf);
+      if (!uses_reference()) break;
+    }
   }
   plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
   plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);

@@ -1,7 +1,8 @@
 // Index arithmetic for the activation layouts the CPU backend uses: plain NHWC and
-// NCHW, and oneDNN's blocked nChw16c = (n, c/16, h, w, c%16), which the backend only
-// uses for channel counts that are a multiple of 16 (Backend::layout_for_channels).
-// An nChw16c tensor is an NHWC tensor of n*C/16 "images" with 16 channels each,
+// NCHW, and oneDNN's channel-blocked nChw16c / nChw8c = (n, c/B, h, w, c%B) with
+// B = 16 (AVX-512 kernels) or 8 (AVX2 kernels), which the backend only uses for
+// channel counts that are a multiple of B (Backend::layout_for_channels).
+// A blocked tensor is an NHWC tensor of n*C/B "images" with B channels each,
 // which is how the channel-independent ops (pooling) treat it.
 #pragma once
 
@@ -21,19 +22,22 @@ inline Dims dims_of(const Tensor& t) {
   return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
 }
 
-constexpr int64_t kBlock = 16;  // nChw16c
+constexpr int64_t kMaxBlock = 16;  // the widest channel block (nChw16c)
 
 inline bool is_blocked(const Tensor& t) {
-  if (t.layout != Layout::NCHW16C) return false;
-  RD_CHECK(t.shape.rank == 4 && t.shape[1] % kBlock == 0,
-           "CPU backend: nChw16c activations need a multiple of 16 channels, got " << t.describe());
+  const int64_t b = channel_block(t.layout);
+  if (b == 1) return false;
+  RD_CHECK(t.shape.rank == 4 && t.shape[1] % b == 0,
+           "CPU backend: " << layout_name(t.layout) << " activations need a multiple of " << b
+                           << " channels, got " << t.describe());
   return true;
 }
 
-// The NHWC view of an NHWC or nChw16c tensor (see the top of this file).
+// The NHWC view of an NHWC or channel-blocked tensor (see the top of this file).
 inline Dims rows_view(const Tensor& t) {
   const Dims d = dims_of(t);
-  return is_blocked(t) ? Dims{d.n * (d.c / kBlock), kBlock, d.h, d.w} : d;
+  const int64_t b = channel_block(t.layout);
+  return is_blocked(t) ? Dims{d.n * (d.c / b), b, d.h, d.w} : d;
 }
 
 // Flat offset of logical element (n, c, h, w).
@@ -45,9 +49,11 @@ struct Indexer {
              "CPU backend: unsupported layout " << layout_name(t.layout));
   }
   int64_t operator()(int64_t n, int64_t c, int64_t h, int64_t w) const {
+    const int64_t b = channel_block(layout);
     switch (layout) {
       case Layout::NHWC: return ((n * d.h + h) * d.w + w) * d.c + c;
-      case Layout::NCHW16C: return (((n * (d.c / kBlock) + c / kBlock) * d.h + h) * d.w + w) * kBlock + c % kBlock;
+      case Layout::NCHW16C:
+      case Layout::NCHW8C: return (((n * (d.c / b) + c / b) * d.h + h) * d.w + w) * b + c % b;
       default: return ((n * d.c + c) * d.h + h) * d.w + w;
     }
   }
