@@ -269,10 +269,11 @@ struct BackendOptions {
 // reference code 100x slower (ResNet-34@244 under the AVX2 cap with nChw16c: 3 steps
 // > 600 s), so the defaults follow the ISA:
 //   AVX-512 (core, VNNI, BF16, AMX): fp32 nChw16c + Winograd 3x3 (no reorders around any
-//     convolution); bf16 NHWC (oneDNN runs bf16 convolutions on AMX only for NHWC;
-//     nChw16c bf16 measured 3.5x slower).
-//   AVX2 and older: NHWC + direct convolutions (oneDNN's AVX2 kernels read and write
-//     NHWC; it has no nChw16c or Winograd kernels there). No bf16 instructions.
+//     convolution). bf16 with AMX: NHWC (oneDNN runs bf16 convolutions on AMX only for
+//     NHWC; nChw16c bf16 measured 3.5x slower). bf16 without AMX: nChw16c, and 3x3
+//     stride-1 convolutions stay fp32 Winograd (faster than AVX512-BF16 direct).
+//   AVX2 and older: nChw8c + direct convolutions (oneDNN's AVX2 kernels are fastest on
+//     nChw8c; it has no nChw16c or Winograd kernels there). No bf16 instructions.
 struct CpuIsaDefaults {
   std::string isa;         // oneDNN's name for it, e.g. "avx2", "avx512_core_amx"
   bool avx512 = false;     // nChw16c and Winograd run natively

@@ -76,7 +76,9 @@ std::string CpuBackend::name() const {
   return "cpu (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + ", " + isa_.isa + ", " + std::to_string(threads_) + " threads, " +
          layout_name(layout_) +
-         (precision_ == Precision::BF16       ? ", bf16 convolutions"
+         (precision_ == Precision::BF16      ? (isa_.winograd_in_bf16 && conv_algo_ != ConvAlgo::Direct
+                                                    ? ", bf16 convolutions, 3x3 stride-1 in fp32 Winograd where faster"
+                                                    : ", bf16 convolutions")
           : conv_algo_ == ConvAlgo::Direct    ? ", direct convolutions"
           : conv_algo_ == ConvAlgo::Winograd  ? (isa_.avx512 ? ", Winograd 3x3 convolutions"
                                                              : ", direct convolutions (no Winograd kernel for this ISA)")
