@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/tensorboard.h"
 
 namespace fs = std::filesystem;
@@ -211,4 +213,27 @@ TEST_CASE("a write error mid-run disables the writer, training goes on", "[tenso
   CHECK(fs::file_size(w->path()) <= header_size + 40);
   w.reset();
   fs::remove_all(dir);
+}
+
+TEST_CASE("the tensorboard flag is on by default and takes on or off", "[tensorboard]") {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "resnet_ddp");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return parse_command_line(static_cast<int>(argv.size()), argv.data()).train;
+  };
+  CHECK(parse({"--data", "d"}).tensorboard);
+  CHECK_FALSE(parse({"--data", "d", "--tensorboard", "off"}).tensorboard);
+  CHECK(parse({"--data", "d", "--tensorboard=on"}).tensorboard);
+  try {
+    parse({"--data", "d", "--tensorboard", "yes"});
+    FAIL("--tensorboard yes was accepted");
+  } catch (const rd::UsageError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--tensorboard") && Catch::Contains("on|off"));
+  }
+  // Listed with the flags a resume compares (the trainer skips it as not describing the run).
+  bool found = false;
+  for (const auto& [flag, value] : train_flag_values(parse({"--data", "d", "--tensorboard", "off"})))
+    if (flag == "--tensorboard") found = value == "off";
+  CHECK(found);
 }
