@@ -23,6 +23,9 @@ check() {
   "$py" -c "import tensorboard, sys; sys.exit(0 if tensorboard.__version__ == '$TENSORBOARD_VERSION' else 1)" \
     2>/dev/null
 }
+# Tests running in parallel (ctest -j) must not pip-install into one venv at once.
+{ mkdir -p "$(dirname "$venv")" && exec 9>"$venv.lock" && flock 9; } 2>/dev/null ||
+  { echo "py_venv.sh: cannot create or lock $venv.lock" >&2; exit 2; }
 if ! check; then
   echo "py_venv.sh: installing tensorboard==$TENSORBOARD_VERSION from PyPI into $venv" >&2
   [ -n "$base" ] || { echo "py_venv.sh: python3 not found" >&2; exit 2; }
