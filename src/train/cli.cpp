@@ -86,6 +86,8 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
              std::numeric_limits<int64_t>::max());
   fs.boolean("--eval-only", &o.eval_only, "only evaluate the checkpoint (--resume or --init) on Validation");
   fs.path("--metrics", &o.metrics, "FILE.csv", "per-epoch metrics [default: OUTPUT_DIR/metrics.csv]");
+  fs.enumeration("--tensorboard", &o.tensorboard, std::vector<std::pair<std::string, bool>>{{"on", true}, {"off", false}},
+                 "per-step and per-epoch scalars as a TensorBoard event file in OUTPUT_DIR (rank 0)");
   fs.boolean("--deterministic", &o.deterministic,
              "bit-reproducible runs on the CPU backend, also across a resume");
   fs.integer("--log-every", &o.log_every, 0, "steps between progress lines when stdout is not a terminal (0 = off)",

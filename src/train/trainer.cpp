@@ -26,6 +26,7 @@
 #include "resnet_ddp/train/optimizer.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
+#include "resnet_ddp/train/tensorboard.h"
 #include "resnet_ddp/train/train_step.h"
 
 namespace fs = std::filesystem;
@@ -75,6 +76,12 @@ struct StepTimes {
   double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
 };
 
+// One optimizer step's training sums over all ranks (for the per-step TensorBoard
+// scalars). Counts travel as doubles: exact far beyond any batch.
+struct StepSums {
+  double loss = 0, correct = 0, seen = 0;
+};
+
 // One epoch's training on this rank (rank 0's sums also hold the resumed part of an
 // interrupted epoch).
 struct EpochStats {
@@ -122,8 +129,11 @@ class Trainer {
   void save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
             double partial_loss = 0, int64_t partial_correct = 0, int64_t partial_count = 0);
   void evaluate_best();
-  // Per-step agreement: any rank preempted / any rank saw a non-finite loss.
-  void step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite);
+  // Per-step agreement: any rank preempted / any rank saw a non-finite loss. `sums`,
+  // when given, is summed over the ranks in the same all-reduce (no extra latency).
+  void step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, StepSums* sums = nullptr);
+  // Rank 0: the step's scalars (global loss and accuracy, rank 0's timings).
+  void log_step(const StepSums& sums, const StepTimes& times, double seconds);
   std::string epoch_tag(int64_t e) const {
     return "(Epoch " + std::to_string(e + 1) + "/" + std::to_string(o_.epochs) + ")";
   }
@@ -152,6 +162,7 @@ class Trainer {
   std::string resume_path_;
   std::unique_ptr<MetricsCsv> metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0 with --tensorboard on; null after it failed to open
   std::string last_path_, best_path_;
   OutputLock lock_;  // rank 0, for the whole run
   std::vector<std::string> resume_changes_;  // rank 0: one line per honoured flag change
@@ -163,7 +174,7 @@ const char* const kStartFresh = "; to start fresh instead use --resume none or a
 
 // Flags that do not describe the run (where it reads and writes, how it resumes).
 bool resume_ignores(const std::string& flag) {
-  for (const char* f : {"--data", "--output-dir", "--resume", "--init", "--metrics", "--eval-only"})
+  for (const char* f : {"--data", "--output-dir", "--resume", "--init", "--metrics", "--tensorboard", "--eval-only"})
     if (flag == f) return true;
   return false;
 }
@@ -635,11 +646,32 @@ void Trainer::broadcast_start_state(bool rank0_loaded) {
   }
 }
 
-void Trainer::step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite) {
-  int64_t flags[2] = {preemption_signal() != 0 ? 1 : 0, nonfinite ? 1 : 0};
-  ctrl_->allreduce(flags, 2, dist::ReduceOp::Sum);
-  preempt = flags[0] > 0;
-  any_nonfinite = flags[1] > 0;
+void Trainer::step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, StepSums* sums) {
+  // Every rank sends all five (the call sites agree on `sums`): one small all-reduce.
+  double v[5] = {preemption_signal() != 0 ? 1.0 : 0.0, nonfinite ? 1.0 : 0.0, 0, 0, 0};
+  if (sums) {
+    v[2] = sums->loss;
+    v[3] = sums->correct;
+    v[4] = sums->seen;
+  }
+  ctrl_->allreduce(v, 5, dist::ReduceOp::Sum);
+  preempt = v[0] > 0;
+  any_nonfinite = v[1] > 0;
+  if (sums) *sums = {v[2], v[3], v[4]};
+}
+
+void Trainer::log_step(const StepSums& s, const StepTimes& t, double seconds) {
+  const double n = s.seen > 0 ? s.seen : 1.0;
+  tb_->scalars(run_.global_step, {{"step/loss", s.loss / n},
+                                  {"step/accuracy", s.correct / n},
+                                  {"step/lr", opt_->lr()},
+                                  {"step/images_per_s", seconds > 0 ? s.seen / seconds : 0.0},
+                                  {"step/time_ms", 1e3 * (t.data + t.forward + t.backward + t.comm + t.optimizer)},
+                                  {"step/data_ms", 1e3 * t.data},
+                                  {"step/forward_ms", 1e3 * t.forward},
+                                  {"step/backward_ms", 1e3 * t.backward},
+                                  {"step/comm_ms", 1e3 * t.comm},
+                                  {"step/optimizer_ms", 1e3 * t.optimizer}});
 }
 
 void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
@@ -696,6 +728,9 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   while (step < steps_total && !loader_done) {
     bool nonfinite = false;
     int micro = 0;
+    const auto t_step = Clock::now();
+    const StepTimes times_before = times;
+    StepSums step_sums;
     // A step is accum_steps micro-batches (fewer at the end of the epoch).
     const int64_t remaining_micro = micro_total - step * o_.accum_steps;
     const int group = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(o_.accum_steps, remaining_micro)));
@@ -723,6 +758,9 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       local_loss += l;
       local_correct += c;
       local_seen += batch.n;
+      step_sums.loss += l;
+      step_sums.correct += static_cast<double>(c);
+      step_sums.seen += batch.n;
       times.forward += seconds_since(t1);
 
       const TrainStep::Seconds s = step_->backward_and_reduce();
@@ -736,7 +774,7 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       step_->reduce_partial_group();
     }
     bool preempt = false, any_nonfinite = false;
-    step_flags(nonfinite, preempt, any_nonfinite);
+    step_flags(nonfinite, preempt, any_nonfinite, &step_sums);
     auto t5 = Clock::now();
     if (any_nonfinite && !step_->scaler().enabled()) {
       // Under fp16 the loss scaler skips the step instead (AMP's GradScaler).
@@ -754,6 +792,12 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
     ++step;
     ++run_.global_step;
     ++st.steps;
+    if (tb_) {
+      const StepTimes d{times.data - times_before.data, times.forward - times_before.forward,
+                        times.backward - times_before.backward, times.comm - times_before.comm,
+                        times.optimizer - times_before.optimizer};
+      log_step(step_sums, d, seconds_since(t_step));
+    }
     if (progress_) {
       const double elapsed = seconds_since(t_start);
       progress_->step(step, local_seen ? local_loss / static_cast<double>(local_seen) : 0.0,
@@ -772,6 +816,8 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
       ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
       save(last_path_, epoch, step, -1.0, -1.0, sums[0], counts[0], counts[1]);
+      // The scalars up to the checkpoint on disk too (a resume continues after it).
+      if (tb_) tb_->flush();
     }
     if (preempt) {
       say("Preempted at epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step) +
@@ -853,6 +899,9 @@ void Trainer::train_epochs() {
       [&] { metrics_ = std::make_unique<MetricsCsv>(o_.metrics_path(), run_.resumed != 0, run_.epoch + 1); },
       rank0());
   if (rank0()) progress_ = std::make_unique<Progress>(o_.progress, o_.log_every);
+  // A new event file per run; its steps continue the checkpoint's global step.
+  if (rank0() && o_.tensorboard && run_.epoch < o_.epochs)
+    tb_ = TensorBoardWriter::create(o_.output_dir, run_.global_step + 1);
   say("");
   for (int64_t epoch = run_.epoch; epoch < o_.epochs; ++epoch) {
     const auto t0 = Clock::now();
@@ -905,7 +954,7 @@ void Trainer::train_epochs() {
 
     if (improved) save(best_path_, epoch + 1, 0, val_loss, val_acc);
     save(last_path_, epoch + 1, 0, val_loss, val_acc);
-    if (metrics_) {
+    {
       EpochMetrics m;
       m.epoch = epoch + 1;
       m.time_s = epoch_seconds;
@@ -924,10 +973,31 @@ void Trainer::train_epochs() {
       m.optimizer_ms = 1e3 * times.optimizer / steps;
       m.world_size = env_.world;
       m.global_step = run_.global_step;
-      try {
-        metrics_->write(m);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "resnet_ddp: warning: %s\n", e.what());
+      if (metrics_) {
+        try {
+          metrics_->write(m);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "resnet_ddp: warning: %s\n", e.what());
+        }
+      }
+      if (tb_) {
+        // The metrics.csv columns under epoch/, at the epoch's last global step.
+        tb_->scalars(m.global_step, {{"epoch/epoch", static_cast<double>(m.epoch)},
+                                     {"epoch/time_s", m.time_s},
+                                     {"epoch/train_loss", m.train_loss},
+                                     {"epoch/train_acc", m.train_acc},
+                                     {"epoch/val_loss", m.val_loss},
+                                     {"epoch/val_acc", m.val_acc},
+                                     {"epoch/best_val_acc", m.best_val_acc},
+                                     {"epoch/lr", m.lr},
+                                     {"epoch/images_per_s", m.images_per_s},
+                                     {"epoch/images_per_s_per_rank", m.images_per_s_per_rank},
+                                     {"epoch/data_ms", m.data_ms},
+                                     {"epoch/forward_ms", m.forward_ms},
+                                     {"epoch/backward_ms", m.backward_ms},
+                                     {"epoch/comm_ms", m.comm_ms},
+                                     {"epoch/optimizer_ms", m.optimizer_ms}});
+        tb_->flush();
       }
     }
     run_.partial_count = 0;

@@ -53,6 +53,7 @@ struct TrainOptions {
   int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
   bool eval_only = false;
   std::string metrics;               // "" = OUTPUT_DIR/metrics.csv
+  bool tensorboard = true;           // rank 0 writes OUTPUT_DIR/events.out.tfevents.*
   bool deterministic = false;
   int64_t log_every = 50;            // steps between progress lines when not on a TTY
   std::string progress = "auto";     // auto | bar | lines | none

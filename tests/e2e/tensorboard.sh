@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# TensorBoard scalars: a 2-rank run preempted mid-epoch, then resumed with one more
+# epoch. TensorBoard's own reader (the `tensorboard` package, in the venv of
+# tools/py_venv.sh) must find one event file per run and none from rank 1, every
+# global step exactly once across the two files, the per-epoch values equal to
+# metrics.csv and the per-step values consistent with them (tensorboard_check.py).
+# --tensorboard off writes no file. Skips (77) only when the venv cannot be made.
+source "$(dirname "$0")/common.sh"
+
+PY=$("$RD_ROOT/tools/py_venv.sh") || {
+  echo "SKIP: cannot create the Python venv with the tensorboard package (tools/py_venv.sh failed, see above)" >&2
+  exit 77
+}
+
+synth_data "$WORK/data" 64 16
+OUT="$WORK/out"
+# 64 images / (2 ranks x batch 2) = 16 equal steps per epoch. Upscaled inputs make a
+# step slow enough (tens of ms) for the signal to land mid-epoch.
+args=(--data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --workers 1 --batch-size 2
+  --lr 1e-3 --output-dir "$OUT" --log-every 1 --progress lines)
+
+rank_pid() {  # rank_pid PID RANK (as in preempt_resume.sh)
+  local pid
+  for pid in $(pgrep -P "$1") $(for c in $(pgrep -P "$1"); do pgrep -P "$c"; done); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+wait_for() {  # wait_for FILE PATTERN SECONDS
+  local deadline=$((SECONDS + $3))
+  until grep -q -- "$2" "$1" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.05
+  done
+}
+events() { find "$1" -maxdepth 1 -name 'events.out.tfevents.*' | wc -l; }
+
+note "run 1: 2 ranks, SIGTERM to rank 0 after a few steps"
+mpi 2 "${args[@]}" --epochs 2 >"$WORK/run1.log" 2>&1 &
+mpirun_pid=$!
+wait_for "$WORK/run1.log" "(Epoch 1/2) step 3/" 60 || { cat "$WORK/run1.log"; fail "training did not start"; }
+pid0=$(rank_pid "$mpirun_pid" 0) || fail "cannot find rank 0"
+kill -TERM "$pid0"
+rc=0
+wait "$mpirun_pid" || rc=$?
+[ "$rc" = 0 ] || { cat "$WORK/run1.log"; fail "preempted run exited $rc"; }
+line=$(grep -E '^Preempted at epoch [0-9]+ step [0-9]+;' "$WORK/run1.log") || { cat "$WORK/run1.log"; fail "not preempted"; }
+"$RD_BIN" info "$OUT/last.h5" >"$WORK/info"
+gstep=$(sed -n 's/^ *global step: *\([0-9]*\).*/\1/p' "$WORK/info")
+[ -n "$gstep" ] && [ "$gstep" -ge 3 ] || { cat "$WORK/info"; fail "no global step in last.h5 ($line)"; }
+[ "$(events "$OUT")" = 1 ] || { ls -l "$OUT"; fail "expected one event file (rank 0 only) after run 1"; }
+
+note "run 2: resume at global step $gstep, 3 epochs"
+sleep 1  # a new second: the second file's name sorts after the first
+mpi 2 "${args[@]}" --epochs 3 >"$WORK/run2.log" 2>&1 || { cat "$WORK/run2.log"; fail "resumed run failed"; }
+grep -q '^(Epoch 3/3) Current best val acc' "$WORK/run2.log" || { cat "$WORK/run2.log"; fail "resumed run did not finish"; }
+[ "$(events "$OUT")" = 2 ] || { ls -l "$OUT"; fail "expected a second event file for the resumed run"; }
+! grep -q 'warning: --tensorboard' "$WORK/run1.log" "$WORK/run2.log" || fail "event file warnings"
+[ "$(tail -n 1 "$OUT/metrics.csv" | cut -d, -f17)" = 48 ] || { cat "$OUT/metrics.csv"; fail "expected 48 global steps"; }
+
+note "reading $OUT with the tensorboard package"
+# Epochs 2 and 3 ran whole in run 2, so metrics.csv's timings are exactly theirs.
+RD_TB_WHOLE_EPOCHS=2,3 "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$OUT" "1,$((gstep + 1))" ||
+  fail "event files do not match metrics.csv"
+
+note "--tensorboard off: no event file"
+mpi 1 "${args[@]}" --epochs 1 --max-steps 2 --tensorboard off --output-dir "$WORK/off" >"$WORK/off.log" 2>&1 ||
+  { cat "$WORK/off.log"; fail "run with --tensorboard off failed"; }
+[ -f "$WORK/off/metrics.csv" ] || fail "the --tensorboard off run wrote no metrics.csv"
+[ "$(events "$WORK/off")" = 0 ] || fail "--tensorboard off wrote an event file"
+note "ok"
