@@ -401,18 +401,32 @@ std::string FlagSet::unknown_message(const std::string& name) const {
   // The nearest spelling among names and aliases, reported as the flag it stands for.
   // No guess for very short names: "-c" is as near to "-b" as to anything.
   const size_t typed = name.size() - std::min(name.find_first_not_of('-'), name.size());
-  size_t best = 4;
   const Flag* match = nullptr;
   std::string near;
-  for (const auto& f : flags_) {
-    std::vector<std::string> spellings{f.name};
-    for (const auto& a : aliases_of(f.name)) spellings.push_back(a);
-    for (const auto& s : spellings) {
-      const size_t d = edit_distance(name, s);
-      if (d < best && 2 * d <= typed) {
-        best = d;
+  // A shortened name ("--batch") is a prefix of the one it stands for: nearer than
+  // any spelling a few edits away ("--arch"). Ambiguous prefixes give no guess here.
+  if (typed >= 3) {
+    size_t hits = 0;
+    for (const auto& f : flags_)
+      if (f.name.rfind(name, 0) == 0) {
+        ++hits;
         match = &f;
-        near = s;
+        near = f.name;
+      }
+    if (hits != 1) match = nullptr;
+  }
+  if (!match) {
+    size_t best = 4;
+    for (const auto& f : flags_) {
+      std::vector<std::string> spellings{f.name};
+      for (const auto& a : aliases_of(f.name)) spellings.push_back(a);
+      for (const auto& s : spellings) {
+        const size_t d = edit_distance(name, s);
+        if (d < best && 2 * d <= typed) {
+          best = d;
+          match = &f;
+          near = s;
+        }
       }
     }
   }

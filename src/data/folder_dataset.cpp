@@ -132,19 +132,22 @@ const char* split_flag(Split s) {
   const std::string flag = split_flag(split);
   std::string msg = "--data " + root + ": no folder '" + folders[split] + "' for the " + split_name(split) +
                     " split" + (flag.empty() ? "" : " (" + flag + ")") + "; folders there: " + join(found);
-  static const std::vector<std::string> usual[3] = {
-      {"train", "training"}, {"val", "valid", "validation", "eval", "dev"}, {"test", "testing"}};
+  static const std::vector<std::string> usual[2] = {{"train", "training"},
+                                                    {"val", "valid", "validation", "eval", "dev"}};
   auto lower = [](std::string x) {
     for (char& c : x) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return x;
   };
-  if (!flag.empty())
+  // One hint for both splits: a tree with train/ lacks Validation/ too.
+  std::string hint;
+  for (Split s : {Split::Train, Split::Validation}) {
+    if (is_directory(root + "/" + folders[s])) continue;
     for (const auto& f : found)
-      for (const auto& u : usual[static_cast<int>(split)])
-        if (lower(f) == u && f != folders[split]) {
-          msg += " (use " + flag + " " + f + ")";
-          throw UsageError(msg);
-        }
+      for (const auto& u : usual[static_cast<int>(s)])
+        if (lower(f) == u && hint.find(split_flag(s)) == std::string::npos)
+          hint += std::string(hint.empty() ? "" : " ") + split_flag(s) + " " + f;
+  }
+  if (!hint.empty()) msg += " (use " + hint + ")";
   throw UsageError(msg);
 }
 
