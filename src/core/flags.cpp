@@ -268,12 +268,19 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
     try {
       if (line.find('\0') != std::string::npos) throw UsageError("not a text file (NUL byte)");
       if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
-      // A comment runs from a '#' that starts the line or follows a blank.
-      for (size_t k = 0; k < line.size(); ++k)
-        if (line[k] == '#' && (k == 0 || line[k - 1] == ' ' || line[k - 1] == '\t')) {
+      // A comment runs from a '#' that starts the line or follows a blank, outside quotes.
+      char quote = 0;
+      for (size_t k = 0; k < line.size(); ++k) {
+        const char c = line[k];
+        if (quote) {
+          if (c == quote) quote = 0;
+        } else if (c == '"' || c == '\'') {
+          quote = c;
+        } else if (c == '#' && (k == 0 || line[k - 1] == ' ' || line[k - 1] == '\t')) {
           line.resize(k);
           break;
         }
+      }
       line = trim(line);
       if (line.empty()) continue;
       std::string name, value;
