@@ -53,7 +53,7 @@ grep -q -F "2 rank(s) x batch 4 x accum 1 = global batch 8, sgd lr 0.05, schedul
 grep -q '^(Epoch 1/1) Current best val acc' "$WORK/a.log" || { cat "$WORK/a.log"; fail "--epochs 1 on the command line must win"; }
 [ -f "$WORK/a/best_model.h5" ] || fail "--output did not name the output folder"
 "$RD_BIN" info "$WORK/a/last.h5" >"$WORK/info"
-grep -q -- "--train-split train --val-split val --model resnet_tiny" "$WORK/info" ||
+grep -q -- "--train-split train --val-split val --arch resnet_tiny --image-size 32 --batch-size 4" "$WORK/info" ||
   { cat "$WORK/info"; fail "the recorded command line lacks the file's flags"; }
 ! grep -q -- "--config" "$WORK/info" || fail "the recorded command line still names the config file"
 # Accuracy only: 2 ranks trained, 1 evaluates, and the loss sums in another order.
@@ -99,5 +99,5 @@ fi
 note "--amp then --precision fp32: the later wins"
 "$RD_BIN" "${base[@]}" --amp --precision fp32 --output-dir "$WORK/c" >"$WORK/c.log" 2>&1 ||
   { cat "$WORK/c.log"; fail "--amp --precision fp32"; }
-! grep -q "bf16" "$WORK/c.log" || { cat "$WORK/c.log"; fail "--precision fp32 after --amp still ran bf16"; }
+! grep -q "bf16 convolutions" "$WORK/c.log" || { cat "$WORK/c.log"; fail "--precision fp32 after --amp still ran bf16"; }
 note "ok"
