@@ -296,6 +296,8 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
           name = word;
           if (blank != std::string::npos) {
             value = trim(line.substr(blank));
+            // "--lr = 0.1": the two formats mixed, read as meant.
+            if (value[0] == '=') value = trim(value.substr(1));
             has_value = true;
           }
         }
@@ -306,7 +308,7 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
           throw UsageError("expected '--flag value' or 'flag = value', got '" + line + "'");
         // timm's args.yaml and Python spell flags with underscores.
         std::replace(key.begin(), key.end(), '_', '-');
-        name = "--" + key;
+        name = (key.size() == 1 ? "-" : "--") + key;  // "b = 32" is -b
         if (eq != std::string::npos) {
           value = trim(line.substr(eq + 1));
           has_value = true;

@@ -67,6 +67,8 @@ printf -- '--batchsize 3\n' >"$WORK/bad2.conf"
 expect_usage_error "$WORK/bad2.conf:1: unknown flag '--batchsize' for 'train' (did you mean --batch-size?)" \
   --data "$DATA" --config "$WORK/bad2.conf"
 expect_usage_error "--config $WORK/none.conf: cannot open" --data "$DATA" --config "$WORK/none.conf"
+# The shipped example parses: the run gets as far as the missing dataset.
+expect_usage_error "--data: no such file or directory: '$WORK/none'" --data "$WORK/none" --config "$RD_ROOT/jobs/example.conf"
 expect_usage_error "unknown flag '--opts' for 'train' (did you mean --optimizer, also spelled --opt?)" --data "$DATA" --opts sgd
 
 note "--eval-only reads val/ too"

@@ -87,7 +87,7 @@ TEST_CASE("timm and PyTorch spellings set the flags they stand for", "[train][fl
   CHECK_THAT(usage_error({"--data", "d", "--model", "vit"}), Catch::StartsWith("--model: expected one of resnet18"));
 }
 
-TEST_CASE("--help lists each alias next to its flag", "[train][flags]") {
+TEST_CASE("help lists each alias next to its flag", "[train][flags]") {
   const std::string h = train_help();
   for (const char* s : {"  --batch-size, -b N ", "  --workers, -j N ", "  --arch, --model, -a resnet18|",
                         "  --output-dir, --output DIR ", "  --optimizer, --opt adam|sgd ",
@@ -157,7 +157,7 @@ TEST_CASE("split folder names: ImageNet's train/ val/ and bad names", "[train][f
   CHECK(p.val_split == "val");
 }
 
-TEST_CASE("--config: both line formats, comments, quotes; the command line wins", "[train][flags]") {
+TEST_CASE("a config file: both line formats, comments, quotes, and the command line wins", "[train][flags]") {
   FlagFile f(
       "# recipe for the cluster\n"
       "\n"
@@ -170,7 +170,8 @@ TEST_CASE("--config: both line formats, comments, quotes; the command line wins"
       "nesterov\n"
       "momentum = \"0.8\"\n"
       "output-dir = 'runs/a #1'\n"
-      "-j 3\r\n"
+      "j = 3\r\n"
+      "--seed = 5\n"
       "amp = true\n");
   for (const bool config_first : {true, false}) {
     INFO("--config " << (config_first ? "before" : "after") << " the other flags");
@@ -187,11 +188,12 @@ TEST_CASE("--config: both line formats, comments, quotes; the command line wins"
     CHECK(t.momentum == 0.8);
     CHECK(t.output_dir == "runs/a #1");
     CHECK(t.workers == 3);
+    CHECK(t.seed == 5);
     CHECK(t.amp);
     // The file's flags count as given (resume honours them as typed ones).
     CHECK(t.was_given("--lr"));
     CHECK(t.was_given("--batch-size"));
-    CHECK_FALSE(t.was_given("--seed"));
+    CHECK_FALSE(t.was_given("--threads"));
   }
 }
 
@@ -214,7 +216,7 @@ TEST_CASE("a recorded command line has the config file's flags written out", "[t
   CHECK(parse_train({"--data", "d", "-b", "4"}).command_line == "resnet_ddp --data d -b 4");
 }
 
-TEST_CASE("--config errors name the file and the line", "[train][flags]") {
+TEST_CASE("config file errors name the file and the line", "[train][flags]") {
   auto error_in = [](const std::string& text) {
     FlagFile f(text);
     return std::make_pair(usage_error({"--data", "d", "--config", f.str()}), f.str());
