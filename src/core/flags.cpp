@@ -245,6 +245,9 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
   if (::stat(path.c_str(), &st) != 0)
     throw UsageError(flag + " " + path + ": cannot open (" + std::strerror(errno) + ")");
   if (S_ISDIR(st.st_mode)) throw UsageError(flag + " " + path + ": is a directory, expected a file of flags");
+  // Not a pipe, FIFO or device either: reading one could wait forever (a FIFO nobody
+  // writes, a terminal) or never end (/dev/zero).
+  if (!S_ISREG(st.st_mode)) throw UsageError(flag + " " + path + ": not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError(flag + " " + path + ": cannot open (" + std::strerror(errno) + ")");
   std::string text;

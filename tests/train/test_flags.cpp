@@ -277,6 +277,8 @@ TEST_CASE("config file errors name the file and the line", "[train][flags]") {
              Catch::StartsWith("--config " + missing + ": cannot open (No such file"));
   CHECK_THAT(usage_error({"--data", "d", "--config", fs::temp_directory_path().string()}),
              Catch::Contains(": is a directory"));
+  CHECK_THAT(usage_error({"--data", "d", "--config", "/dev/zero"}),
+             Catch::StartsWith("--config /dev/zero: not a regular file"));
   CHECK_THAT(usage_error({"--data", "d", "--config"}), Catch::StartsWith("--config: missing value"));
   CHECK_THAT(usage_error({"--data", "d", "--config", "a", "--config=b"}), Catch::StartsWith("--config: given twice"));
   // A bad flag on the command line is reported before the file is read.
