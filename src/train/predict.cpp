@@ -73,7 +73,12 @@ void collect_directory(const fs::path& dir, const std::vector<std::string>& clas
     if (it == classes.end()) {
       std::string known;
       for (const auto& c : classes) known += (known.empty() ? "" : ", ") + c;
-      throw UsageError("predict: folder '" + sd.string() + "' is not one of the checkpoint's classes (" + known + ")");
+      // A dataset root whose split folders have other names (ImageNet's train/ val/).
+      const bool split_like = !classes.empty() && fs::is_directory(sd / classes.front());
+      throw UsageError("predict: folder '" + sd.string() + "' is not one of the checkpoint's classes (" + known + ")" +
+                       (split_like ? "; it holds class folders: for a dataset root with split folders of other "
+                                     "names give them with --train-split NAME --val-split NAME"
+                                   : ""));
     }
     for (auto& p : sorted_images_in(sd)) {
       paths.push_back(p);

@@ -84,6 +84,8 @@ grep -q "Train 24, Validation 12, Test 0 images" "$WORK/pack.log" || { cat "$WOR
   >"$WORK/pred_dir" 2>&1 || { cat "$WORK/pred_dir"; fail "predict on the tree"; }
 "$RD_BIN" predict --checkpoint "$WORK/a/best_model.h5" --threads 1 -b 5 "$WORK/p.h5" >"$WORK/pred_h5" 2>&1 ||
   { cat "$WORK/pred_h5"; fail "predict on the packed file"; }
+expect_usage_error "it holds class folders: for a dataset root with split folders of other names give them with --train-split NAME --val-split NAME" \
+  predict --checkpoint "$WORK/a/best_model.h5" --threads 1 "$DATA"
 acc_dir=$(grep '^Accuracy:' "$WORK/pred_dir")
 [ -n "$acc_dir" ] || { cat "$WORK/pred_dir"; fail "predict on the tree printed no accuracy"; }
 [ "$acc_dir" = "$(grep '^Accuracy:' "$WORK/pred_h5")" ] || fail "tree and packed file: $acc_dir vs $(grep '^Accuracy:' "$WORK/pred_h5")"
