@@ -226,12 +226,27 @@ rd_run_command() {
   return "$status"
 }
 
-# rd_has_flag FLAG ARGS...: whether ARGS contain FLAG (as "FLAG VALUE" or "FLAG=VALUE").
+# rd_has_flag "FLAG [ALIAS...]" ARGS...: whether ARGS set FLAG in one of its spellings
+# (as "FLAG VALUE" or "FLAG=VALUE"), or the `--config FILE` among ARGS does (lines
+# "--flag value" or "flag = value"). The defaults rd_train adds go on the command line,
+# which resnet_ddp lets win over the file: they must not be added when the file has them.
 rd_has_flag() {
-  local flag=$1 arg
+  local flags=$1 arg f key prev="" cfg=""
   shift
   for arg in "$@"; do
-    [[ $arg == "$flag" || $arg == "$flag="* ]] && return 0
+    for f in $flags; do
+      [[ $arg == "$f" || $arg == "$f="* ]] && return 0
+    done
+    [[ $prev == --config ]] && cfg=$arg
+    [[ $arg == --config=* ]] && cfg=${arg#--config=}
+    prev=$arg
+  done
+  [[ -n $cfg && -r $cfg ]] || return 1
+  for f in $flags; do
+    key=${f#-}
+    key=${key#-}
+    key=${key//-/[-_]}
+    grep -Eq "^[[:space:]]*-{0,2}${key}([[:space:]]|=|\$)" "$cfg" && return 0
   done
   return 1
 }
@@ -250,7 +265,7 @@ rd_train() {
   # One folder per job name (sbatch -J; per task of a job array), so jobs submitted from
   # one folder do not continue each other's last.h5; a requeued or resubmitted job of
   # that name resumes.
-  if ! rd_has_flag --output-dir "$@"; then
+  if ! rd_has_flag "--output-dir --output" "$@"; then
     defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}")
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)

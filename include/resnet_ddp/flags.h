@@ -3,6 +3,12 @@
 // target, how to parse and check a value, and how to describe itself in --help.
 // Values arrive typed (numbers, enumerations), never as strings for the caller to
 // compare. Every error is an rd::UsageError whose message names the flag.
+//
+// Other spellings of a flag (alias) are accepted wherever the flag is, listed next to
+// it in --help, and count as the flag itself for `given`. An optional config flag
+// (config) reads more flags from a file, applied before the command line so that the
+// command line wins. A flag given twice, in any spelling, keeps the last value (as
+// argparse does).
 #pragma once
 
 #include <cstdint>
@@ -55,11 +61,25 @@ class FlagSet {
   // called once per occurrence (repeatable flags).
   void custom(const std::string& name, const std::string& metavar, const std::string& help,
               std::function<void(const std::string& value)> set);
+  // Another name for the flag `target` (registered before): "-b" for "--batch-size".
+  void alias(const std::string& name, const std::string& target);
+  // Also runs `then` each time flag `name` is set (after its value is stored): lets a
+  // flag undo what another one chose earlier, so the later of the two wins.
+  void on_set(const std::string& name, std::function<void()> then);
+  // `name` FILE reads flags from FILE, one per line: `--flag value`, `--flag=value`,
+  // `flag = value` (also `flag_name`), a bare `flag` for a switch (or `flag = true`);
+  // blank lines and `#` comments are skipped. The file's flags are applied before the
+  // command line's, wherever `name` appears in it. Errors name the file and the line.
+  void config(const std::string& name, const std::string& help);
 
   // Parses args; positional arguments are returned (an error when !allow_positional).
-  // `given` collects the flags as typed, for "was this set on the command line".
+  // `given` collects the flags set (their main names, aliases resolved; a config file's
+  // too), for "did the user set this". `applied` receives the arguments as applied: the
+  // config file's flags as words (`--flag`, `value`), then `args` without the config
+  // flag, so that a recorded command line does not depend on the file.
   std::vector<std::string> parse(const std::vector<std::string>& args, bool allow_positional, bool* help_requested,
-                                 std::vector<std::string>* given = nullptr);
+                                 std::vector<std::string>* given = nullptr,
+                                 std::vector<std::string>* applied = nullptr);
   // For a program's main: parses argv[1..]; on --help prints `usage` and the flag table
   // and exits 0.
   std::vector<std::string> parse_or_help(int argc, char** argv, const std::string& usage,
@@ -82,11 +102,17 @@ class FlagSet {
   void add_integer(const std::string& name, const std::string& help, int64_t min, int64_t max,
                    std::function<void(int64_t)> set, std::function<int64_t()> get);
   Flag* find(const std::string& name);
+  // Applies the config file's lines (see config()).
+  void apply_file(const std::string& path, std::vector<std::string>* given, std::vector<std::string>* applied);
   std::string unknown_message(const std::string& name) const;
   std::string see_help() const;
 
+  std::vector<std::string> aliases_of(const std::string& name) const;
+
   std::string command_, program_;
   std::vector<Flag> flags_;
+  std::vector<std::pair<std::string, std::string>> aliases_;  // (alias, flag name)
+  std::string config_;                                       // the config flag's name, "" when none
 };
 
 }  // namespace rd

@@ -5,7 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <sstream>
+#include <stdexcept>
+
+#include <sys/stat.h>
 
 #include "resnet_ddp/errors.h"
 
@@ -122,9 +127,43 @@ void FlagSet::custom(const std::string& name, const std::string& metavar, const 
   add({name, metavar, help, "", false, [set](const std::string&, const std::string& v) { set(v); }, nullptr});
 }
 
+void FlagSet::alias(const std::string& name, const std::string& target) {
+  // A clash is a bug in the flag table, not bad input.
+  if (find(name)) throw std::logic_error("FlagSet: alias " + name + " is already a flag name");
+  Flag* f = find(target);
+  if (!f) throw std::logic_error("FlagSet: alias " + name + " of unknown flag " + target);
+  aliases_.emplace_back(name, f->name);
+}
+
+void FlagSet::on_set(const std::string& name, std::function<void()> then) {
+  Flag* f = find(name);
+  if (!f) throw std::logic_error("FlagSet: on_set for unknown flag " + name);
+  auto set = f->set;
+  f->set = [set, then](const std::string& flag, const std::string& v) {
+    set(flag, v);
+    then();
+  };
+}
+
+void FlagSet::config(const std::string& name, const std::string& help) {
+  // Read by parse() itself (it has to come before every other flag).
+  add({name, "FILE", help, "", false, [](const std::string&, const std::string&) {}, nullptr});
+  config_ = name;
+}
+
 std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bool allow_positional,
-                                        bool* help_requested, std::vector<std::string>* given) {
-  std::vector<std::string> positional;
+                                        bool* help_requested, std::vector<std::string>* given,
+                                        std::vector<std::string>* applied) {
+  // The whole command line is read first (unknown flags, missing values, the config
+  // file's name), then the config file is applied, then the command line, so that the
+  // command line wins wherever --config stands in it.
+  struct Pending {
+    Flag* flag;
+    std::string typed, value;
+  };
+  std::vector<Pending> pending;
+  std::vector<std::string> positional, rest;
+  std::string config_path;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -132,11 +171,13 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
       return positional;
     }
     if (a == "--") {
+      for (size_t j = i; j < args.size(); ++j) rest.push_back(args[j]);
       for (size_t j = i + 1; j < args.size(); ++j) positional.push_back(args[j]);
       break;
     }
     if (a.size() < 2 || a[0] != '-') {
       positional.push_back(a);
+      rest.push_back(a);
       continue;
     }
     std::string name = a, value;
@@ -148,22 +189,158 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
     }
     Flag* f = find(name);
     if (!f) throw UsageError(unknown_message(name));
-    if (given) given->push_back(name);
+    const size_t first = i;
     if (f->is_bool) {
       if (has_value) throw UsageError(name + ": takes no value (got '" + value + "')");
-      f->set(name, "");
-      continue;
-    }
-    if (!has_value) {
+    } else if (!has_value) {
       if (i + 1 >= args.size()) throw UsageError(name + ": missing value (" + f->metavar + ")");
       value = args[++i];
     }
-    f->set(name, value);
+    if (f->name == config_ && !config_.empty()) {
+      if (!config_path.empty())
+        throw UsageError(name + ": given twice ('" + config_path + "' and '" + value + "'); use one file");
+      if (value.empty()) throw UsageError(name + ": expected a path, got an empty string");
+      config_path = value;
+      continue;
+    }
+    for (size_t j = first; j <= i; ++j) rest.push_back(args[j]);
+    pending.push_back({f, name, value});
   }
   if (!allow_positional && !positional.empty())
     throw UsageError("unexpected argument '" + positional.front() + "' for '" +
                      (command_.empty() ? program_ : command_) + "' (flags start with --; " + see_help() + ")");
+  if (!config_path.empty()) apply_file(config_path, given, applied);
+  for (const auto& p : pending) {
+    p.flag->set(p.typed, p.value);
+    if (given) given->push_back(p.flag->name);
+  }
+  if (applied) applied->insert(applied->end(), rest.begin(), rest.end());
   return positional;
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// "value" and 'value' as in a shell, so a path with spaces or a '#' can be written.
+std::string unquote(const std::string& s) {
+  if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
+    return s.substr(1, s.size() - 2);
+  return s;
+}
+
+}  // namespace
+
+void FlagSet::apply_file(const std::string& path, std::vector<std::string>* given,
+                         std::vector<std::string>* applied) {
+  const std::string& flag = config_;
+  // A cap, so that a wrong file (a dataset archive, /dev/zero) fails at once instead
+  // of filling memory: a flag file is a few hundred bytes.
+  constexpr size_t kMaxBytes = 1 << 20;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    throw UsageError(flag + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  if (S_ISDIR(st.st_mode)) throw UsageError(flag + " " + path + ": is a directory, expected a file of flags");
+  // Not a pipe, FIFO or device either: reading one could wait forever (a FIFO nobody
+  // writes, a terminal) or never end (/dev/zero).
+  if (!S_ISREG(st.st_mode)) throw UsageError(flag + " " + path + ": not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(flag + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxBytes)
+      throw UsageError(flag + " " + path + ": larger than 1 MiB; expected a short text file of flags");
+  }
+  if (in.bad()) throw UsageError(flag + " " + path + ": read error");
+
+  size_t line_no = 0;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    ++line_no;
+    const std::string where = path + ":" + std::to_string(line_no) + ": ";
+    try {
+      if (line.find('\0') != std::string::npos) throw UsageError("not a text file (NUL byte)");
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
+      // A comment runs from a '#' that starts the line or follows a blank, outside quotes.
+      char quote = 0;
+      for (size_t k = 0; k < line.size(); ++k) {
+        const char c = line[k];
+        if (quote) {
+          if (c == quote) quote = 0;
+        } else if (c == '"' || c == '\'') {
+          quote = c;
+        } else if (c == '#' && (k == 0 || line[k - 1] == ' ' || line[k - 1] == '\t')) {
+          line.resize(k);
+          break;
+        }
+      }
+      line = trim(line);
+      if (line.empty()) continue;
+      std::string name, value;
+      bool has_value = false;
+      if (line[0] == '-') {  // --flag value, --flag=value, --switch
+        const size_t blank = line.find_first_of(" \t");
+        const std::string word = line.substr(0, blank);
+        if (const size_t eq = word.find('='); eq != std::string::npos) {
+          name = word.substr(0, eq);
+          value = line.substr(eq + 1);
+          has_value = true;
+        } else {
+          name = word;
+          if (blank != std::string::npos) {
+            value = trim(line.substr(blank));
+            // "--lr = 0.1": the two formats mixed, read as meant.
+            if (value[0] == '=') value = trim(value.substr(1));
+            has_value = true;
+          }
+        }
+      } else {  // flag = value, or a bare switch
+        const size_t eq = line.find('=');
+        std::string key = trim(line.substr(0, eq));
+        if (key.empty() || key.find_first_of(" \t") != std::string::npos)
+          throw UsageError("expected '--flag value' or 'flag = value', got '" + line + "'");
+        // timm's args.yaml and Python spell flags with underscores.
+        std::replace(key.begin(), key.end(), '_', '-');
+        name = (key.size() == 1 ? "-" : "--") + key;  // "b = 32" is -b
+        if (eq != std::string::npos) {
+          value = trim(line.substr(eq + 1));
+          has_value = true;
+        }
+      }
+      value = unquote(value);
+      if (name == "--help" || name == "-h") throw UsageError(name + ": not valid in a config file");
+      Flag* f = find(name);
+      if (!f) throw UsageError(unknown_message(name));
+      if (f->name == config_) throw UsageError(name + ": a config file cannot read another one");
+      if (f->is_bool) {
+        if (has_value && value != "true" && value != "yes" && value != "on" && value != "1")
+          throw UsageError(name + ": a switch, turned on by naming it (or '= true'); to keep it off, leave the "
+                                  "line out (got '" + value + "')");
+        f->set(name, "");
+        if (applied) applied->push_back(f->name);
+      } else {
+        if (!has_value) throw UsageError(name + ": missing value (" + f->metavar + ")");
+        f->set(name, value);
+        if (applied) {
+          applied->push_back(f->name);
+          applied->push_back(value);
+        }
+      }
+      if (given) given->push_back(f->name);
+    } catch (const UsageError& e) {
+      throw UsageError(where + e.what());
+    }
+  }
 }
 
 std::vector<std::string> FlagSet::parse_or_help(int argc, char** argv, const std::string& usage,
@@ -180,7 +357,9 @@ std::vector<std::string> FlagSet::parse_or_help(int argc, char** argv, const std
 std::string FlagSet::help() const {
   std::ostringstream out;
   for (const auto& f : flags_) {
-    std::string lhs = "  " + f.name + (f.is_bool ? "" : " " + f.metavar);
+    std::string lhs = "  " + f.name;
+    for (const auto& a : aliases_of(f.name)) lhs += ", " + a;
+    lhs += f.is_bool ? "" : " " + f.metavar;
     out << lhs;
     if (lhs.size() < 30) out << std::string(30 - lhs.size(), ' ');
     else out << "\n" << std::string(30, ' ');
@@ -199,9 +378,19 @@ std::vector<std::pair<std::string, std::string>> FlagSet::values() const {
 }
 
 FlagSet::Flag* FlagSet::find(const std::string& name) {
+  std::string main = name;
+  for (const auto& [alias, flag] : aliases_)
+    if (alias == name) main = flag;
   for (auto& f : flags_)
-    if (f.name == name) return &f;
+    if (f.name == main) return &f;
   return nullptr;
+}
+
+std::vector<std::string> FlagSet::aliases_of(const std::string& name) const {
+  std::vector<std::string> v;
+  for (const auto& [alias, flag] : aliases_)
+    if (flag == name) v.push_back(alias);
+  return v;
 }
 
 std::string FlagSet::see_help() const {
@@ -221,16 +410,43 @@ std::string FlagSet::unknown_message(const std::string& name) const {
     return prev[b.size()];
   };
   std::string msg = "unknown flag '" + name + "' for '" + (command_.empty() ? program_ : command_) + "'";
-  size_t best = 4;
-  std::string suggestion;
-  for (const auto& f : flags_) {
-    const size_t d = edit_distance(name, f.name);
-    if (d < best) {
-      best = d;
-      suggestion = f.name;
+  // The nearest spelling among names and aliases, reported as the flag it stands for.
+  // No guess for very short names: "-c" is as near to "-b" as to anything.
+  const size_t typed = name.size() - std::min(name.find_first_not_of('-'), name.size());
+  const Flag* match = nullptr;
+  std::string near;
+  // A shortened name ("--batch") is a prefix of the one it stands for: nearer than
+  // any spelling a few edits away ("--arch"). Ambiguous prefixes give no guess here.
+  if (typed >= 3) {
+    size_t hits = 0;
+    for (const auto& f : flags_)
+      if (f.name.rfind(name, 0) == 0) {
+        ++hits;
+        match = &f;
+        near = f.name;
+      }
+    if (hits != 1) match = nullptr;
+  }
+  if (!match) {
+    size_t best = 4;
+    for (const auto& f : flags_) {
+      std::vector<std::string> spellings{f.name};
+      for (const auto& a : aliases_of(f.name)) spellings.push_back(a);
+      for (const auto& s : spellings) {
+        const size_t d = edit_distance(name, s);
+        if (d < best && 2 * d <= typed) {
+          best = d;
+          match = &f;
+          near = s;
+        }
+      }
     }
   }
-  if (!suggestion.empty()) msg += " (did you mean " + suggestion + "?)";
+  if (match) {
+    msg += " (did you mean " + match->name;
+    if (near != match->name) msg += ", also spelled " + near;
+    msg += "?)";
+  }
   return msg + "; " + see_help();
 }
 

@@ -125,7 +125,8 @@ void write_image(const std::string& path, int w, int h, const std::vector<uint8_
 
 const char* kSynthHelp =
     "usage: resnet_ddp synth --out DIR [flags]\n"
-    "Writes a procedurally generated ImageFolder tree (DIR/Train/<class>, DIR/Validation/<class>).\n"
+    "Writes a procedurally generated ImageFolder tree (DIR/Train/<class>, DIR/Validation/<class>;\n"
+    "other folder names with --train-split / --val-split).\n"
     "Each class is a shape family (disk, square, triangle, ring, cross, L; more classes repeat\n"
     "shapes in pairs, triples, ...) at random place, size, rotation and colour over noisy\n"
     "gradients with clutter: learnable, but not from colour statistics.\n\nFlags:\n";
@@ -155,9 +156,16 @@ int synth_main(int argc, char** argv) {
     f.integer("--seed", &seed, 0, "random seed", LONG_MAX);
     f.choice("--format", &format, {"jpg", "png"}, "file format");
     f.integer("--threads", &threads, 0, "generator threads (0 = all cores)", 1024);
+    SplitFolders folders;
+    f.text("--train-split", &folders.train, "NAME", "folder of the training images (train: ImageNet-style)");
+    f.text("--val-split", &folders.validation, "NAME", "folder of the validation images (val: ImageNet-style)");
     std::vector<std::string> given;
     if (parse_or_help(f, argc, argv, kSynthHelp, &given)) return 0;
     if (out.empty()) throw UsageError("--out DIR is required (see --help)");
+    check_split_folder("--train-split", folders.train);
+    check_split_folder("--val-split", folders.validation);
+    if (folders.train == folders.validation)
+      throw UsageError("--val-split " + folders.validation + ": the same folder as --train-split");
     std::vector<std::string> names;
     if (!class_names.empty()) {
       std::stringstream ss(class_names);
@@ -180,7 +188,7 @@ int synth_main(int argc, char** argv) {
           w < 8 || h < 8 || w > 8192 || h > 8192)
         throw UsageError("--size " + s + ": expected WxH with 8 <= W, H <= 8192");
     }
-    for (const char* split : {"Train", "Validation"})
+    for (const std::string& split : {folders.train, folders.validation})
       if (fs::exists(out + "/" + split))
         throw UsageError("--out " + out + ": already contains " + split + "/ (choose an empty directory)");
     struct Job {
@@ -191,12 +199,14 @@ int synth_main(int argc, char** argv) {
     std::vector<Job> jobs;
     const std::string ext = format == "png" ? ".png" : ".jpg";
     int64_t key = 0;
-    for (const auto& [split, count] : {std::pair<std::string, int64_t>{"Train", n_train}, {"Validation", n_val}}) {
+    for (const auto& [split, count] :
+         {std::pair<std::string, int64_t>{folders.train, n_train}, {folders.validation, n_val}}) {
       for (size_t k = 0; k < names.size(); ++k) fs::create_directories(out + "/" + split + "/" + names[k]);
       for (int64_t i = 0; i < count; ++i) {
         const int klass = static_cast<int>(i % static_cast<int64_t>(names.size()));
         char file[64];
-        std::snprintf(file, sizeof file, "%s_%06lld", split == "Train" ? "train" : "val", static_cast<long long>(i));
+        std::snprintf(file, sizeof file, "%s_%06lld", split == folders.train ? "train" : "val",
+                      static_cast<long long>(i));
         jobs.push_back({out + "/" + split + "/" + names[static_cast<size_t>(klass)] + "/" + file + ext, klass, key++});
       }
     }
@@ -231,8 +241,16 @@ int pack_main(int argc, char** argv) {
     f.boolean("--strict-data", &opts.scan.strict, "any unusable image is an error instead of a skipped file");
     f.integer("--max-pixels", &opts.scan.max_pixels, 1, "reject images above N pixels", LONG_MAX);
     f.integer("--threads", &opts.threads, 0, "decode threads (0 = all cores)", 1024);
+    f.text("--train-split", &opts.scan.folders.train, "NAME",
+           "folder of the training split under --data (train: ImageNet-style); stored as Train");
+    f.text("--val-split", &opts.scan.folders.validation, "NAME",
+           "folder of the validation split under --data (val: ImageNet-style); stored as Validation");
     if (parse_or_help(f, argc, argv, kPackHelp)) return 0;
     if (data.empty()) throw UsageError("--data DIR is required (see --help)");
+    check_split_folder("--train-split", opts.scan.folders.train);
+    check_split_folder("--val-split", opts.scan.folders.validation);
+    if (opts.scan.folders.train == opts.scan.folders.validation)
+      throw UsageError("--val-split " + opts.scan.folders.validation + ": the same folder as --train-split");
     if (out.empty()) throw UsageError("--out FILE.h5 is required (see --help)");
     opts.scan.log = [](const std::string& line) { std::cerr << line << "\n"; };
     opts.progress = ::isatty(2) != 0;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -25,6 +26,11 @@ const char* split_name(Split s) {
     case Split::Test: return "Test";
   }
   return "?";
+}
+
+void check_split_folder(const std::string& flag, const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    throw UsageError(flag + ": expected the name of a folder inside --data (e.g. train or val), got '" + name + "'");
 }
 
 std::vector<size_t> Dataset::class_counts() const {
@@ -114,21 +120,51 @@ std::string join(const std::vector<std::string>& v) {
   return s.empty() ? "(none)" : s;
 }
 
+// The flag that names a split's folder, for messages ("" for Test: it has none).
+const char* split_flag(Split s) {
+  return s == Split::Train ? "--train-split" : s == Split::Validation ? "--val-split" : "";
+}
+
+// A missing split folder: what is there instead, and the flag to use when one of
+// those is the usual name of the split (ImageNet's train/ and val/, for instance).
+[[noreturn]] void missing_split(const std::string& root, Split split, const SplitFolders& folders) {
+  const std::vector<std::string> found = sorted_subdirs(root, nullptr);
+  const std::string flag = split_flag(split);
+  std::string msg = "--data " + root + ": no folder '" + folders[split] + "' for the " + split_name(split) +
+                    " split" + (flag.empty() ? "" : " (" + flag + ")") + "; folders there: " + join(found);
+  static const std::vector<std::string> usual[2] = {{"train", "training"},
+                                                    {"val", "valid", "validation", "eval", "dev"}};
+  auto lower = [](std::string x) {
+    for (char& c : x) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return x;
+  };
+  // One hint for both splits: a tree with train/ lacks Validation/ too.
+  std::string hint;
+  for (Split s : {Split::Train, Split::Validation}) {
+    if (is_directory(root + "/" + folders[s])) continue;
+    for (const auto& f : found)
+      for (const auto& u : usual[static_cast<int>(s)])
+        if (lower(f) == u && hint.find(split_flag(s)) == std::string::npos)
+          hint += std::string(hint.empty() ? "" : " ") + split_flag(s) + " " + f;
+  }
+  if (!hint.empty()) msg += " (use " + hint + ")";
+  throw UsageError(msg);
+}
+
 // The class folders and candidate files of one split (no image is opened yet).
-void list_folder_split(const std::string& root, Split split, FolderScan& scan,
+void list_folder_split(const std::string& root, Split split, const SplitFolders& folders, FolderScan& scan,
                        std::vector<std::string>& problems) {
   if (!is_directory(root))
     throw UsageError("--data " + root + ": not a directory or .h5 file");
-  const std::string train_dir = root + "/Train";
-  if (!is_directory(train_dir))
-    throw UsageError(train_dir + ": missing (expected the ImageFolder layout " + root +
-                     "/Train/<class>/*, " + root + "/Validation/<class>/*)");
+  // Class names come from the training split, whichever split is read.
+  const std::string train_dir = root + "/" + folders.train;
+  if (!is_directory(train_dir)) missing_split(root, Split::Train, folders);
   scan.class_names = sorted_subdirs(train_dir, nullptr);
   if (scan.class_names.empty()) throw UsageError(train_dir + ": no class folders");
 
-  const std::string split_dir = root + "/" + split_name(split);
-  if (!is_directory(split_dir))
-    throw UsageError(split_dir + ": missing " + split_name(split) + " folder");
+  const std::string& name = folders[split];
+  const std::string split_dir = root + "/" + name;
+  if (!is_directory(split_dir)) missing_split(root, split, folders);
   size_t loose_files = 0;
   const auto split_classes = sorted_subdirs(split_dir, &loose_files);
   if (split != Split::Train && split_classes != scan.class_names) {
@@ -137,9 +173,8 @@ void list_folder_split(const std::string& root, Split split, FolderScan& scan,
                         split_classes.end(), std::back_inserter(missing));
     std::set_difference(split_classes.begin(), split_classes.end(), scan.class_names.begin(),
                         scan.class_names.end(), std::back_inserter(extra));
-    throw UsageError(split_dir + ": class folders differ from Train: missing in " +
-                     split_name(split) + ": " + join(missing) + "; only in " + split_name(split) +
-                     ": " + join(extra));
+    throw UsageError(split_dir + ": class folders differ from " + folders.train + ": missing in " + name + ": " +
+                     join(missing) + "; only in " + name + ": " + join(extra));
   }
   scan.ignored += loose_files;
 
@@ -200,12 +235,12 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
   const auto log = [&](const std::string& line) {
     if (opts.log) opts.log(line);
   };
-  const std::string split_dir = root + "/" + split_name(split);
+  const std::string split_dir = root + "/" + opts.folders[split];
   FolderScan scan;
   std::vector<std::string> problems;
   std::exception_ptr failed;
   try {
-    list_folder_split(root, split, scan, problems);
+    list_folder_split(root, split, opts.folders, scan, problems);
   } catch (...) {
     if (!sharded(opts)) throw;
     failed = std::current_exception();
@@ -337,16 +372,16 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
   // file, still takes part in the listing agreement the folder scans start with.
   if (sharded(opts) && (failed || packed))
     agree_on_listing(opts, failed, packed ? static_cast<int64_t>(packed->size()) : 0, -1,
-                     path + "/" + split_name(split));
+                     path + "/" + (packed ? split_name(split) : opts.folders[split]));
   if (packed) return packed;
   FolderScan scan = scan_folder_split(path, split, opts);
-  return std::make_unique<FolderDataset>(path + "/" + split_name(split), std::move(scan),
+  return std::make_unique<FolderDataset>(path + "/" + opts.folders[split], std::move(scan),
                                          opts.max_pixels);
 }
 
-bool has_split(const std::string& path, Split split) {
+bool has_split(const std::string& path, Split split, const SplitFolders& folders) {
   if (is_hdf5_file(path)) return packed_has_split(path, split);
-  return is_directory(path + "/" + split_name(split));
+  return is_directory(path + "/" + folders[split]);
 }
 
 }  // namespace rd::data

@@ -256,7 +256,7 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
   if (!opts.scan.strict) scan_opts.verify = ScanOptions::Verify::Header;  // pack decodes anyway
   std::vector<std::pair<Split, FolderScan>> splits;
   for (Split s : {Split::Train, Split::Validation, Split::Test}) {
-    if (s == Split::Test && !has_split(data_dir, s)) continue;
+    if (s == Split::Test && !has_split(data_dir, s, scan_opts.folders)) continue;
     splits.emplace_back(s, scan_folder_split(data_dir, s, scan_opts));
   }
 

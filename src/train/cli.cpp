@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
 
@@ -45,6 +46,10 @@ namespace {
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--data", &o.data, "PATH",
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
+  fs.text("--train-split", &o.train_split, "NAME", "folder of the training split under --data (ImageNet-style: train)");
+  fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split under --data (ImageNet-style: val)");
+  fs.config("--config", "more flags from FILE, one per line ('--batch-size 32' or 'batch-size = 32', # comments); "
+                        "the command line wins");
   fs.choice("--arch", &o.arch, {"resnet18", "resnet34", "resnet50", "resnet_tiny"},
             "network depth (resnet_tiny: a miniature model for tests)");
   fs.enumeration("--head", &o.head, head_names(),
@@ -80,6 +85,8 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
   fs.enumeration("--precision", &o.precision, precision_names(),
             "compute precision (fp16 uses dynamic loss scaling)");
+  fs.boolean("--amp", &o.amp, "mixed precision for the device: --precision bf16 on the CPU, fp16 on a GPU");
+  fs.on_set("--precision", [&o] { o.amp = false; });  // of --amp and --precision, the later wins
   fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(),
             "CPU fp32 3x3 convolutions: Winograd where it is faster (auto), never, or wherever possible");
   fs.integer("--max-steps", &o.max_steps, 0, "stop each epoch after N optimizer steps (0 = full epoch; smoke runs)",
@@ -106,6 +113,23 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
              std::numeric_limits<int64_t>::max());
 }
 
+// The spellings of timm's train.py and PyTorch's ImageNet example for the same
+// settings, so that a command line carried over from them works. Not every program
+// flag is here: only those whose meaning is the same.
+void add_train_aliases(FlagSet& fs) {
+  fs.alias("-b", "--batch-size");
+  fs.alias("-j", "--workers");
+  fs.alias("--model", "--arch");
+  fs.alias("-a", "--arch");
+  fs.alias("--output", "--output-dir");
+  fs.alias("--opt", "--optimizer");
+  fs.alias("--sched", "--scheduler");
+  fs.alias("--wd", "--weight-decay");
+  fs.alias("--smoothing", "--label-smoothing");
+  fs.alias("--log-interval", "--log-every");
+  fs.alias("--print-freq", "--log-every");
+}
+
 void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.path("--checkpoint", &o.checkpoint, "FILE.h5", "checkpoint to load (required)");
   fs.boolean("--json", &o.json, "print JSON instead of a table");
@@ -115,6 +139,10 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device");
   fs.integer("--threads", &o.threads, 0, "compute threads (0 = all cores)", 1024);
   fs.integer("--workers", &o.workers, 1, "image decoding threads", 256);
+  fs.text("--train-split", &o.train_split, "NAME", "folder of the training split in a dataset root");
+  fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split in a dataset root");
+  fs.alias("-b", "--batch-size");
+  fs.alias("-j", "--workers");
 }
 
 void add_info_flags(FlagSet& fs, InfoOptions& o) {
@@ -144,6 +172,7 @@ std::string train_help() {
   TrainOptions o;
   FlagSet fs("train");
   add_train_flags(fs, o);
+  add_train_aliases(fs);
   return std::string(kTrainUsage) + fs.help() + "  --help                      this text\n";
 }
 std::string predict_help() {
@@ -221,10 +250,16 @@ ParsedCommand parse_command_line(int argc, char** argv) {
     case Command::Train: {
       FlagSet fs("train");
       add_train_flags(fs, pc.train);
-      fs.parse(args, false, &help, &pc.train.given);
+      add_train_aliases(fs);
+      std::vector<std::string> applied;
+      fs.parse(args, false, &help, &pc.train.given, &applied);
       if (help) break;
       TrainOptions& t = pc.train;
       if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
+      data::check_split_folder("--train-split", t.train_split);
+      data::check_split_folder("--val-split", t.val_split);
+      if (t.train_split == t.val_split)
+        throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
       if (t.resume.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
       if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
       if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
@@ -234,7 +269,12 @@ ParsedCommand parse_command_line(int argc, char** argv) {
         throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
       if (t.deterministic && t.device == "cuda")
         throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
-      t.command_line = join_command_line(argc, argv);
+      // With a config file's flags written out: a resume reads them back from the
+      // checkpoint, whatever became of the file.
+      std::vector<std::string> words{argv[0]};
+      if (consumed_name) words.push_back(argv[1]);
+      words.insert(words.end(), applied.begin(), applied.end());
+      t.command_line = join_command_line(words);
       break;
     }
     case Command::Predict: {
@@ -243,6 +283,8 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       pc.predict.inputs = fs.parse(args, true, &help);
       if (help) break;
       if (pc.predict.checkpoint.empty()) throw UsageError("--checkpoint: required");
+      data::check_split_folder("--train-split", pc.predict.train_split);
+      data::check_split_folder("--val-split", pc.predict.val_split);
       if (pc.predict.inputs.empty())
         throw UsageError("predict: no input given (image files, a directory, or a packed .h5)");
       break;
@@ -326,6 +368,7 @@ std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOp
   TrainOptions copy = o;
   FlagSet fs("train");
   add_train_flags(fs, copy);
+  add_train_aliases(fs);
   return fs.values();
 }
 
@@ -417,10 +460,14 @@ std::string shell_quote(const std::string& a) {
 }
 
 std::string join_command_line(int argc, char** argv) {
+  return join_command_line(std::vector<std::string>(argv, argv + argc));
+}
+
+std::string join_command_line(const std::vector<std::string>& words) {
   std::string s;
-  for (int i = 0; i < argc; ++i) {
+  for (size_t i = 0; i < words.size(); ++i) {
     if (i) s += ' ';
-    s += shell_quote(argv[i]);
+    s += shell_quote(words[i]);
   }
   return s;
 }

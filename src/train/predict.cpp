@@ -73,7 +73,12 @@ void collect_directory(const fs::path& dir, const std::vector<std::string>& clas
     if (it == classes.end()) {
       std::string known;
       for (const auto& c : classes) known += (known.empty() ? "" : ", ") + c;
-      throw UsageError("predict: folder '" + sd.string() + "' is not one of the checkpoint's classes (" + known + ")");
+      // A dataset root whose split folders have other names (ImageNet's train/ val/).
+      const bool split_like = !classes.empty() && fs::is_directory(sd / classes.front());
+      throw UsageError("predict: folder '" + sd.string() + "' is not one of the checkpoint's classes (" + known + ")" +
+                       (split_like ? "; it holds class folders: for a dataset root with split folders of other "
+                                     "names give them with --train-split NAME --val-split NAME"
+                                   : ""));
     }
     for (auto& p : sorted_images_in(sd)) {
       paths.push_back(p);
@@ -97,8 +102,12 @@ int predict_main(const PredictOptions& o) {
     // Inputs: one dataset (root with splits / packed .h5) or a list of files.
     std::unique_ptr<data::Dataset> dataset;
     std::vector<int32_t> truth;
-    if (o.inputs.size() == 1 && (data::is_hdf5_file(o.inputs[0]) || data::has_split(o.inputs[0], split))) {
-      dataset = data::open_dataset(o.inputs[0], split);
+    data::ScanOptions scan;
+    scan.folders.train = o.train_split;
+    scan.folders.validation = o.val_split;
+    if (o.inputs.size() == 1 &&
+        (data::is_hdf5_file(o.inputs[0]) || data::has_split(o.inputs[0], split, scan.folders))) {
+      dataset = data::open_dataset(o.inputs[0], split, scan);
       if (dataset->class_names() != classes)
         throw UsageError("predict: the classes of '" + o.inputs[0] + "' differ from the checkpoint's");
       for (size_t i = 0; i < dataset->size(); ++i) truth.push_back(dataset->label(i));

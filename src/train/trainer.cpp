@@ -174,7 +174,12 @@ const char* const kStartFresh = "; to start fresh instead use --resume none or a
 
 // Flags that do not describe the run (where it reads and writes, how it resumes).
 bool resume_ignores(const std::string& flag) {
+<<<<<<< HEAD
   for (const char* f : {"--data", "--output-dir", "--resume", "--init", "--metrics", "--tensorboard", "--eval-only"})
+=======
+  for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
+                        "--eval-only"})
+>>>>>>> i18-flags
     if (flag == f) return true;
   return false;
 }
@@ -217,6 +222,12 @@ void Trainer::setup_device() {
     }
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
+  // --amp as timm and torch.autocast mean it on each device: fp16 on a GPU (every GPU
+  // with tensor cores has it; loss scaling is on), bf16 on the CPU (oneDNN's only
+  // reduced-precision training type).
+  if (o_.amp) o_.precision = device == "cuda" ? Precision::FP16 : Precision::BF16;
+  const std::string amp_note =
+      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
   agree([&] {
     if (o_.precision == Precision::FP16 && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
@@ -244,9 +255,11 @@ void Trainer::setup_device() {
     if (o_.deterministic) omp_set_dynamic(0);
     try {
       backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
-    } catch (const UsageError&) {
+    } catch (const UsageError& e) {
+      if (o_.amp) throw UsageError(amp_note + e.what());
       throw;
     } catch (const Error& e) {
+      if (o_.amp) throw UsageError(amp_note + e.what());
       // A precision the backend does not implement is a usage problem (exit 2).
       if (o_.precision != Precision::FP32)
         throw UsageError("--precision " + name_of(precision_names(), o_.precision) + ": " + e.what());
@@ -406,6 +419,8 @@ void Trainer::setup_data() {
   scan.shards = env_.world;
   scan.combine = [this](std::vector<int64_t>& v) { ctrl_->allreduce(v.data(), v.size(), dist::ReduceOp::Sum); };
   if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  scan.folders.train = o_.train_split;
+  scan.folders.validation = o_.val_split;
   agree([&] {
     train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
     val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);

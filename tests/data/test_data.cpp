@@ -538,6 +538,47 @@ TEST_CASE("loader replaces an image that fails to decode and counts it", "[data]
   CHECK_FALSE(loader.next(b));
 }
 
+TEST_CASE("split folders: an ImageNet-style train/ val/ tree, read and packed", "[data][scan]") {
+  TempDir t;
+  for (const char* split : {"train", "val"})
+    for (int k = 0; k < 2; ++k) write_png(t.path / split / (k ? "b" : "a") / "x.png", 8, 8, k);
+  ScanOptions opts;
+  // The default names are missing: the message lists what is there and the flags to use.
+  const std::string err = usage_error([&] { open_dataset(t.str(), Split::Train, opts); });
+  CHECK(err.find("no folder 'Train' for the Train split (--train-split)") != std::string::npos);
+  CHECK(err.find("folders there: train, val") != std::string::npos);
+  CHECK(err.find("(use --train-split train --val-split val)") != std::string::npos);
+  CHECK_FALSE(has_split(t.str(), Split::Validation));
+
+  opts.folders.train = "train";
+  opts.folders.validation = "val";
+  CHECK(has_split(t.str(), Split::Validation, opts.folders));
+  auto train = open_dataset(t.str(), Split::Train, opts);
+  auto val = open_dataset(t.str(), Split::Validation, opts);
+  CHECK(train->size() == 2);
+  CHECK(val->size() == 2);
+  CHECK(val->class_names() == std::vector<std::string>{"a", "b"});
+  CHECK(val->description() == "ImageFolder " + t.str() + "/val");
+
+  // Only the validation name is wrong: the hint is for that flag alone.
+  opts.folders.validation = "Validation";
+  const std::string val_err = usage_error([&] { open_dataset(t.str(), Split::Validation, opts); });
+  CHECK(val_err.find("no folder 'Validation' for the Validation split (--val-split)") != std::string::npos);
+  CHECK(val_err.find("(use --val-split val)") != std::string::npos);
+
+  // A packed file keeps the canonical group names whatever the folders were called.
+  PackOptions po;
+  po.image_size = 8;
+  po.threads = 1;
+  po.scan.folders.train = "train";
+  po.scan.folders.validation = "val";
+  const std::string h5 = (t.path / "p.h5").string();
+  const PackStats st = pack_dataset(t.str(), h5, po);
+  CHECK(st.images[0] == 2);
+  CHECK(st.images[1] == 2);
+  CHECK(open_dataset(h5, Split::Validation)->size() == 2);
+}
+
 TEST_CASE("pack -> load round trip is bit-exact, bad .h5 files give clear errors", "[data][pack]") {
   TempDir t;
   make_good_tree(t.path / "set", 3);

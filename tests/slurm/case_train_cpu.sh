@@ -18,6 +18,13 @@ preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --epochs 1 2>&1) || rd_fail "pre-flig
 [[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --output-dir output_model/cpu --epochs 1"* &&
   $preflight == *"set-up looks complete; submit it with: sbatch $RD_REPO/jobs/cpu.slurm"* ]] ||
   rd_fail "unexpected pre-flight output: $preflight"
+# The per-job --output-dir default goes on the command line, which resnet_ddp lets win
+# over a --config file: it is left out when the file (or an alias, --output) names one.
+printf 'epochs = 1\noutput_dir = runs/a\n' >"$RD_SLURM_DIR/recipe.conf"
+preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --config "$RD_SLURM_DIR/recipe.conf" 2>&1) || rd_fail "pre-flight failed: $preflight"
+[[ $preflight == *"/Dataset_2 --config $RD_SLURM_DIR/recipe.conf"* ]] || rd_fail "config file: output folder added: $preflight"
+preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --output runs/b 2>&1) || rd_fail "pre-flight failed: $preflight"
+[[ $preflight == *"/Dataset_2 --output runs/b"* ]] || rd_fail "--output: output folder added: $preflight"
 preflight=$(RESNET_DDP_DATA_SRC=$RD_SLURM_DIR/missing.tar.gz bash "$RD_REPO/jobs/cpu.slurm" 2>&1) &&
   rd_fail "pre-flight accepted a missing dataset: $preflight"
 [[ $preflight == *"dataset $RD_SLURM_DIR/missing.tar.gz does not exist"* ]] || rd_fail "unclear: $preflight"

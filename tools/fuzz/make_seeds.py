@@ -75,9 +75,21 @@ def flag_seeds(out):
         ["synth", "--classes", "3", "out"],
         ["--help"], ["train", "--help"], ["--version"],
         ["--data", "d", "--eval-only", "--resume", "auto", "--bucket-mb", "0.5", "--label-smoothing", "0"],
+        ["--data", "d", "-b", "8", "-j", "2", "--model", "resnet50", "--opt", "sgd", "--sched", "cosine",
+         "--output", "o", "--amp", "--precision", "fp32", "--train-split", "train", "--val-split", "val"],
+        ["predict", "--checkpoint", "c.h5", "-b", "4", "--val-split", "val", "data"],
     ]
     for i, args in enumerate(lines):
         write(os.path.join(out, "args%02d" % i), b"\0".join(a.encode() for a in args))
+    # A config file after a 0x01 byte, named by the argument @cfg (fuzz/fuzz_flags.cpp).
+    configs = [
+        b"# recipe\n--arch resnet18\nlr = 0.01\nbatch_size = 32  # per rank\nnesterov\n"
+        b"output-dir = 'a #b'\n-j 3\r\n--seed = 5\nb = 4\namp = true\n",
+        b"bacth = 3\n",
+        b"config = x\n",
+    ]
+    for i, text in enumerate(configs):
+        write(os.path.join(out, "config%02d" % i), b"--data\0d\0--config\0@cfg\x01" + text)
 
 
 def edit_seeds(out, n):

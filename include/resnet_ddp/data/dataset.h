@@ -5,7 +5,8 @@
 // Layout of a directory dataset (torchvision's ImageFolder, one level per split):
 //   DIR/Train/<class>/*.jpg   DIR/Validation/<class>/*.png   [DIR/Test/<class>/*]
 // Class names are the sorted sub-folder names of Train (labels 0..K-1); the other
-// splits must have exactly the same class folders.
+// splits must have exactly the same class folders. The split folders may have other
+// names (SplitFolders: an ImageNet-style tree has train/ and val/).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,20 @@ namespace rd::data {
 
 enum class Split : uint8_t { Train, Validation, Test };
 const char* split_name(Split s);  // "Train", "Validation", "Test" (folder / HDF5 group name)
+
+// The folder of each split in an ImageFolder tree (--train-split, --val-split). A packed
+// .h5 file always names its groups Train / Validation / Test, whatever folders `pack`
+// read them from, so these names only matter for directories.
+struct SplitFolders {
+  std::string train = "Train", validation = "Validation", test = "Test";
+  const std::string& operator[](Split s) const {
+    return s == Split::Train ? train : s == Split::Validation ? validation : test;
+  }
+};
+
+// Refuses a split folder name that is not one folder inside the dataset root ("",
+// ".", "..", or with a '/'); the message names `flag`.
+void check_split_folder(const std::string& flag, const std::string& name);
 
 // One decoded image, always 3 channels (RGB), 8 bits, row-major HWC.
 // `pixels` keeps its capacity when reused, so steady-state decoding does not allocate.
@@ -53,6 +68,7 @@ struct ScanOptions {
   enum class Verify : uint8_t { Header, Full } verify = Verify::Full;
   int threads = 0;  // 0 = hardware concurrency
   LogFn log;        // null = silent
+  SplitFolders folders;
   // Data-parallel verification: shard `shard` of `shards` decodes only every
   // shards-th file, and `combine` (elementwise sum over all shards, e.g. an
   // MPI_Allreduce) merges what each found, so every rank ends with the same list
@@ -90,13 +106,13 @@ class Dataset {
 
 // Opens `path` (a directory in ImageFolder layout, or a .h5 file written by pack)
 // and returns the given split. Errors (rd::UsageError, message names the path):
-// missing path or split, Validation classes differing from Train (the message lists
+// missing path or split (naming the folders found), Validation classes differing from Train (the message lists
 // the difference), no usable image in the split, a foreign or truncated .h5 file.
 std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split,
                                       const ScanOptions& opts = {});
 
 // Whether `path` has this split (a folder, or a group in the .h5 file).
-bool has_split(const std::string& path, Split split);
+bool has_split(const std::string& path, Split split, const SplitFolders& folders = {});
 bool is_hdf5_file(const std::string& path);  // by signature, not by extension
 
 // "Train set size: N" followed by one line per class "  <name>: count".

@@ -21,6 +21,8 @@ const char* command_name(Command c);
 
 struct TrainOptions {
   std::string data;                  // ImageFolder root (Train/, Validation/) or packed .h5
+  std::string train_split = "Train";      // folder names of the splits under `data`
+  std::string val_split = "Validation";   // (ImageNet-style trees: train, val)
   std::string arch = "resnet34";     // resnet18 | resnet34 | resnet50 | resnet_tiny
   HeadKind head = HeadKind::Mlp;     // mlp (Linear-ReLU-Linear) | fc
   int image_size = 244;
@@ -49,6 +51,9 @@ struct TrainOptions {
   int accum_steps = 1;
   std::string device = "auto";       // auto | cpu | cuda
   Precision precision = Precision::FP32;
+  // --amp: the mixed precision that suits the device, chosen once it is known (bf16 on
+  // the CPU, fp16 on a GPU); a later --precision turns it off again.
+  bool amp = false;
   ConvAlgo conv_algo = ConvAlgo::Auto;  // CPU fp32 3x3 convolutions
   int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
   bool eval_only = false;
@@ -79,6 +84,7 @@ struct PredictOptions {
   std::string checkpoint;
   std::vector<std::string> inputs;   // image files, ImageFolder dirs, or a packed .h5
   std::string split = "Validation";  // for a dataset root / packed .h5
+  std::string train_split = "Train", val_split = "Validation";  // their folders in a root
   bool json = false;
   int batch_size = 32;
   std::string device = "auto";
@@ -136,5 +142,6 @@ int launcher_rank();
 // Quotes one argument so a POSIX shell reads it back unchanged.
 std::string shell_quote(const std::string& arg);
 std::string join_command_line(int argc, char** argv);
+std::string join_command_line(const std::vector<std::string>& words);
 
 }  // namespace rd::train

@@ -1,0 +1,286 @@
+// The flags users bring from timm and PyTorch's examples: aliases and what "did you
+// mean" says about them, --amp against --precision, split folder names, and --config
+// files (format, precedence over the command line, errors naming file and line).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/cli.h"
+
+namespace fs = std::filesystem;
+using namespace rd;
+using namespace rd::train;
+
+namespace {
+
+ParsedCommand parse_args(std::vector<std::string> args) {
+  args.insert(args.begin(), "resnet_ddp");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+TrainOptions parse_train(std::vector<std::string> args) { return parse_args(std::move(args)).train; }
+
+// The UsageError's message; "" (and a failed check) when parsing succeeded or threw
+// anything else.
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse_args(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL_CHECK("no UsageError");
+  return "";
+}
+
+struct FlagFile {
+  fs::path path;
+  explicit FlagFile(const std::string& text) {
+    path = fs::temp_directory_path() /
+           ("rd_flags_test_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()) + ".conf");
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  ~FlagFile() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+}  // namespace
+
+TEST_CASE("timm and PyTorch spellings set the flags they stand for", "[train][flags]") {
+  const TrainOptions t = parse_train({"--data", "d", "-b", "32", "-j", "4", "--model", "resnet50", "--output", "out",
+                                "--opt", "sgd", "--sched", "cosine", "--wd", "0.05", "--smoothing", "0.2",
+                                "--log-interval", "7"});
+  CHECK(t.batch_size == 32);
+  CHECK(t.workers == 4);
+  CHECK(t.arch == "resnet50");
+  CHECK(t.output_dir == "out");
+  CHECK(t.optimizer == OptimizerKind::Sgd);
+  CHECK(t.scheduler == SchedulerKind::Cosine);
+  CHECK(t.weight_decay == 0.05);
+  CHECK(t.label_smoothing == 0.2);
+  CHECK(t.log_every == 7);
+  // Resume asks was_given() by the flag's own name.
+  for (const char* f : {"--batch-size", "--workers", "--arch", "--output-dir", "--optimizer", "--scheduler"})
+    CHECK(t.was_given(f));
+  CHECK_FALSE(t.was_given("-b"));
+
+  CHECK(parse_train({"--data", "d", "-a", "resnet18", "--print-freq", "3"}).arch == "resnet18");
+  CHECK(parse_train({"--data", "d", "--model=resnet18"}).arch == "resnet18");
+  CHECK(parse_train({"--data", "d", "--print-freq", "3"}).log_every == 3);
+
+  const PredictOptions p = parse_args({"predict", "--checkpoint", "c.h5", "-b", "5", "-j", "3", "img.png"}).predict;
+  CHECK(p.batch_size == 5);
+  CHECK(p.workers == 3);
+
+  // A bad value is reported under the spelling that was typed.
+  CHECK_THAT(usage_error({"--data", "d", "-b", "0"}), Catch::StartsWith("-b: expected an integer in [1,"));
+  CHECK_THAT(usage_error({"--data", "d", "--model", "vit"}), Catch::StartsWith("--model: expected one of resnet18"));
+}
+
+TEST_CASE("help lists each alias next to its flag", "[train][flags]") {
+  const std::string h = train_help();
+  for (const char* s : {"  --batch-size, -b N ", "  --workers, -j N ", "  --arch, --model, -a resnet18|",
+                        "  --output-dir, --output DIR ", "  --optimizer, --opt adam|sgd ",
+                        "  --scheduler, --sched plateau|", "  --weight-decay, --wd X ",
+                        "  --log-every, --log-interval, --print-freq N", "  --amp ", "  --config FILE ",
+                        "  --train-split NAME ", "  --val-split NAME "})
+    CHECK_THAT(h, Catch::Contains(s));
+  CHECK_THAT(predict_help(), Catch::Contains("  --batch-size, -b N ") && Catch::Contains("  --val-split NAME "));
+}
+
+TEST_CASE("did you mean names the flag an alias stands for", "[train][flags]") {
+  CHECK_THAT(usage_error({"--data", "d", "--batchsize", "3"}), Catch::Contains("(did you mean --batch-size?)"));
+  // A shortened name: its flag, not the nearer-by-edits --arch.
+  CHECK_THAT(usage_error({"--data", "d", "--batch", "3"}), Catch::Contains("(did you mean --batch-size?)"));
+  CHECK_THAT(usage_error({"--data", "d", "--schedul", "x"}), Catch::Contains("(did you mean --scheduler?)"));
+  CHECK_THAT(usage_error({"--data", "d", "--opts", "sgd"}),
+             Catch::Contains("(did you mean --optimizer, also spelled --opt?)"));
+  CHECK_THAT(usage_error({"--data", "d", "--models", "x"}), Catch::Contains("(did you mean --arch, also spelled --model?)"));
+  CHECK_THAT(usage_error({"--data", "d", "--outputs", "x"}),
+             Catch::Contains("(did you mean --output-dir, also spelled --output?)"));
+  // A one-letter flag is as near to -b as to -j: no guess at all.
+  const std::string c = usage_error({"--data", "d", "-c", "cfg.yaml"});
+  CHECK_THAT(c, Catch::StartsWith("unknown flag '-c' for 'train'"));
+  CHECK_THAT(c, !Catch::Contains("did you mean"));
+  // An ambiguous prefix (--val-batch-size, --val-split) falls back to edit distance.
+  CHECK_THAT(usage_error({"--data", "d", "--val", "x"}), Catch::StartsWith("unknown flag '--val'"));
+}
+
+TEST_CASE("a flag given twice in any spelling keeps the last value", "[train][flags]") {
+  CHECK(parse_train({"--data", "d", "-b", "8", "--batch-size", "4"}).batch_size == 4);
+  CHECK(parse_train({"--data", "d", "--batch-size", "4", "-b", "8"}).batch_size == 8);
+  CHECK(parse_train({"--data", "d", "--model", "resnet18", "--arch", "resnet50"}).arch == "resnet50");
+  CHECK(parse_train({"--data", "d", "--output-dir", "a", "--output", "b"}).output_dir == "b");
+}
+
+TEST_CASE("of --amp and --precision the later one wins", "[train][flags]") {
+  // The precision --amp stands for is chosen with the device (trainer; e2e flags_layouts).
+  TrainOptions t = parse_train({"--data", "d", "--amp"});
+  CHECK(t.amp);
+  CHECK(t.precision == Precision::FP32);
+  t = parse_train({"--data", "d", "--amp", "--precision", "fp32"});
+  CHECK_FALSE(t.amp);
+  CHECK(t.precision == Precision::FP32);
+  t = parse_train({"--data", "d", "--precision", "bf16", "--amp"});
+  CHECK(t.amp);
+  CHECK_FALSE(parse_train({"--data", "d"}).amp);
+  CHECK_THAT(usage_error({"--data", "d", "--amp=fp16"}), Catch::StartsWith("--amp: takes no value"));
+}
+
+TEST_CASE("split folder names: ImageNet's train/ val/ and bad names", "[train][flags]") {
+  TrainOptions t = parse_train({"--data", "d", "--train-split", "train", "--val-split", "val"});
+  CHECK(t.train_split == "train");
+  CHECK(t.val_split == "val");
+  t = parse_train({"--data", "d"});
+  CHECK(t.train_split == "Train");
+  CHECK(t.val_split == "Validation");
+  CHECK_THAT(usage_error({"--data", "d", "--train-split", ""}), Catch::StartsWith("--train-split: expected the name"));
+  CHECK_THAT(usage_error({"--data", "d", "--val-split", "a/b"}), Catch::StartsWith("--val-split: expected the name"));
+  CHECK_THAT(usage_error({"--data", "d", "--val-split", ".."}), Catch::StartsWith("--val-split: expected the name"));
+  CHECK_THAT(usage_error({"--data", "d", "--train-split", "x", "--val-split", "x"}),
+             Catch::Contains("--val-split x: the same folder as --train-split"));
+  CHECK_THAT(usage_error({"predict", "--checkpoint", "c.h5", "--val-split", "/abs", "d"}),
+             Catch::StartsWith("--val-split: expected the name"));
+  const PredictOptions p =
+      parse_args({"predict", "--checkpoint", "c.h5", "--train-split", "train", "--val-split", "val", "d"}).predict;
+  CHECK(p.train_split == "train");
+  CHECK(p.val_split == "val");
+}
+
+TEST_CASE("a config file: both line formats, comments, quotes, and the command line wins", "[train][flags]") {
+  FlagFile f(
+      "# recipe for the cluster\n"
+      "\n"
+      "--arch resnet18\n"
+      "--lr=0.01\n"
+      "epochs = 7\n"
+      "batch_size = 32      # per rank\n"
+      "   sched = cosine\n"
+      "--optimizer sgd\n"
+      "nesterov\n"
+      "momentum = \"0.8\"\n"
+      "output-dir = 'runs/a #1'\n"
+      "j = 3\r\n"
+      "--seed = 5\n"
+      "amp = true\n");
+  for (const bool config_first : {true, false}) {
+    INFO("--config " << (config_first ? "before" : "after") << " the other flags");
+    std::vector<std::string> args{"--data", "d", "--epochs", "3", "--model", "resnet50"};
+    args.insert(config_first ? args.begin() : args.end(), {"--config", f.str()});
+    const TrainOptions t = parse_train(args);
+    CHECK(t.arch == "resnet50");  // command line
+    CHECK(t.epochs == 3);         // command line
+    CHECK(t.lr == 0.01);
+    CHECK(t.batch_size == 32);
+    CHECK(t.scheduler == SchedulerKind::Cosine);
+    CHECK(t.optimizer == OptimizerKind::Sgd);
+    CHECK(t.nesterov);
+    CHECK(t.momentum == 0.8);
+    CHECK(t.output_dir == "runs/a #1");
+    CHECK(t.workers == 3);
+    CHECK(t.seed == 5);
+    CHECK(t.amp);
+    // The file's flags count as given (resume honours them as typed ones).
+    CHECK(t.was_given("--lr"));
+    CHECK(t.was_given("--batch-size"));
+    CHECK_FALSE(t.was_given("--threads"));
+  }
+}
+
+TEST_CASE("a recorded command line has the config file's flags written out", "[train][flags]") {
+  std::string line;
+  {
+    FlagFile f("lr = 0.5\nbatch-size = 6\nno-sync-bn\n");
+    line = parse_train({"train", "--config", f.str(), "--data", "d", "--lr", "0.25"}).command_line;
+  }  // the file is gone: resume reads the checkpoint's line, not the file
+  CHECK_THAT(line, !Catch::Contains("--config"));
+  const std::vector<std::string> words = split_command_line(line);
+  REQUIRE(words.size() > 2);
+  CHECK(words[1] == "train");
+  const TrainOptions back = parse_train(std::vector<std::string>(words.begin() + 1, words.end()));
+  CHECK(back.lr == 0.25);
+  CHECK(back.batch_size == 6);
+  CHECK_FALSE(back.sync_bn);
+  CHECK(back.data == "d");
+  // Without a file the line is the command line as typed.
+  CHECK(parse_train({"--data", "d", "-b", "4"}).command_line == "resnet_ddp --data d -b 4");
+}
+
+TEST_CASE("config file errors name the file and the line", "[train][flags]") {
+  auto error_in = [](const std::string& text) {
+    FlagFile f(text);
+    return std::make_pair(usage_error({"--data", "d", "--config", f.str()}), f.str());
+  };
+  {
+    auto [msg, path] = error_in("batch-size = 4\n\nbacth_size = 3\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":3: unknown flag '--bacth-size'"));
+  }
+  {
+    auto [msg, path] = error_in("batchsize = 3\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: unknown flag '--batchsize'") &&
+                        Catch::Contains("did you mean --batch-size?"));
+  }
+  {
+    auto [msg, path] = error_in("# ok\n--lr abc\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":2: --lr: expected a number, got 'abc'"));
+  }
+  {
+    auto [msg, path] = error_in("model = resnet99\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --model: expected one of"));
+  }
+  {
+    auto [msg, path] = error_in("nesterov = false\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --nesterov: a switch") && Catch::Contains("got 'false'"));
+  }
+  {
+    auto [msg, path] = error_in("epochs\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --epochs: missing value"));
+  }
+  {
+    auto [msg, path] = error_in("= 3\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: expected '--flag value' or 'flag = value'"));
+  }
+  {
+    auto [msg, path] = error_in("batch size = 3\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: expected '--flag value' or 'flag = value'"));
+  }
+  {
+    auto [msg, path] = error_in("lr = 0.1\nconfig = other.conf\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":2: --config: a config file cannot read another one"));
+  }
+  {
+    auto [msg, path] = error_in("--help\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --help: not valid in a config file"));
+  }
+  {
+    std::string text = "lr = 0.1\nepochs = 2";
+    text += '\0';
+    auto [msg, path] = error_in(text + "\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":2: not a text file"));
+  }
+  {
+    auto [msg, path] = error_in(std::string(2 << 20, '#'));
+    CHECK_THAT(msg, Catch::StartsWith("--config " + path + ": larger than 1 MiB"));
+  }
+  const std::string missing = (fs::temp_directory_path() / "rd_no_such_flags.conf").string();
+  CHECK_THAT(usage_error({"--data", "d", "--config", missing}),
+             Catch::StartsWith("--config " + missing + ": cannot open (No such file"));
+  CHECK_THAT(usage_error({"--data", "d", "--config", fs::temp_directory_path().string()}),
+             Catch::Contains(": is a directory"));
+  CHECK_THAT(usage_error({"--data", "d", "--config", "/dev/zero"}),
+             Catch::StartsWith("--config /dev/zero: not a regular file"));
+  CHECK_THAT(usage_error({"--data", "d", "--config"}), Catch::StartsWith("--config: missing value"));
+  CHECK_THAT(usage_error({"--data", "d", "--config", "a", "--config=b"}), Catch::StartsWith("--config: given twice"));
+  // A bad flag on the command line is reported before the file is read.
+  CHECK_THAT(usage_error({"--data", "d", "--config", missing, "--lrr", "1"}), Catch::StartsWith("unknown flag '--lrr'"));
+}
