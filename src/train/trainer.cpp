@@ -174,12 +174,8 @@ const char* const kStartFresh = "; to start fresh instead use --resume none or a
 
 // Flags that do not describe the run (where it reads and writes, how it resumes).
 bool resume_ignores(const std::string& flag) {
-<<<<<<< HEAD
-  for (const char* f : {"--data", "--output-dir", "--resume", "--init", "--metrics", "--tensorboard", "--eval-only"})
-=======
   for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
-                        "--eval-only"})
->>>>>>> i18-flags
+                        "--tensorboard", "--eval-only"})
     if (flag == f) return true;
   return false;
 }
