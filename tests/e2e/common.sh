@@ -56,3 +56,25 @@ value_after() {
 
 # Float comparison through awk (bash has none).
 float_lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+# wait_for FILE PATTERN SECONDS: until FILE contains PATTERN; 1 on timeout.
+wait_for() {
+  local deadline=$((SECONDS + $3))
+  until grep -q -- "$2" "$1" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.05
+  done
+}
+
+# rank_pid PID RANK: pid of that rank among the descendants of PID (a background
+# job is a subshell running mpirun, whose children are the ranks).
+rank_pid() {
+  local pid
+  for pid in $(pgrep -P "$1") $(for c in $(pgrep -P "$1"); do pgrep -P "$c"; done); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}

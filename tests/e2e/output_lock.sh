@@ -8,14 +8,6 @@ synth_data "$WORK/data" 400 4
 OUT="$WORK/out"
 args=(--data "$WORK/data" "${TINY[@]}" --batch-size 2 --conv-algo direct --output-dir "$OUT")
 
-# wait_for FILE PATTERN SECONDS
-wait_for() {
-  local deadline=$((SECONDS + $3))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || return 1
-    sleep 0.05
-  done
-}
 
 note "run A holds $OUT"
 "$RD_BIN" "${args[@]}" --epochs 100 --log-every 1 --progress lines >"$WORK/a.log" 2>&1 &

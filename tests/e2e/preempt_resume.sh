@@ -11,26 +11,6 @@ OUT="$WORK/out"
 args=(--data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --workers 1 --batch-size 2
   --epochs 2 --lr 1e-3 --output-dir "$OUT" --log-every 1 --progress lines)
 
-# rank_pid PID RANK: pid of that rank among the descendants of PID (the
-# background job is a subshell running mpirun, whose children are the ranks).
-rank_pid() {
-  local pid
-  for pid in $(pgrep -P "$1") $(for c in $(pgrep -P "$1"); do pgrep -P "$c"; done); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$pid"
-      return 0
-    fi
-  done
-  return 1
-}
-# wait_for FILE PATTERN SECONDS
-wait_for() {
-  local deadline=$((SECONDS + $3))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || return 1
-    sleep 0.05
-  done
-}
 
 note "run 1: SIGTERM to rank 1 after a few steps"
 mpi 2 "${args[@]}" >"$WORK/run1.log" 2>&1 &

@@ -19,23 +19,6 @@ OUT="$WORK/out"
 args=(--data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --workers 1 --batch-size 2
   --lr 1e-3 --output-dir "$OUT" --log-every 1 --progress lines)
 
-rank_pid() {  # rank_pid PID RANK (as in preempt_resume.sh)
-  local pid
-  for pid in $(pgrep -P "$1") $(for c in $(pgrep -P "$1"); do pgrep -P "$c"; done); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$pid"
-      return 0
-    fi
-  done
-  return 1
-}
-wait_for() {  # wait_for FILE PATTERN SECONDS
-  local deadline=$((SECONDS + $3))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || return 1
-    sleep 0.05
-  done
-}
 events() { find "$1" -maxdepth 1 -name 'events.out.tfevents.*' | wc -l; }
 
 note "run 1: 2 ranks, SIGTERM to rank 0 after a few steps"

@@ -12,6 +12,7 @@
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
+#include "parse_cli.h"
 
 namespace fs = std::filesystem;
 using namespace rd;
@@ -19,12 +20,7 @@ using namespace rd::train;
 
 namespace {
 
-ParsedCommand parse_args(std::vector<std::string> args) {
-  args.insert(args.begin(), "resnet_ddp");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  return parse_command_line(static_cast<int>(argv.size()), argv.data());
-}
+ParsedCommand parse_args(std::vector<std::string> args) { return parse_cli(std::move(args)); }
 
 TrainOptions parse_train(std::vector<std::string> args) { return parse_args(std::move(args)).train; }
 

@@ -21,6 +21,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
+#include "parse_cli.h"
 #include "resnet_ddp/train/optimizer.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
@@ -31,12 +32,7 @@ using namespace rd::train;
 
 namespace {
 
-ParsedCommand parse(std::vector<std::string> args) {
-  args.insert(args.begin(), "resnet_ddp");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  return parse_command_line(static_cast<int>(argv.size()), argv.data());
-}
+ParsedCommand parse(std::vector<std::string> args) { return parse_cli(std::move(args)); }
 
 std::string usage_error(std::vector<std::string> args) {
   try {
