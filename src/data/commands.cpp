@@ -231,7 +231,12 @@ int pack_main(int argc, char** argv) {
     f.boolean("--strict-data", &opts.scan.strict, "any unusable image is an error instead of a skipped file");
     f.integer("--max-pixels", &opts.scan.max_pixels, 1, "reject images above N pixels", LONG_MAX);
     f.integer("--threads", &opts.threads, 0, "decode threads (0 = all cores)", 1024);
+    bool draft = false;
+    f.boolean("--jpeg-draft", &draft,
+              "decode JPEGs scaled down by 1/2-1/8 in the DCT domain to >= the image size (faster; "
+              "pixels differ from PIL's full decode + Resize)");
     if (parse_or_help(f, argc, argv, kPackHelp)) return 0;
+    if (draft) opts.scan.jpeg_draft = opts.image_size;
     if (data.empty()) throw UsageError("--data DIR is required (see --help)");
     if (out.empty()) throw UsageError("--out FILE.h5 is required (see --help)");
     opts.scan.log = [](const std::string& line) { std::cerr << line << "\n"; };

@@ -8,8 +8,8 @@
 //    ("CMYK;I", which PIL assumes for every 4-component JPEG), then PIL's cmyk2rgb;
 //  - corrupt-data warnings are ignored (Pillow's output_message is a no-op), but a
 //    file that ends before the last scanline is an error ("image file is truncated"
-//    in PIL); running out of data after the last scanline (e.g. no EOI) is accepted,
-//    as Pillow accepts a suspended jpeg_finish_decompress.
+//    in PIL); running out of data after the last scanline is accepted, as Pillow
+//    accepts a suspended jpeg_finish_decompress.
 // libjpeg reports fatal errors through error_exit, which must not return: it
 // longjmps back into guarded() below, and the caller throws rd::Error naming the file.
 #include <algorithm>

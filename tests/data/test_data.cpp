@@ -628,3 +628,29 @@ TEST_CASE("synth and pack subcommands: output and flag errors", "[data][commands
   CHECK(open_dataset(out + ".h5", Split::Validation)->size() == 6);
   CHECK(call(pack_main, {"pack", "--data", (t.path / "none").string(), "--out", out + "x.h5"}) == 2);
 }
+
+TEST_CASE("jpeg_draft: DCT-domain JPEG downscaling in the loader and pack, off by default", "[data][commands]") {
+  TempDir t;
+  const std::string out = (t.path / "synth").string();
+  REQUIRE(call(synth_main, {"synth", "--out", out, "--train", "6", "--val", "3", "--size", "256x192",
+                            "--format", "jpg", "--seed", "2"}) == 0);
+  Image img;
+  open_dataset(out, Split::Train)->load(0, img);
+  CHECK((img.width == 256 && img.height == 192));
+  ScanOptions o;
+  o.jpeg_draft = 60;  // PIL's draft: min(256 // 60, 192 // 60) = 3 -> scale 1/2, both sides >= 60
+  open_dataset(out, Split::Train, o)->load(0, img);
+  CHECK((img.width == 128 && img.height == 96));
+  o.jpeg_draft = 24;  // 192 // 24 = 8 -> 1/8
+  open_dataset(out, Split::Train, o)->load(0, img);
+  CHECK((img.width == 32 && img.height == 24));
+
+  REQUIRE(call(pack_main, {"pack", "--data", out, "--out", out + "_full.h5", "--image-size", "40"}) == 0);
+  REQUIRE(call(pack_main, {"pack", "--data", out, "--out", out + "_draft.h5", "--image-size", "40",
+                           "--jpeg-draft"}) == 0);
+  Image full, draft;
+  open_dataset(out + "_full.h5", Split::Train)->load(0, full);
+  open_dataset(out + "_draft.h5", Split::Train)->load(0, draft);
+  CHECK((draft.width == 40 && draft.height == 40));
+  CHECK(full.pixels != draft.pixels);  // it changes pixels: that is why it is opt-in
+}

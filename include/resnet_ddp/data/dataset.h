@@ -46,6 +46,10 @@ struct ScanOptions {
   bool strict = false;
   // Decompression-bomb guard: images with width*height above this are unusable.
   int64_t max_pixels = 64LL * 1000 * 1000;
+  // --jpeg-draft: > 0 decodes JPEGs scaled down in the DCT domain (1/2, 1/4, 1/8) to
+  // no less than this side, as PIL's draft() (see decode_image_file). Faster for
+  // large photos, but the pixels differ from a full decode + Resize; 0 = off.
+  int jpeg_draft = 0;
   // Full: decode every file while scanning (catches truncated/corrupt data before
   // training starts; parallel over `threads`). Header: read only the headers (fast
   // for huge trees; a file that fails to decode later is reported by the loader and
