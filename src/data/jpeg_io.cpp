@@ -33,7 +33,7 @@ namespace rd::data {
 
 namespace {
 
-// Real encoders write at most a few dozen scans; a file with thousands of tiny
+// Real encoders write about 10 scans at most; a file with thousands of tiny
 // progressive scans costs a full coefficient pass each (libjpeg-turbo's own fuzzers
 // and djpeg -maxscans guard against this the same way).
 constexpr int kMaxScans = 1000;
@@ -56,7 +56,7 @@ void on_message(j_common_ptr c, int level) {
   auto* e = reinterpret_cast<JpegError*>(c->err);
   ++c->err->num_warnings;
   if (c->err->msg_code == JWRN_JPEG_EOF && !e->accept_eof) {
-    std::snprintf(e->message, sizeof e->message, "truncated JPEG (data ends before the last scanline)");
+    std::snprintf(e->message, sizeof e->message, "truncated JPEG: premature end of data");
     std::longjmp(e->jump, 1);
   }
 }

@@ -215,6 +215,16 @@ def main():
             else:
                 agree["decoded"] += 1
 
+    # The one limit PIL lacks: a progressive file whose last scan is repeated past
+    # 1000 scans (each costs a pass over the image; libjpeg only warns) is refused.
+    data = open(prog, "rb").read()
+    last_sos = data.rindex(b"\xff\xda")
+    p = os.path.join(tmp, "many_scans.jpg")
+    open(p, "wb").write(data[:-2] + data[last_sos:-2] * 1000 + b"\xff\xd9")
+    reply = ours_rgb(probe, p, out)
+    if not (isinstance(reply, str) and p in reply and "more than 1000 scans" in reply):
+        failures.append(f"{p}: not refused for its scan count: {reply if isinstance(reply, str) else 'decoded'}")
+
     for kind, d in worst.items():
         rows.append(f"  {kind:40s} max |diff| {d}")
     print("JPEG decoding vs PIL " + Image.__version__ + " (libjpeg-turbo " +
