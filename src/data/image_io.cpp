@@ -202,15 +202,15 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   // Headers sit in the first few KiB for every supported format; stb and libjpeg
   // read the file as needed.
   ImageHeader h;
-  unsigned char magic[2] = {0, 0};
-  const bool got_magic = std::fread(magic, 1, 2, f.get()) == 2;
+  unsigned char magic[3] = {0, 0, 0};
+  const size_t got = std::fread(magic, 1, 3, f.get());
   std::rewind(f.get());
-  if (got_magic && is_binary_pnm(magic, 2)) {
+  if (is_binary_pnm(magic, got)) {
     // Our own PNM parser (see decode_pnm); a header longer than 4 KiB is not a sane PNM.
     std::vector<uint8_t> head(4096);
     head.resize(std::fread(head.data(), 1, head.size(), f.get()));
     h = pnm_header(head.data(), head.size(), path).h;
-  } else if (got_magic && is_jpeg(magic, 2)) {
+  } else if (is_jpeg(magic, got)) {
     h = probe_jpeg_file(f.get(), path);
   } else if (!stbi_info_from_file(f.get(), &h.width, &h.height, &h.channels)) {
     throw Error(path + ": not a decodable image (" + stbi_failure_reason() + ")");

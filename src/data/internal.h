@@ -26,7 +26,7 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels);
 void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max_pixels);
 
 // JPEG through libjpeg-turbo with Pillow's settings (jpeg_io.cpp); errors name `what`.
-bool is_jpeg(const uint8_t* bytes, size_t size);  // starts with SOI (FF D8), as libjpeg requires
+bool is_jpeg(const uint8_t* bytes, size_t size);  // starts FF D8 FF, as PIL requires
 ImageHeader probe_jpeg_memory(const uint8_t* bytes, size_t size, const std::string& what);
 ImageHeader probe_jpeg_file(std::FILE* f, const std::string& what);  // reads from f's position
 // draft_size > 0: DCT-domain downscale like PIL's draft("RGB", (n, n)), see dataset.h.

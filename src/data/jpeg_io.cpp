@@ -138,7 +138,10 @@ inline int muldiv255(int a, int b) {
 
 }  // namespace
 
-bool is_jpeg(const uint8_t* bytes, size_t size) { return size >= 2 && bytes[0] == 0xFF && bytes[1] == 0xD8; }
+// PIL's test (JpegImagePlugin._accept): SOI and the start of the next marker.
+bool is_jpeg(const uint8_t* bytes, size_t size) {
+  return size >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+}
 
 ImageHeader probe_jpeg_memory(const uint8_t* bytes, size_t size, const std::string& what) {
   Session s;
