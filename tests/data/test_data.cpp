@@ -654,3 +654,50 @@ TEST_CASE("jpeg_draft: DCT-domain JPEG downscaling in the loader and pack, off b
   CHECK((draft.width == 40 && draft.height == 40));
   CHECK(full.pixels != draft.pixels);  // it changes pixels: that is why it is opt-in
 }
+
+TEST_CASE("JPEG files in a scan: truncated, header bombs, PIL-refused prefixes; full and header-only checks",
+          "[data][scan]") {
+  TempDir t;
+  make_good_tree(t.path);
+  const fs::path cls = t.path / "Train/cat";
+  write_jpg(cls / "good.jpg", 30, 20, 7);
+  const std::string jpg = read_bytes(cls / "good.jpg");
+  write_bytes(cls / "cut.jpg", jpg.substr(0, jpg.size() - 40));  // headers intact, scan data cut
+  std::string bomb = jpg;                                         // SOF0 claiming 20000 x 20000
+  const size_t sof = bomb.find("\xFF\xC0");
+  REQUIRE(sof != std::string::npos);
+  bomb.replace(sof + 5, 4, std::string("\x4E\x20\x4E\x20", 4));
+  write_bytes(cls / "bomb.jpg", bomb);
+  write_bytes(cls / "fill.jpg", "\xFF" + jpg);               // FF FF D8: neither libjpeg nor PIL opens it
+  write_bytes(cls / "header.jpg", jpg.substr(0, jpg.find("\xFF\xDA")));  // no scan at all
+
+  Captured log;
+  ScanOptions opts;
+  opts.log = log.fn();
+  auto ds = open_dataset(t.str(), Split::Train, opts);
+  CHECK(ds->size() == 7);  // 6 PNGs + good.jpg
+  CHECK(log.mentions("cut.jpg: decoding failed (truncated JPEG: premature end of data)"));
+  CHECK(log.mentions("bomb.jpg: image is 20000x20000"));
+  CHECK(log.mentions("fill.jpg: not a decodable image"));
+  CHECK(log.mentions("header.jpg: not a decodable image (truncated JPEG"));
+
+  // Header-only: the cut scan goes unnoticed until the loader decodes it.
+  Captured lazy_log;
+  opts.log = lazy_log.fn();
+  opts.verify = ScanOptions::Verify::Header;
+  auto lazy = open_dataset(t.str(), Split::Train, opts);
+  CHECK(lazy->size() == 8);
+  CHECK(lazy_log.mentions("bomb.jpg: image is 20000x20000"));
+  CHECK(lazy_log.mentions("fill.jpg"));
+  CHECK(lazy_log.mentions("header.jpg"));
+  Image img;
+  for (size_t i = 0; i < lazy->size(); ++i) {
+    if (lazy->source(i).find("cut.jpg") == std::string::npos) continue;
+    try {
+      lazy->load(i, img);
+      FAIL("cut.jpg decoded");
+    } catch (const rd::Error& e) {
+      CHECK(std::string(e.what()).find("cut.jpg") != std::string::npos);
+    }
+  }
+}
