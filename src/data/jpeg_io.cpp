@@ -33,9 +33,9 @@ namespace rd::data {
 
 namespace {
 
-// Real encoders write about 10 scans at most; a file with thousands of tiny
-// progressive scans costs a full coefficient pass each (libjpeg-turbo's own fuzzers
-// and djpeg -maxscans guard against this the same way).
+// Real encoders write about 10 scans; a file with thousands of tiny progressive
+// scans costs a full coefficient pass each (a denial of service known from
+// libjpeg-turbo's security audit; other decoders cap the scan count too).
 constexpr int kMaxScans = 1000;
 
 struct JpegError {
