@@ -245,7 +245,12 @@ int pack_main(int argc, char** argv) {
            "folder of the training split under --data (train: ImageNet-style); stored as Train");
     f.text("--val-split", &opts.scan.folders.validation, "NAME",
            "folder of the validation split under --data (val: ImageNet-style); stored as Validation");
+    bool draft = false;
+    f.boolean("--jpeg-draft", &draft,
+              "decode JPEGs scaled down by 1/2-1/8 in the DCT domain to >= the image size (faster; "
+              "pixels differ from PIL's full decode + Resize)");
     if (parse_or_help(f, argc, argv, kPackHelp)) return 0;
+    if (draft) opts.scan.jpeg_draft = opts.image_size;
     if (data.empty()) throw UsageError("--data DIR is required (see --help)");
     check_split_folder("--train-split", opts.scan.folders.train);
     check_split_folder("--val-split", opts.scan.folders.validation);

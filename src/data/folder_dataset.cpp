@@ -255,7 +255,7 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
     try {
       if (full) {
         thread_local Image img;
-        decode_image_file(scan.entries[i].path, img, opts.max_pixels);
+        decode_image_file(scan.entries[i].path, img, opts.max_pixels, opts.jpeg_draft);
       } else {
         probe_image_file(scan.entries[i].path, opts.max_pixels);
       }
@@ -320,8 +320,8 @@ namespace {
 
 class FolderDataset final : public Dataset {
  public:
-  FolderDataset(std::string dir, FolderScan scan, int64_t max_pixels)
-      : dir_(std::move(dir)), scan_(std::move(scan)), max_pixels_(max_pixels) {}
+  FolderDataset(std::string dir, FolderScan scan, int64_t max_pixels, int jpeg_draft)
+      : dir_(std::move(dir)), scan_(std::move(scan)), max_pixels_(max_pixels), jpeg_draft_(jpeg_draft) {}
   size_t size() const override { return scan_.entries.size(); }
   int32_t label(size_t i) const override { return scan_.entries.at(i).label; }
   const std::vector<std::string>& class_names() const override { return scan_.class_names; }
@@ -329,13 +329,14 @@ class FolderDataset final : public Dataset {
   std::string description() const override { return "ImageFolder " + dir_; }
   size_t skipped_files() const override { return scan_.skipped + scan_.ignored; }
   void load(size_t i, Image& out) const override {
-    decode_image_file(scan_.entries.at(i).path, out, max_pixels_);
+    decode_image_file(scan_.entries.at(i).path, out, max_pixels_, jpeg_draft_);
   }
 
  private:
   std::string dir_;
   FolderScan scan_;
   int64_t max_pixels_;
+  int jpeg_draft_;
 };
 
 }  // namespace
@@ -376,7 +377,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
   if (packed) return packed;
   FolderScan scan = scan_folder_split(path, split, opts);
   return std::make_unique<FolderDataset>(path + "/" + opts.folders[split], std::move(scan),
-                                         opts.max_pixels);
+                                         opts.max_pixels, opts.jpeg_draft);
 }
 
 bool has_split(const std::string& path, Split split, const SplitFolders& folders) {

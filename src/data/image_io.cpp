@@ -1,8 +1,10 @@
-// Image file decoding with stb_image (Debian libstb-dev). This is the one
-// translation unit that compiles the stb_image implementation; it is static so
-// that it cannot clash with another copy linked into the same program.
+// Image file decoding: JPEG with libjpeg-turbo as PIL does it (jpeg_io.cpp), the
+// other formats with stb_image (Debian libstb-dev). This is the one translation
+// unit that compiles the stb_image implementation; it is static so that it cannot
+// clash with another copy linked into the same program.
 #define STB_IMAGE_IMPLEMENTATION
 #define STB_IMAGE_STATIC
+#define STBI_NO_JPEG      // never stb's JPEG decoder: its pixels differ from PIL's
 #define STBI_NO_HDR       // 8-bit training images only
 #define STBI_NO_LINEAR
 #define STBI_NO_PSD
@@ -114,57 +116,7 @@ PnmHeader pnm_header(const uint8_t* bytes, size_t size, const std::string& what)
   return p;
 }
 
-// stb 2.27 builds a JPEG Huffman table without checking that its code counts sum
-// to at most 256: a DHT segment claiming more writes past the table (heap
-// overflow; checked upstream since 2.28). This walks the markers as stb's reader
-// does and refuses such a table before stb sees the file. Other segments are
-// skipped by their length; inside entropy-coded data, FF 00 (stuffing), FF FF
-// (fill) and FF D0..D7 (restart) are data, as for stb.
-// With `frame_seen`, stops at the frame header (SOFn: where stb's header probe
-// stops) and says whether it got there within the n bytes.
-std::string jpeg_problem(const uint8_t* b, size_t n, bool* frame_seen = nullptr) {
-  // SOI, after any number of FF fill bytes (stb accepts FF FF D8 too).
-  size_t i = 0;
-  while (i < n && b[i] == 0xFF) ++i;
-  if (i == 0 || i >= n || b[i] != 0xD8) return "";
-  ++i;
-  const auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };  // stb reads 0 past the end
-  while (i + 1 < n) {
-    if (b[i] != 0xFF) {
-      ++i;
-      continue;
-    }
-    const unsigned m = b[i + 1];
-    if (m == 0xFF) {
-      ++i;
-      continue;
-    }
-    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
-      i += 2;
-      continue;
-    }
-    if (m == 0xD9) break;  // EOI
-    if (frame_seen && m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
-      *frame_seen = true;
-      return "";
-    }
-    const size_t len = (at(i + 2) << 8) | at(i + 3);
-    if (m == 0xC4) {  // DHT: tables back to back, as stb consumes them
-      size_t p = i + 4;
-      long left = static_cast<long>(len) - 2;
-      while (left > 0 && p < n) {
-        size_t codes = 0;
-        for (size_t k = 1; k <= 16; ++k) codes += at(p + k);
-        if (codes > 256)
-          return "corrupt JPEG: Huffman table of " + std::to_string(codes) + " codes (at most 256)";
-        left -= static_cast<long>(17 + codes);
-        p += 17 + codes;
-      }
-    }
-    i += 2 + std::max<size_t>(len, 2);
-  }
-  return "";
-}
+}  // namespace
 
 void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max_pixels) {
   if (h.width <= 0 || h.height <= 0)
@@ -177,6 +129,7 @@ void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max
                 std::to_string(max_pixels) + " (decompression-bomb guard)");
 }
 
+namespace {
 void decode_pnm(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels) {
   const PnmHeader p = pnm_header(bytes, size, what);
   check_dimensions(p.h, what, max_pixels);
@@ -201,31 +154,24 @@ ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::str
                                int64_t max_pixels) {
   if (size == 0) throw Error(what + ": empty file (0 bytes)");
   if (size > static_cast<size_t>(INT32_MAX)) throw Error(what + ": file larger than 2 GiB");
-  if (is_binary_pnm(bytes, size)) {
-    const ImageHeader h = pnm_header(bytes, size, what).h;
-    check_dimensions(h, what, max_pixels);
-    return h;
-  }
-  if (const std::string why = jpeg_problem(bytes, size); !why.empty())
-    throw Error(what + ": not a decodable image (" + why + ")");
   ImageHeader h;
-  if (!stbi_info_from_memory(bytes, static_cast<int>(size), &h.width, &h.height, &h.channels))
+  if (is_binary_pnm(bytes, size)) {
+    h = pnm_header(bytes, size, what).h;
+  } else if (is_jpeg(bytes, size)) {
+    h = probe_jpeg_memory(bytes, size, what);
+  } else if (!stbi_info_from_memory(bytes, static_cast<int>(size), &h.width, &h.height, &h.channels)) {
     throw Error(what + ": not a decodable image (" + stbi_failure_reason() + ")");
-  if (h.width <= 0 || h.height <= 0)
-    throw Error(what + ": invalid image dimensions " + std::to_string(h.width) + "x" +
-                std::to_string(h.height));
-  const int64_t pixels = static_cast<int64_t>(h.width) * h.height;
-  if (pixels > max_pixels)
-    throw Error(what + ": image is " + std::to_string(h.width) + "x" + std::to_string(h.height) +
-                " = " + std::to_string(pixels) + " pixels, above the limit of " +
-                std::to_string(max_pixels) + " (decompression-bomb guard)");
+  }
+  check_dimensions(h, what, max_pixels);
   return h;
 }
 
 void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
-                         int64_t max_pixels) {
-  if (is_binary_pnm(bytes, size) && size <= static_cast<size_t>(INT32_MAX))
-    return decode_pnm(bytes, size, what, out, max_pixels);
+                         int64_t max_pixels, int jpeg_draft) {
+  if (size == 0) throw Error(what + ": empty file (0 bytes)");
+  if (size > static_cast<size_t>(INT32_MAX)) throw Error(what + ": file larger than 2 GiB");
+  if (is_binary_pnm(bytes, size)) return decode_pnm(bytes, size, what, out, max_pixels);
+  if (is_jpeg(bytes, size)) return decode_jpeg_memory(bytes, size, what, out, max_pixels, jpeg_draft);
   const ImageHeader h = probe_image_memory(bytes, size, what, max_pixels);
   int w = 0, hh = 0, channels = 0;
   // Always 3 channels: stb expands gray / drops alpha / reduces 16-bit PNG to 8 bits,
@@ -239,15 +185,11 @@ void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& w
   std::memcpy(out.data(), px.get(), out.bytes());
 }
 
-void decode_image_file(const std::string& path, Image& out, int64_t max_pixels) {
+void decode_image_file(const std::string& path, Image& out, int64_t max_pixels, int jpeg_draft) {
   thread_local std::vector<uint8_t> bytes;
   read_file_bytes(path, bytes);
-  decode_image_memory(bytes.data(), bytes.size(), path, out, max_pixels);
+  decode_image_memory(bytes.data(), bytes.size(), path, out, max_pixels, jpeg_draft);
 }
-
-}  // namespace rd::data
-
-namespace rd::data {
 
 ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   struct stat st{};
@@ -257,42 +199,23 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   if (st.st_size == 0) throw Error(path + ": empty file (0 bytes)");
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
-  // Headers sit in the first few KiB for every supported format; stb reads as needed.
+  // Headers sit in the first few KiB for every supported format; stb and libjpeg
+  // read the file as needed.
   ImageHeader h;
-  unsigned char magic[2] = {0, 0};
-  const bool got_magic = std::fread(magic, 1, 2, f.get()) == 2;
-  if (got_magic && magic[0] == 0xFF) {
-    // JPEG: the Huffman tables up to the frame header are checked (jpeg_problem)
-    // before stb's probe reads them; usually they sit in the first 256 KiB.
-    std::vector<uint8_t> head(256 * 1024);
-    std::rewind(f.get());
-    head.resize(std::fread(head.data(), 1, head.size(), f.get()));
-    bool frame_seen = false;
-    std::string why = jpeg_problem(head.data(), head.size(), &frame_seen);
-    if (why.empty() && !frame_seen) {
-      read_file_bytes(path, head);
-      why = jpeg_problem(head.data(), head.size());
-    }
-    if (!why.empty()) throw Error(path + ": not a decodable image (" + why + ")");
-  }
-  if (got_magic && is_binary_pnm(magic, 2)) {
+  unsigned char magic[3] = {0, 0, 0};
+  const size_t got = std::fread(magic, 1, 3, f.get());
+  std::rewind(f.get());
+  if (is_binary_pnm(magic, got)) {
     // Our own PNM parser (see decode_pnm); a header longer than 4 KiB is not a sane PNM.
     std::vector<uint8_t> head(4096);
-    std::rewind(f.get());
     head.resize(std::fread(head.data(), 1, head.size(), f.get()));
     h = pnm_header(head.data(), head.size(), path).h;
-    check_dimensions(h, path, max_pixels);
-    return h;
-  }
-  std::rewind(f.get());
-  if (!stbi_info_from_file(f.get(), &h.width, &h.height, &h.channels))
+  } else if (is_jpeg(magic, got)) {
+    h = probe_jpeg_file(f.get(), path);
+  } else if (!stbi_info_from_file(f.get(), &h.width, &h.height, &h.channels)) {
     throw Error(path + ": not a decodable image (" + stbi_failure_reason() + ")");
-  const int64_t pixels = static_cast<int64_t>(h.width) * h.height;
-  if (h.width <= 0 || h.height <= 0) throw Error(path + ": invalid image dimensions");
-  if (pixels > max_pixels)
-    throw Error(path + ": image is " + std::to_string(h.width) + "x" + std::to_string(h.height) +
-                " = " + std::to_string(pixels) + " pixels, above the limit of " +
-                std::to_string(max_pixels) + " (decompression-bomb guard)");
+  }
+  check_dimensions(h, path, max_pixels);
   return h;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,6 +22,16 @@ ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::str
                                int64_t max_pixels);
 
 ImageHeader probe_image_file(const std::string& path, int64_t max_pixels);
+// Throws rd::Error naming `what` for non-positive sizes or more than max_pixels.
+void check_dimensions(const ImageHeader& h, const std::string& what, int64_t max_pixels);
+
+// JPEG through libjpeg-turbo with Pillow's settings (jpeg_io.cpp); errors name `what`.
+bool is_jpeg(const uint8_t* bytes, size_t size);  // starts FF D8 FF, as PIL requires
+ImageHeader probe_jpeg_memory(const uint8_t* bytes, size_t size, const std::string& what);
+ImageHeader probe_jpeg_file(std::FILE* f, const std::string& what);  // reads from f's position
+// draft_size > 0: DCT-domain downscale like PIL's draft("RGB", (n, n)), see dataset.h.
+void decode_jpeg_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
+                        int64_t max_pixels, int draft_size);
 
 // Runs fn(i) for i in [0, n) on `threads` threads (0 = hardware concurrency).
 // The first exception is rethrown after all threads finish.

@@ -305,7 +305,7 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
           thread_local Image img;
           errors[k].clear();
           try {
-            decode_image_file(scan.entries[begin + k].path, img, opts.scan.max_pixels);
+            decode_image_file(scan.entries[begin + k].path, img, opts.scan.max_pixels, opts.scan.jpeg_draft);
             resize_bilinear_into(img, size, size, pixels.data() + k * image_bytes);
           } catch (const Error& e) {
             errors[k] = e.what();

@@ -106,6 +106,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--normalize", &o.normalize, {"none", "imagenet"},
             "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
+  fs.boolean("--jpeg-draft", &o.jpeg_draft,
+             "decode JPEGs scaled down by 1/2-1/8 in the DCT domain to >= --image-size (faster for large "
+             "photos; pixels differ from torchvision's full decode)");
   fs.choice("--verify-data", &o.verify_data, {"full", "header"},
             "scan check: decode every image before training (full) or read headers only");
   fs.integer("--checkpoint-every", &o.checkpoint_every, 0,

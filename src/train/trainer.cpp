@@ -408,6 +408,7 @@ void Trainer::resolve_resume() {
 void Trainer::setup_data() {
   data::ScanOptions scan;
   scan.strict = o_.strict_data;
+  scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
   scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
   scan.threads = std::max(1, dist::default_threads_per_rank(env_));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.

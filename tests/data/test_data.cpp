@@ -669,3 +669,76 @@ TEST_CASE("synth and pack subcommands: output and flag errors", "[data][commands
   CHECK(open_dataset(out + ".h5", Split::Validation)->size() == 6);
   CHECK(call(pack_main, {"pack", "--data", (t.path / "none").string(), "--out", out + "x.h5"}) == 2);
 }
+
+TEST_CASE("jpeg_draft: DCT-domain JPEG downscaling in the loader and pack, off by default", "[data][commands]") {
+  TempDir t;
+  const std::string out = (t.path / "synth").string();
+  REQUIRE(call(synth_main, {"synth", "--out", out, "--train", "6", "--val", "3", "--size", "256x192",
+                            "--format", "jpg", "--seed", "2"}) == 0);
+  Image img;
+  open_dataset(out, Split::Train)->load(0, img);
+  CHECK((img.width == 256 && img.height == 192));
+  ScanOptions o;
+  o.jpeg_draft = 60;  // PIL's draft: min(256 // 60, 192 // 60) = 3 -> scale 1/2, both sides >= 60
+  open_dataset(out, Split::Train, o)->load(0, img);
+  CHECK((img.width == 128 && img.height == 96));
+  o.jpeg_draft = 24;  // 192 // 24 = 8 -> 1/8
+  open_dataset(out, Split::Train, o)->load(0, img);
+  CHECK((img.width == 32 && img.height == 24));
+
+  REQUIRE(call(pack_main, {"pack", "--data", out, "--out", out + "_full.h5", "--image-size", "40"}) == 0);
+  REQUIRE(call(pack_main, {"pack", "--data", out, "--out", out + "_draft.h5", "--image-size", "40",
+                           "--jpeg-draft"}) == 0);
+  Image full, draft;
+  open_dataset(out + "_full.h5", Split::Train)->load(0, full);
+  open_dataset(out + "_draft.h5", Split::Train)->load(0, draft);
+  CHECK((draft.width == 40 && draft.height == 40));
+  CHECK(full.pixels != draft.pixels);  // it changes pixels: that is why it is opt-in
+}
+
+TEST_CASE("JPEG files in a scan: truncated, header bombs, PIL-refused prefixes; full and header-only checks",
+          "[data][scan]") {
+  TempDir t;
+  make_good_tree(t.path);
+  const fs::path cls = t.path / "Train/cat";
+  write_jpg(cls / "good.jpg", 30, 20, 7);
+  const std::string jpg = read_bytes(cls / "good.jpg");
+  write_bytes(cls / "cut.jpg", jpg.substr(0, jpg.size() - 40));  // headers intact, scan data cut
+  std::string bomb = jpg;                                         // SOF0 claiming 20000 x 20000
+  const size_t sof = bomb.find("\xFF\xC0");
+  REQUIRE(sof != std::string::npos);
+  bomb.replace(sof + 5, 4, std::string("\x4E\x20\x4E\x20", 4));
+  write_bytes(cls / "bomb.jpg", bomb);
+  write_bytes(cls / "fill.jpg", "\xFF" + jpg);               // FF FF D8: neither libjpeg nor PIL opens it
+  write_bytes(cls / "header.jpg", jpg.substr(0, jpg.find("\xFF\xDA")));  // no scan at all
+
+  Captured log;
+  ScanOptions opts;
+  opts.log = log.fn();
+  auto ds = open_dataset(t.str(), Split::Train, opts);
+  CHECK(ds->size() == 7);  // 6 PNGs + good.jpg
+  CHECK(log.mentions("cut.jpg: decoding failed (truncated JPEG: premature end of data)"));
+  CHECK(log.mentions("bomb.jpg: image is 20000x20000"));
+  CHECK(log.mentions("fill.jpg: not a decodable image"));
+  CHECK(log.mentions("header.jpg: not a decodable image (truncated JPEG"));
+
+  // Header-only: the cut scan goes unnoticed until the loader decodes it.
+  Captured lazy_log;
+  opts.log = lazy_log.fn();
+  opts.verify = ScanOptions::Verify::Header;
+  auto lazy = open_dataset(t.str(), Split::Train, opts);
+  CHECK(lazy->size() == 8);
+  CHECK(lazy_log.mentions("bomb.jpg: image is 20000x20000"));
+  CHECK(lazy_log.mentions("fill.jpg"));
+  CHECK(lazy_log.mentions("header.jpg"));
+  Image img;
+  for (size_t i = 0; i < lazy->size(); ++i) {
+    if (lazy->source(i).find("cut.jpg") == std::string::npos) continue;
+    try {
+      lazy->load(i, img);
+      FAIL("cut.jpg decoded");
+    } catch (const rd::Error& e) {
+      CHECK(std::string(e.what()).find("cut.jpg") != std::string::npos);
+    }
+  }
+}

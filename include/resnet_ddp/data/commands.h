@@ -14,7 +14,7 @@ namespace rd::data {
 int synth_main(int argc, char** argv);
 
 // resnet_ddp pack --data DIR --out FILE.h5 [--image-size 244] [--compress 0-9]
-//                 [--strict-data] [--threads T]
+//                 [--strict-data] [--jpeg-draft] [--threads T]
 // Decodes and resizes every image once into one HDF5 file (layout in pack.h).
 int pack_main(int argc, char** argv);
 

@@ -1,6 +1,6 @@
-// Datasets: an ImageFolder directory tree (decoded with stb_image) or a packed
-// HDF5 file written by `resnet_ddp pack`, behind one interface that hands out
-// sample i as decoded uint8 RGB (H x W x 3, row-major, HWC).
+// Datasets: an ImageFolder directory tree (decoded as PIL does, see decode_image_file)
+// or a packed HDF5 file written by `resnet_ddp pack`, behind one interface that hands
+// out sample i as decoded uint8 RGB (H x W x 3, row-major, HWC).
 //
 // Layout of a directory dataset (torchvision's ImageFolder, one level per split):
 //   DIR/Train/<class>/*.jpg   DIR/Validation/<class>/*.png   [DIR/Test/<class>/*]
@@ -61,6 +61,10 @@ struct ScanOptions {
   bool strict = false;
   // Decompression-bomb guard: images with width*height above this are unusable.
   int64_t max_pixels = 64LL * 1000 * 1000;
+  // --jpeg-draft: > 0 decodes JPEGs scaled down in the DCT domain (1/2, 1/4, 1/8) to
+  // no less than this side, as PIL's draft() (see decode_image_file). Faster for
+  // large photos, but the pixels differ from a full decode + Resize; 0 = off.
+  int jpeg_draft = 0;
   // Full: decode every file while scanning (catches truncated/corrupt data before
   // training starts; parallel over `threads`). Header: read only the headers (fast
   // for huge trees; a file that fails to decode later is reported by the loader and
@@ -118,12 +122,18 @@ bool is_hdf5_file(const std::string& path);  // by signature, not by extension
 // "Train set size: N" followed by one line per class "  <name>: count".
 std::string describe_counts(const Dataset& ds, Split split);
 
-// Decodes one image file to RGB (3 channels, 8 bits) with stb_image, enforcing
-// `max_pixels`. Throws rd::Error naming the file on any failure.
-void decode_image_file(const std::string& path, Image& out, int64_t max_pixels = 64LL * 1000 * 1000);
+// Decodes one image file to RGB (3 channels, 8 bits), enforcing `max_pixels`. JPEG
+// goes through libjpeg-turbo with Pillow's settings (pixels identical to PIL's
+// Image.open(path).convert("RGB")), the other formats through stb_image. Throws
+// rd::Error naming the file on any failure.
+// jpeg_draft > 0 (off by default: it changes pixels) lets libjpeg scale a JPEG down
+// in the DCT domain by 1/2, 1/4 or 1/8, the largest reduction that keeps both sides
+// >= jpeg_draft, exactly as PIL's Image.draft("RGB", (jpeg_draft, jpeg_draft)).
+void decode_image_file(const std::string& path, Image& out, int64_t max_pixels = 64LL * 1000 * 1000,
+                       int jpeg_draft = 0);
 // Decodes an in-memory encoded image (JPEG/PNG/...); `what` names it in errors.
 void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
-                         int64_t max_pixels = 64LL * 1000 * 1000);
+                         int64_t max_pixels = 64LL * 1000 * 1000, int jpeg_draft = 0);
 // Extensions an image file may have (lower case, with the dot).
 bool has_image_extension(const std::string& filename);
 

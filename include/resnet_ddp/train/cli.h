@@ -65,6 +65,7 @@ struct TrainOptions {
   std::string augment = "autoaugment";  // autoaugment | flip | none
   std::string normalize = "none";    // none | imagenet
   bool strict_data = false;
+  bool jpeg_draft = false;           // DCT-domain JPEG downscaling to >= image_size (ScanOptions::jpeg_draft)
   std::string verify_data = "full";  // full | header
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
 
