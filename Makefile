@@ -20,7 +20,7 @@ SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_backend_reference test_backend_cpu test_backend_faults \
-                  test_backend_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
+                  test_backend_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors)
 # In CI (CI set) `make test` also runs the ASan+UBSan build on SAN_LABELS and a fuzz smoke
 # of CI_FUZZ_SECONDS per target after the suite (docs/hardening.md); CI_SANITIZE= skips both.
 # Measured on 2 cores: the sanitizer labels run 8.6 min (518 s, 98 tests), plus the clang build.
@@ -30,7 +30,7 @@ CI_FUZZ_SECONDS ?= 20
 # Exactly what building, testing and the demo need (CUDA comes from NVIDIA's toolkit, not here).
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
               libstb-dev catch2 libdnnl-dev zlib1g-dev
-DEB_RUNTIME = python3 python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
+DEB_RUNTIME = python3 python3-venv python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck \
               iproute2 iptables ethtool
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
@@ -50,9 +50,13 @@ $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DRESNET_DDP_CUDA=$(CUDA) \
 	  -DRESNET_DDP_WERROR=$(WERROR) $(CMAKE_ARGS)
 
-# Idempotent: installs only the packages that are missing.
+# Idempotent: installs only the packages that are missing. Then the small venv with PyPI's
+# safetensors on top of Debian's torch (bookworm has no package), which e2e_safetensors_export
+# uses; without network it is reported and that test is skipped, nothing else needs it.
 deps:
 	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_PACKAGES)"
+	@./tools/safetensors_venv.sh >/dev/null || \
+	  echo "deps: no safetensors venv (see above); e2e_safetensors_export will be skipped"
 deps-harden:
 	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_HARDEN)"
 install-debs:
