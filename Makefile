@@ -20,7 +20,7 @@ SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_backend_reference test_backend_cpu test_backend_faults \
-                  test_backend_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags)
+                  test_backend_cpu_bf16 train_step_bench test_train fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors)
 # In CI (CI set) `make test` also runs the ASan+UBSan build on SAN_LABELS and a fuzz smoke
 # of CI_FUZZ_SECONDS per target after the suite (docs/hardening.md); CI_SANITIZE= skips both.
 # Measured on 2 cores: the sanitizer labels run 8.6 min (518 s, 98 tests), plus the clang build.
@@ -50,11 +50,13 @@ $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DRESNET_DDP_CUDA=$(CUDA) \
 	  -DRESNET_DDP_WERROR=$(WERROR) $(CMAKE_ARGS)
 
-# Idempotent: installs only the packages that are missing.
+# Idempotent: installs only the packages that are missing. Then the small venv with PyPI's
+# tensorboard and safetensors on top of Debian's torch (bookworm packages neither), which
+# e2e_tensorboard and e2e_safetensors_export use; without network it is reported and those
+# tests are skipped, nothing else needs it.
 deps:
 	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_PACKAGES)"
-	@# PyPI packages Debian lacks, for the reference checks only (tests skip without them).
-	@tools/py_venv.sh >/dev/null || echo "deps: warning: tools/py_venv.sh failed; e2e_tensorboard will be skipped"
+	@tools/py_venv.sh >/dev/null || echo "deps: warning: tools/py_venv.sh failed; e2e_tensorboard and e2e_safetensors_export will be skipped"
 deps-harden:
 	@$(MAKE) --no-print-directory install-debs DEBS="$(DEB_HARDEN)"
 install-debs:

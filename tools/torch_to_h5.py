@@ -46,15 +46,39 @@ def infer_arch(state_dict):
     return known.get((bottleneck, counts))
 
 
-def load_pth(torch, path, tool):
+def torch_load(torch, path, trust_pickle):
+    """torch.load of tensors and plain containers only, on every PyTorch this may meet.
+
+    weights_only=True (since 1.13; the default from 2.6) refuses arbitrary pickled objects,
+    which could run code. Passing it explicitly gives the same behaviour on Debian's 1.13
+    and on current PyPI torch, and silences 2.4-2.5's FutureWarning. A whole pickled
+    nn.Module (torch.save(model)) needs the full unpickler: only with --trust-pickle.
+    """
+    import inspect
+    try:
+        has_weights_only = "weights_only" in inspect.signature(torch.load).parameters
+    except (TypeError, ValueError):
+        has_weights_only = False
+    if not has_weights_only:  # PyTorch before 1.13: no safe mode exists
+        return torch.load(path, map_location="cpu")
+    return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+
+
+def load_pth(torch, path, tool, trust_pickle=False):
     """A state_dict from a .pth: a plain state_dict, a {'state_dict'|'model': ...} wrapper,
-    or a pickled nn.Module; DDP's 'module.' prefix is removed."""
+    or (with trust_pickle) a pickled nn.Module; DDP's 'module.' prefix is removed."""
     if not os.path.isfile(path):
         sys.exit(f"{tool}: input file '{path}' does not exist")
     try:
-        obj = torch.load(path, map_location="cpu")
+        obj = torch_load(torch, path, trust_pickle)
     except Exception as e:  # torch raises many types for a bad file
-        sys.exit(f"{tool}: cannot read '{path}' as a PyTorch file: {e}")
+        msg = str(e)
+        if not trust_pickle and ("weights only" in msg.lower() or "weights_only" in msg or "Unsupported" in msg):
+            # torch's own text runs to a page; the reason and our flag are what matter.
+            sys.exit(f"{tool}: cannot read '{path}' with torch.load(weights_only=True): it holds more than "
+                     f"tensors (e.g. a whole pickled nn.Module). If you trust the file, rerun with "
+                     f"--trust-pickle (unpickling can run code).")
+        sys.exit(f"{tool}: cannot read '{path}' as a PyTorch file: {msg}")
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
     if isinstance(obj, dict):
@@ -70,12 +94,9 @@ def load_pth(torch, path, tool):
 
 
 def write_string_attr(h5py, numpy, obj, name, value):
-    """Fixed-length, null-terminated string attribute (docs/checkpoint_format.md)."""
-    data = value.encode("utf-8")
-    tid = h5py.h5t.C_S1.copy()
-    tid.set_size(len(data) + 1)
-    tid.set_strpad(h5py.h5t.STR_NULLTERM)
-    obj.attrs.create(name, numpy.array(data, dtype=f"S{len(data) + 1}"), dtype=h5py.Datatype(tid))
+    """Variable-length UTF-8 string attribute, as resnet_ddp writes them: h5py reads it
+    back as str (docs/checkpoint_format.md)."""
+    obj.attrs.create(name, value, dtype=h5py.string_dtype("utf-8"))
 
 
 def write_state_dict_h5(path, state_dict, arch, head, num_classes, created_by, extra_attrs=None):
@@ -161,6 +182,9 @@ def main():
                    help="classes of the output head (default: the file's; 3 with --random)")
     p.add_argument("--seed", type=int, default=0, help="seed for freshly initialised tensors (default 0)")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="load with torch.load(weights_only=False): needed for a whole pickled nn.Module; "
+                        "only for files you trust (unpickling can run code)")
     args = p.parse_args()
     if args.num_classes is not None and args.num_classes < 1:
         p.error("--num-classes must be >= 1")
@@ -178,7 +202,7 @@ def main():
     else:
         if len(args.paths) != 2:
             p.error("expected INPUT.pth OUTPUT.h5 (or --arch X --random OUTPUT.h5)")
-        source = load_pth(torch, args.paths[0], tool)
+        source = load_pth(torch, args.paths[0], tool, args.trust_pickle)
         output = args.paths[1]
         arch = infer_arch(source)
         if args.arch and arch and args.arch != arch:

@@ -44,6 +44,8 @@ int run(int argc, char** argv) {
     }
     case Command::Info:
       return info_main(pc.info);
+    case Command::Export:
+      return export_main(pc.exp);
     case Command::Predict:
       try {
         check_predict_paths(pc.predict);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "train/checksum.h"
 #include "train/latch_driver.h"
+#include "train/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -122,6 +124,33 @@ std::string bn_prefix_of_bias(const std::string& param_name) {
   return {};
 }
 
+}  // namespace
+
+std::vector<StateEntry> state_dict_order(ResNet& model) {
+  const Arena& params = model.params();
+  const Arena& buffers = model.buffers();
+  std::vector<StateEntry> out;
+  std::set<std::string> emitted;
+  for (size_t i = 0; i < params.slices().size(); ++i) {
+    out.push_back({params.slice(i).name, &params, i});
+    const std::string prefix = bn_prefix_of_bias(params.slice(i).name);
+    if (prefix.empty()) continue;
+    const long rm = buffers.find(prefix + ".running_mean");
+    const long rv = buffers.find(prefix + ".running_var");
+    if (rm < 0 || rv < 0) continue;
+    for (long b : {rm, rv}) {
+      out.push_back({buffers.slice(static_cast<size_t>(b)).name, &buffers, static_cast<size_t>(b)});
+      emitted.insert(buffers.slice(static_cast<size_t>(b)).name);
+    }
+    out.push_back({prefix + ".num_batches_tracked", nullptr, 0});
+  }
+  for (size_t i = 0; i < buffers.slices().size(); ++i)
+    if (!emitted.count(buffers.slice(i).name)) out.push_back({buffers.slice(i).name, &buffers, i});
+  return out;
+}
+
+namespace {
+
 // The one place that fixes what a file holds and in which order.
 void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, const Scheduler* sched,
                     const CheckpointMeta& m) {
@@ -153,26 +182,12 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
   if (!h5::write_strings(f, "class_names", m.class_names)) w.failed("dataset class_names");
 
   const Arena& params = model.params();
-  const Arena& buffers = model.buffers();
   {
-    // torchvision's state_dict order: a BN's buffers follow its weight and bias.
     Id sd = w.group(f, "state_dict");
-    std::set<std::string> emitted;
-    for (size_t i = 0; i < params.slices().size(); ++i) {
-      w.slice(sd, params, i, params.data());
-      const std::string prefix = bn_prefix_of_bias(params.slice(i).name);
-      if (prefix.empty()) continue;
-      const long rm = buffers.find(prefix + ".running_mean");
-      const long rv = buffers.find(prefix + ".running_var");
-      if (rm < 0 || rv < 0) continue;
-      for (long b : {rm, rv}) {
-        w.slice(sd, buffers, static_cast<size_t>(b), buffers.data());
-        emitted.insert(buffers.slice(static_cast<size_t>(b)).name);
-      }
-      w.int64_scalar(sd, prefix + ".num_batches_tracked", model.num_batches_tracked());
+    for (const StateEntry& e : state_dict_order(model)) {
+      if (e.arena) w.slice(sd, *e.arena, e.slice, e.arena->data());
+      else w.int64_scalar(sd, e.name, model.num_batches_tracked());
     }
-    for (size_t i = 0; i < buffers.slices().size(); ++i)
-      if (!emitted.count(buffers.slice(i).name)) w.slice(sd, buffers, i, buffers.data());
   }
   if (opt) {
     const OptimizerConfig& c = opt->config();
@@ -323,6 +338,7 @@ struct CheckpointReader::Impl {
   Id file;
   CheckpointMeta meta;
   std::map<std::string, Id> groups;  // opened on first use
+  std::optional<safetensors::File> st;  // set for a .safetensors file (no HDF5 then)
 
   [[noreturn]] void bad(const std::string& what) const { throw UsageError("checkpoint '" + path + "': " + what); }
 
@@ -423,7 +439,77 @@ struct CheckpointReader::Impl {
 
   void read_meta(bool weights_only);
   void read_groups();
+  void read_safetensors_meta(bool weights_only);
 };
+
+// Our export's __metadata__ (strings only, by the format's rule) back into the meta.
+// Files from other tools have none or other keys: fine for --init, which needs tensors only.
+void CheckpointReader::Impl::read_safetensors_meta(bool weights_only) {
+  CheckpointMeta& m = meta;
+  m.container = "safetensors";
+  const auto& md = st->metadata();
+  auto text = [&](const char* k, const std::string& def) {
+    auto it = md.find(k);
+    return it == md.end() ? def : it->second;
+  };
+  auto integer = [&](const char* k, int64_t def) -> int64_t {
+    auto it = md.find(k);
+    if (it == md.end()) return def;
+    int64_t v = 0;
+    const std::string& t = it->second;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc() || p != t.data() + t.size()) bad("__metadata__ '" + std::string(k) + "' is not an integer: '" + t + "'");
+    return v;
+  };
+  auto real = [&](const char* k, double def) -> double {
+    auto it = md.find(k);
+    if (it == md.end()) return def;
+    double v = 0;
+    const std::string& t = it->second;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc() || p != t.data() + t.size()) bad("__metadata__ '" + std::string(k) + "' is not a number: '" + t + "'");
+    return v;
+  };
+  // Other writers use "format" too (transformers writes "pt"): only ours is checked.
+  const bool ours = text("format", "") == "resnet_ddp";
+  if (ours) {
+    m.format_version = integer("format_version", 1);
+    if (m.format_version > kCheckpointFormatVersion || m.format_version < 1)
+      bad("format_version " + std::to_string(m.format_version) + " is not supported (this program reads up to " +
+          std::to_string(kCheckpointFormatVersion) + ")");
+  }
+  m.arch = text("arch", "");
+  m.head = text("head", "");
+  m.num_classes = integer("num_classes", 0);
+  m.image_size = integer("image_size", 0);
+  m.normalize = text("normalize", "none");
+  m.epoch = integer("epoch", 0);
+  m.global_step = integer("global_step", 0);
+  m.best_val_acc = real("best_val_acc", -1.0);
+  m.best_val_loss = real("best_val_loss", 0.0);
+  m.val_acc = real("val_acc", -1.0);
+  m.val_loss = real("val_loss", 0.0);
+  m.created_by = text("created_by", "");
+  if (md.count("class_names")) {
+    try {
+      m.class_names = safetensors::parse_json_string_array(md.at("class_names"), "__metadata__ 'class_names'");
+    } catch (const UsageError& e) {
+      bad(e.what());
+    }
+  }
+  if (m.epoch < 0 || m.global_step < 0 || m.num_classes < 0 || m.image_size < 0)
+    bad("__metadata__ holds a negative count");
+  if (!weights_only) {
+    // predict and --resume --eval-only need the model's definition and its classes.
+    if (!ours || m.arch.empty() || m.head.empty() || m.num_classes <= 0 || m.image_size <= 0)
+      bad("has no resnet_ddp metadata (__metadata__ with format, arch, head, num_classes, class_names, "
+          "image_size, as 'resnet_ddp export' writes); use it with --init, which needs the tensors only");
+    if (static_cast<int64_t>(m.class_names.size()) != m.num_classes)
+      bad("has " + std::to_string(m.class_names.size()) + " class names but num_classes = " +
+          std::to_string(m.num_classes));
+  }
+  if (st->tensors().empty()) bad("holds no tensors");
+}
 
 void CheckpointReader::Impl::read_meta(bool weights_only) {
   CheckpointMeta& m = meta;
@@ -539,6 +625,12 @@ CheckpointReader::CheckpointReader(const std::string& path, bool weights_only) :
   std::error_code ec;
   if (!fs::exists(path, ec)) r.bad("no such file");
   if (fs::is_directory(path, ec)) r.bad("is a directory");
+  if (const std::string torch = safetensors::torch_file_problem(path); !torch.empty()) r.bad(torch);
+  if (safetensors::sniff(path) == safetensors::Kind::Safetensors) {
+    r.st = safetensors::File::open(path);
+    r.read_safetensors_meta(weights_only);
+    return;
+  }
   // Before HDF5 parses anything: a damaged file of ours never reaches HDF5 in this process.
   if (!in_damage_probe())
     if (const std::string problem = checksum_problem(path); !problem.empty()) throw damaged_file_error(path, problem);
@@ -557,6 +649,24 @@ std::vector<TensorInfo> CheckpointReader::check_tensors() {
   Impl& r = *impl_;
   std::vector<float> staging;
   std::vector<TensorInfo> state_dict;
+  if (r.st) {
+    for (const safetensors::Entry& e : r.st->tensors()) {
+      TensorInfo t;
+      t.name = e.name;
+      const bool integer = e.dtype == safetensors::DType::I64 || e.dtype == safetensors::DType::I32;
+      if (is_nbt(e.name)) {
+        t.is_int64_scalar = true;
+        t.int_value = r.st->read_int_scalar(e);
+      } else {
+        if (integer) r.st->bad_tensor(e.name, "is an integer tensor (only num_batches_tracked may be)");
+        t.shape = e.shape;
+        if (staging.size() < static_cast<size_t>(e.numel())) staging.resize(static_cast<size_t>(e.numel()));
+        r.st->read_f32(e, staging.data());
+      }
+      state_dict.push_back(std::move(t));
+    }
+    return state_dict;
+  }
   auto read_group = [&](const std::string& group_name, std::vector<TensorInfo>* out) {
     for (const std::string& name : r.link_names(group_name)) {
       const std::string where = group_name + "/" + name;
@@ -590,17 +700,30 @@ std::vector<std::string> CheckpointReader::load_model(ResNet& model, bool allow_
     for (size_t i = 0; i < arena.slices().size(); ++i) {
       const ParamSlice& s = arena.slice(i);
       const bool head = is_head_tensor(s.name);
-      const std::optional<Dataset> t = r.float_dataset("state_dict", s.name);
-      if (!t || t->shape != s.shape.vec()) {
+      std::optional<Dataset> t;
+      const safetensors::Entry* e = nullptr;
+      std::optional<std::vector<int64_t>> shape;  // the file's, when it has the tensor
+      if (r.st) {
+        e = r.st->find(s.name);
+        if (e && (e->dtype == safetensors::DType::I64 || e->dtype == safetensors::DType::I32))
+          r.st->bad_tensor(s.name, std::string("has dtype ") + safetensors::dtype_name(e->dtype) +
+                                       ", expected F32, F16 or BF16");
+        if (e) shape = e->shape;
+      } else {
+        t = r.float_dataset("state_dict", s.name);
+        if (t) shape = t->shape;
+      }
+      if (!shape || *shape != s.shape.vec()) {
         if (allow_head_mismatch && head) {
           skipped.push_back(s.name);
           continue;
         }
-        if (!t) r.bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
-        r.bad("'" + s.name + "' has shape " + Shape::from(t->shape).str() + ", the model expects " + s.shape.str());
+        if (!shape) r.bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
+        r.bad("'" + s.name + "' has shape " + Shape::from(*shape).str() + ", the model expects " + s.shape.str());
       }
       if (staging.size() < s.count) staging.resize(s.count);
-      r.floats(*t, "state_dict/" + s.name, staging.data());
+      if (e) r.st->read_f32(*e, staging.data());
+      else r.floats(*t, "state_dict/" + s.name, staging.data());
       for (size_t k = 0; k < s.count; ++k)
         if (!std::isfinite(staging[k])) r.bad("'" + s.name + "' contains NaN or Inf");
       be.copy_from_host(arena.ptr(i), staging.data(), s.count * sizeof(float));
@@ -620,7 +743,11 @@ std::vector<std::string> CheckpointReader::load_model(ResNet& model, bool allow_
   }
   // All BNs count the same batches; torchvision stores one counter per BN.
   int64_t nbt = -1;
-  for (const std::string& name : r.link_names("state_dict")) {
+  if (r.st) {
+    for (const safetensors::Entry& e : r.st->tensors())
+      if (is_nbt(e.name)) nbt = std::max(nbt, r.st->read_int_scalar(e));
+  }
+  for (const std::string& name : r.st ? std::vector<std::string>{} : r.link_names("state_dict")) {
     if (!is_nbt(name)) continue;
     const std::string where = "state_dict/" + name;
     const Dataset ds = r.dataset("state_dict", name);
@@ -636,6 +763,9 @@ void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
   Impl& r = *impl_;
   const OptimizerMeta& o = r.meta.optimizer;
   const OptimizerKind type = o.config.type;
+  if (r.st)
+    r.bad("holds weights only (a safetensors file has no optimizer state), so training cannot resume from it; "
+          "to train from these weights use --init " + r.path);
   if (!o.present) r.bad("has no /optimizer state to resume from");
   if (type != opt.config().type)
     r.bad("optimizer state is for --optimizer " + name_of(optimizer_names(), type) +

@@ -14,6 +14,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
+#include "train/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -24,6 +25,7 @@ const char* command_name(Command c) {
     case Command::Train: return "train";
     case Command::Predict: return "predict";
     case Command::Info: return "info";
+    case Command::Export: return "export";
     case Command::Synth: return "synth";
     case Command::Pack: return "pack";
     case Command::Help: return "help";
@@ -77,7 +79,7 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--output-dir", &o.output_dir, "DIR", "where last.h5, best_model.h5 and metrics.csv go");
   fs.text("--resume", &o.resume, "auto|none|FILE",
           "auto = continue from OUTPUT_DIR/last.h5 if present; none = start fresh; or a checkpoint");
-  fs.path("--init", &o.init, "FILE.h5", "initial weights only (e.g. converted ImageNet weights)");
+  fs.path("--init", &o.init, "FILE", "initial weights only: .h5 (e.g. converted ImageNet weights) or .safetensors");
   fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient all-reduce bucket size in MiB");
   fs.boolean("--progress-thread", &o.progress_thread,
              "drive MPI progress from a helper thread during backward (worth it when a core is spare)");
@@ -134,7 +136,7 @@ void add_train_aliases(FlagSet& fs) {
 }
 
 void add_predict_flags(FlagSet& fs, PredictOptions& o) {
-  fs.path("--checkpoint", &o.checkpoint, "FILE.h5", "checkpoint to load (required)");
+  fs.path("--checkpoint", &o.checkpoint, "FILE", "checkpoint to load: .h5, or .safetensors from export (required)");
   fs.boolean("--json", &o.json, "print JSON instead of a table");
   fs.choice("--split", &o.split, {"Train", "Validation", "Test"},
             "split to use when an input is a dataset root or a packed .h5");
@@ -146,6 +148,11 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split in a dataset root");
   fs.alias("-b", "--batch-size");
   fs.alias("-j", "--workers");
+}
+
+void add_export_flags(FlagSet& fs, ExportOptions& o) {
+  fs.path("--checkpoint", &o.checkpoint, "FILE", "checkpoint or --init file to export (required)");
+  fs.path("--out", &o.out, "FILE.safetensors", "file to write (required; replaced atomically, never the input)");
 }
 
 void add_info_flags(FlagSet& fs, InfoOptions& o) {
@@ -169,7 +176,21 @@ const char* kInfoUsage =
     "Prints a checkpoint's metadata: format, arch, head, classes, epoch, step, best\n"
     "accuracy, optimizer and scheduler state, and the command line that produced it.\n\nFlags:\n";
 
+const char* kExportUsage =
+    "Usage: resnet_ddp export --checkpoint FILE.h5 --out FILE.safetensors\n\n"
+    "Writes the model's weights as safetensors with torchvision's state_dict names (float32,\n"
+    "num_batches_tracked int64), loadable with safetensors.torch.load_file into torchvision's\n"
+    "model with strict=True. The metadata holds the class names, arch, head, image size and\n"
+    "normalisation. Optimizer state is not exported. See docs/interop.md.\n\nFlags:\n";
+
 }  // namespace
+
+std::string export_help() {
+  ExportOptions o;
+  FlagSet fs("export");
+  add_export_flags(fs, o);
+  return std::string(kExportUsage) + fs.help() + "  --help                      this text\n";
+}
 
 std::string train_help() {
   TrainOptions o;
@@ -198,6 +219,7 @@ std::string top_level_help() {
          "  train      train a model (the default when the first argument is a flag)\n"
          "  predict    classify images with a checkpoint\n"
          "  info       print a checkpoint's metadata\n"
+         "  export     write a checkpoint's weights as .safetensors (torchvision names)\n"
          "  synth      write a small synthetic ImageFolder dataset (for tests and demos)\n"
          "  pack       pack an ImageFolder tree into one HDF5 file for fast loading\n\n"
          "Run 'resnet_ddp COMMAND --help' for the flags of a command.\n"
@@ -217,6 +239,7 @@ ParsedCommand parse_command_line(int argc, char** argv) {
   if (first == "train") cmd = Command::Train;
   else if (first == "predict") cmd = Command::Predict;
   else if (first == "info") cmd = Command::Info;
+  else if (first == "export") cmd = Command::Export;
   else if (first == "synth") cmd = Command::Synth;
   else if (first == "pack") cmd = Command::Pack;
   else if (first == "help" || first == "--help" || first == "-h") {
@@ -227,6 +250,7 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       if (what == "train") pc.help_text = train_help();
       else if (what == "predict") pc.help_text = predict_help();
       else if (what == "info") pc.help_text = info_help();
+      else if (what == "export") pc.help_text = export_help();
       else if (what == "synth" || what == "pack") {
         pc.command = what == "synth" ? Command::Synth : Command::Pack;
         pc.passthrough = {what, "--help"};
@@ -243,7 +267,7 @@ ParsedCommand parse_command_line(int argc, char** argv) {
     consumed_name = false;
   } else {
     throw UsageError("unknown command '" + first +
-                     "' (commands: train, predict, info, synth, pack; see resnet_ddp --help)");
+                     "' (commands: train, predict, info, export, synth, pack; see resnet_ddp --help)");
   }
   if (consumed_name) args.erase(args.begin());
   pc.command = cmd;
@@ -302,6 +326,15 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       pc.info.checkpoint = pos.front();
       break;
     }
+    case Command::Export: {
+      FlagSet fs("export");
+      add_export_flags(fs, pc.exp);
+      fs.parse(args, false, &help);
+      if (help) break;
+      if (pc.exp.checkpoint.empty()) throw UsageError("--checkpoint: required (the checkpoint to export)");
+      if (pc.exp.out.empty()) throw UsageError("--out: required (the .safetensors file to write)");
+      break;
+    }
     case Command::Synth:
     case Command::Pack:
       // The data tools parse their own flags (and their own --help).
@@ -312,7 +345,10 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       break;
   }
   if (help) {
-    pc.help_text = cmd == Command::Train ? train_help() : cmd == Command::Predict ? predict_help() : info_help();
+    pc.help_text = cmd == Command::Train     ? train_help()
+                   : cmd == Command::Predict ? predict_help()
+                   : cmd == Command::Export  ? export_help()
+                                             : info_help();
     pc.command = Command::Help;
   }
   return pc;
@@ -350,9 +386,16 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
   if (!exists(o.data)) throw UsageError("--data: no such file or directory: '" + o.data + "'");
   if (!o.init.empty() && !exists(o.init))
     throw UsageError("--init: no such file: '" + o.init + "'");
+  // A .pth is the likeliest wrong file here: say so before MPI starts, with the fix.
+  if (!o.init.empty())
+    if (const std::string p = safetensors::torch_file_problem(o.init); !p.empty())
+      throw UsageError("--init: '" + o.init + "' " + p);
   if (o.resume != "auto" && o.resume != "none") {
     if (!exists(o.resume)) throw UsageError("--resume: no such file: '" + o.resume + "'");
     if (fs::is_directory(o.resume)) throw UsageError("--resume: '" + o.resume + "' is a directory, expected a .h5 file");
+    if (const std::string p = safetensors::torch_file_problem(o.resume); !p.empty())
+      throw UsageError("--resume: '" + o.resume + "' " + p +
+                       " (a converted file holds weights only: start from it with --init)");
   }
   if (probe_output && !o.eval_only) {
     probe_writable_dir("--output-dir", o.output_dir);
@@ -363,6 +406,8 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
 
 void check_predict_paths(const PredictOptions& o) {
   if (!exists(o.checkpoint)) throw UsageError("--checkpoint: no such file: '" + o.checkpoint + "'");
+  if (const std::string p = safetensors::torch_file_problem(o.checkpoint); !p.empty())
+    throw UsageError("--checkpoint: '" + o.checkpoint + "' " + p);
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
 }

@@ -61,7 +61,7 @@ int info_main(const InfoOptions& o) {
   std::ostringstream out;
   if (o.json) {
     out << "{\n  \"file\": " << json_string(o.checkpoint) << ",\n  \"kind\": "
-        << json_string(weights_only ? "weights" : "checkpoint") << ",\n  \"format_version\": " << m.format_version
+        << json_string(weights_only ? "weights" : "checkpoint") << ",\n  \"container\": " << json_string(m.container) << ",\n  \"format_version\": " << m.format_version
         << ",\n  \"arch\": " << json_string(m.arch) << ",\n  \"head\": " << json_string(m.head)
         << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
     for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
@@ -88,8 +88,10 @@ int info_main(const InfoOptions& o) {
     }
     out << "\n}\n";
   } else {
+    const bool st = m.container == "safetensors";
     out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
-    if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
+    if (st) out << "format:          safetensors" << (weights_only ? "" : " (" + m.created_by + ")") << "\n";
+    else if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
     if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
     out << "parameters:      " << count_params(s.state_dict) << " in " << s.state_dict.size() << " state_dict tensors\n";
     if (!weights_only) {
@@ -99,6 +101,13 @@ int info_main(const InfoOptions& o) {
       out << "epoch:           " << m.epoch << " completed";
       if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
       out << "\nglobal step:     " << m.global_step << "\n";
+      if (st) {
+        if (m.best_val_acc >= 0)
+          out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
+        out << "contents:        weights only (no optimizer state; train from it with --init)\n";
+      }
+    }
+    if (!weights_only && !st) {
       if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
       out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
       out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";

@@ -101,14 +101,44 @@ def edit_seeds(out, n):
         write(os.path.join(out, "edits%02d" % i), bytes(rng.randrange(256) for _ in range(rng.randrange(16, 512))))
 
 
+def safetensors_seeds(out):
+    """Small valid safetensors files: every dtype the reader knows, metadata with escapes,
+    a zero-size tensor, and names of resnet_tiny's so the model path is reached."""
+    import json
+    import struct
+
+    def st(name, tensors, metadata=None, pad=True):
+        header, data = {}, b""
+        if metadata is not None:
+            header["__metadata__"] = metadata
+        for tname, dtype, shape, blob in tensors:
+            header[tname] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+            data += blob
+        text = json.dumps(header).encode()
+        if pad:
+            text += b" " * (-(8 + len(text)) % 8)
+        write(os.path.join(out, name), struct.pack("<Q", len(text)) + text + data)
+
+    f32 = lambda *v: struct.pack("<%df" % len(v), *v)
+    st("f32.safetensors", [("conv1.weight", "F32", [2, 2], f32(1, -2, 0.5, 3)), ("bn1.weight", "F32", [2], f32(1, 1))],
+       {"format": "resnet_ddp", "arch": "resnet_tiny", "head": "mlp", "num_classes": "3",
+        "class_names": json.dumps(["a", "b\u00e9", "c\n\"q\""]), "image_size": "32"})
+    st("f16_bf16.safetensors", [("a", "F16", [3], struct.pack("<3H", 0x3C00, 0x0001, 0xFC00)),
+                                ("b", "BF16", [2], struct.pack("<2H", 0x3F80, 0x7FC0)),
+                                ("empty", "F32", [0, 4], b"")])
+    st("ints.safetensors", [("bn1.num_batches_tracked", "I64", [], struct.pack("<q", 7)),
+                            ("x.num_batches_tracked", "I32", [1], struct.pack("<i", 3))], {}, pad=False)
+
+
 def main():
     root = sys.argv[1]
-    for t in ("fuzz_image", "fuzz_flags", "fuzz_packed", "fuzz_checkpoint"):
+    for t in ("fuzz_image", "fuzz_flags", "fuzz_packed", "fuzz_checkpoint", "fuzz_safetensors"):
         os.makedirs(os.path.join(root, t), exist_ok=True)
     image_seeds(os.path.join(root, "fuzz_image"))
     flag_seeds(os.path.join(root, "fuzz_flags"))
     edit_seeds(os.path.join(root, "fuzz_packed"), 24)
     edit_seeds(os.path.join(root, "fuzz_checkpoint"), 24)
+    safetensors_seeds(os.path.join(root, "fuzz_safetensors"))
 
 
 if __name__ == "__main__":

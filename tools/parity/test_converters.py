@@ -158,6 +158,21 @@ def main():
         rc, out = tool(*args)
         expect(rc != 0 and message in out, f"{args[0]} rejects: {message}", out)
 
+    # A whole pickled nn.Module: refused by the weights_only=True load (PyTorch >= 2.6's
+    # default, passed explicitly on 1.13 too), read with --trust-pickle.
+    module_pth = os.path.join(d, "module.pth")
+    module_h5 = os.path.join(d, "module.h5")
+    torch.save(torchvision.models.resnet18(num_classes=4), module_pth)
+    rc, out = tool("torch_to_h5.py", module_pth, module_h5)
+    expect(rc != 0 and "--trust-pickle" in out and not os.path.exists(module_h5),
+           "torch_to_h5 rejects a pickled nn.Module without --trust-pickle", out)
+    rc, out = tool("torch_to_h5.py", module_pth, module_h5, "--trust-pickle")
+    expect(rc == 0 and "resnet18, head fc, 4 classes" in out, "torch_to_h5 --trust-pickle: pickled nn.Module", out)
+    with h5py.File(module_h5, "r") as f:
+        attrs = {k: f.attrs[k] for k in f.attrs}
+    expect(all(isinstance(attrs[k], str) for k in ("format", "arch", "head", "created_by", "source")),
+           "torch_to_h5's string attributes read back as str in h5py", repr(attrs))
+
     if len(sys.argv) > 2 and sys.argv[1] == "--resnet-ddp":
         trainer_round_trip(sys.argv[2], d, init_h5)
 

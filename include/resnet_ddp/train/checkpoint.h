@@ -18,6 +18,7 @@
 #include "resnet_ddp/train/optimizer.h"
 
 namespace rd {
+class Arena;
 class ResNet;
 }
 
@@ -64,6 +65,7 @@ struct CheckpointMeta {
   std::string created_by;
   std::string normalize = "none";
   std::vector<std::string> class_names;
+  std::string container = "hdf5";  // or "safetensors" (weights and metadata only)
   // Running train statistics of an interrupted epoch (global sums).
   double partial_train_loss_sum = 0.0;
   int64_t partial_train_correct = 0;
@@ -81,12 +83,25 @@ struct TensorInfo {
   int64_t int_value = 0;
 };
 
+// One entry of torchvision's state_dict, in its order: slice `slice` of `arena`
+// (params() or buffers()), or a BN's num_batches_tracked when arena is null.
+struct StateEntry {
+  std::string name;
+  const Arena* arena = nullptr;
+  size_t slice = 0;
+};
+// The one definition of that order (a BN's buffers follow its weight and bias), shared
+// by the HDF5 writer and the safetensors export.
+std::vector<StateEntry> state_dict_order(ResNet& model);
+
 // Atomic write in torchvision's state_dict order, straight from the arenas.
 // Throws rd::Error naming the path (the previous file stays intact).
 void write_checkpoint(const std::string& path, ResNet& model, const Optimizer* opt, const Scheduler* sched,
                       const CheckpointMeta& meta);
 
-// A checkpoint opened for reading. The constructor reads and checks everything
+// A checkpoint opened for reading: HDF5 (ours, tools/torch_to_h5.py's, h5py's) or
+// safetensors (weights and __metadata__ only, see docs/interop.md). A PyTorch
+// .pth/.pt is refused with the converter command. The constructor reads and checks everything
 // but the tensors; weights_only (for --init files) reads /state_dict and whatever
 // metadata exists. Every method throws rd::UsageError naming the file when it is
 // not HDF5, not a resnet_ddp checkpoint, a newer version, damaged, or does not fit.

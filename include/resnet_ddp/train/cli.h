@@ -16,7 +16,7 @@
 
 namespace rd::train {
 
-enum class Command { Train, Predict, Info, Synth, Pack, Help, Version };
+enum class Command { Train, Predict, Info, Export, Synth, Pack, Help, Version };
 const char* command_name(Command c);
 
 struct TrainOptions {
@@ -99,11 +99,17 @@ struct InfoOptions {
   bool json = false;
 };
 
+struct ExportOptions {
+  std::string checkpoint;  // any checkpoint or --init file resnet_ddp reads
+  std::string out;         // FILE.safetensors
+};
+
 struct ParsedCommand {
   Command command = Command::Help;
   TrainOptions train;
   PredictOptions predict;
   InfoOptions info;
+  ExportOptions exp;
   std::vector<std::string> passthrough;  // argv for synth / pack (subcommand first)
   std::string help_text;                 // for Command::Help
 };
@@ -123,6 +129,7 @@ std::string top_level_help();
 std::string train_help();
 std::string predict_help();
 std::string info_help();
+std::string export_help();
 
 // Every train flag with its value in `o` as text (numbers in a canonical form, booleans
 // "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.

@@ -12,5 +12,7 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv);
 // One process, no MPI.
 int predict_main(const PredictOptions& opts);
 int info_main(const InfoOptions& opts);
+// Checkpoint -> .safetensors with torchvision names (one process, no MPI).
+int export_main(const ExportOptions& opts);
 
 }  // namespace rd::train

@@ -1,0 +1,595 @@
+#include "train/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/train/report.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::train::safetensors {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; a big-endian host would need byte swapping here");
+
+namespace {
+
+// The reference implementation refuses headers above 100 MB; a ResNet-50's is ~40 kB.
+constexpr uint64_t kMaxHeader = 100'000'000;
+constexpr int kMaxDepth = 32;  // JSON nesting; a valid header needs 3
+constexpr size_t kMaxRank = 8;
+
+// ---- a small JSON reader: just what a safetensors header holds -----------------------
+
+struct Json {
+  enum Type { Null, Bool, Number, String, Array, Object } type = Null;
+  std::string text;  // String: decoded value; Number: as written
+  bool boolean = false;
+  std::vector<Json> items;                            // Array
+  std::vector<std::pair<std::string, Json>> members;  // Object, in file order
+
+  const Json* member(const std::string& key) const {
+    for (const auto& m : members)
+      if (m.first == key) return &m.second;
+    return nullptr;
+  }
+};
+
+class JsonParser {
+ public:
+  JsonParser(const std::string& s, std::string* error) : s_(s), error_(error) {}
+
+  // A whole document: one value, then only whitespace.
+  bool document(Json& out) {
+    if (!value(out, 0)) return false;
+    skip_ws();
+    if (pos_ != s_.size()) return fail("unexpected text after the JSON value");
+    return true;
+  }
+
+ private:
+  bool fail(const std::string& what) {
+    if (error_->empty()) *error_ = what + " at byte " + std::to_string(pos_);
+    return false;
+  }
+  void skip_ws() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+  }
+  bool literal(const char* word) {
+    const size_t n = std::strlen(word);
+    if (s_.compare(pos_, n, word) != 0) return fail("invalid JSON value");
+    pos_ += n;
+    return true;
+  }
+  bool value(Json& out, int depth) {
+    if (depth > kMaxDepth) return fail("JSON nested too deeply");
+    skip_ws();
+    if (pos_ >= s_.size()) return fail("unexpected end of JSON");
+    const char c = s_[pos_];
+    if (c == '{') return object(out, depth);
+    if (c == '[') return array(out, depth);
+    if (c == '"') {
+      out.type = Json::String;
+      return string(out.text);
+    }
+    if (c == 't' || c == 'f') {
+      out.type = Json::Bool;
+      out.boolean = c == 't';
+      return literal(c == 't' ? "true" : "false");
+    }
+    if (c == 'n') {
+      out.type = Json::Null;
+      return literal("null");
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return number(out);
+    return fail(std::string("unexpected character '") + c + "'");
+  }
+  bool object(Json& out, int depth) {
+    out.type = Json::Object;
+    ++pos_;  // '{'
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == '}') return ++pos_, true;
+    while (true) {
+      skip_ws();
+      if (pos_ >= s_.size() || s_[pos_] != '"') return fail("expected a string key");
+      std::string key;
+      if (!string(key)) return false;
+      // Two entries for one tensor would make the file mean two things.
+      for (const auto& m : out.members)
+        if (m.first == key) return fail("duplicate key \"" + key + "\"");
+      skip_ws();
+      if (pos_ >= s_.size() || s_[pos_] != ':') return fail("expected ':'");
+      ++pos_;
+      out.members.emplace_back(std::move(key), Json{});
+      if (!value(out.members.back().second, depth + 1)) return false;
+      skip_ws();
+      if (pos_ < s_.size() && s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      if (pos_ < s_.size() && s_[pos_] == '}') return ++pos_, true;
+      return fail("expected ',' or '}'");
+    }
+  }
+  bool array(Json& out, int depth) {
+    out.type = Json::Array;
+    ++pos_;  // '['
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == ']') return ++pos_, true;
+    while (true) {
+      out.items.emplace_back();
+      if (!value(out.items.back(), depth + 1)) return false;
+      skip_ws();
+      if (pos_ < s_.size() && s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      if (pos_ < s_.size() && s_[pos_] == ']') return ++pos_, true;
+      return fail("expected ',' or ']'");
+    }
+  }
+  bool number(Json& out) {
+    out.type = Json::Number;
+    const size_t start = pos_;
+    auto digits = [&] {
+      const size_t d = pos_;
+      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+      return pos_ > d;
+    };
+    if (s_[pos_] == '-') ++pos_;
+    if (pos_ < s_.size() && s_[pos_] == '0') ++pos_;
+    else if (!digits()) return fail("invalid number");
+    if (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      if (!digits()) return fail("invalid number");
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+      if (!digits()) return fail("invalid number");
+    }
+    out.text = s_.substr(start, pos_ - start);
+    return true;
+  }
+  bool hex4(uint32_t& v) {
+    if (pos_ + 4 > s_.size()) return fail("truncated \\u escape");
+    v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = s_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
+      else return fail("invalid \\u escape");
+    }
+    return true;
+  }
+  static void utf8(uint32_t cp, std::string& out) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  bool string(std::string& out) {
+    ++pos_;  // '"'
+    while (true) {
+      if (pos_ >= s_.size()) return fail("unterminated string");
+      const char c = s_[pos_++];
+      if (c == '"') return true;
+      if (static_cast<unsigned char>(c) < 0x20) return fail("control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= s_.size()) return fail("unterminated string");
+      const char e = s_[pos_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          uint32_t cp = 0;
+          if (!hex4(cp)) return false;
+          if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair encodes one code point
+            uint32_t lo = 0;
+            if (s_.compare(pos_, 2, "\\u") != 0) return fail("unpaired surrogate in \\u escape");
+            pos_ += 2;
+            if (!hex4(lo)) return false;
+            if (lo < 0xDC00 || lo > 0xDFFF) return fail("unpaired surrogate in \\u escape");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            return fail("unpaired surrogate in \\u escape");
+          }
+          utf8(cp, out);
+          break;
+        }
+        default: return fail(std::string("invalid escape '\\") + e + "'");
+      }
+    }
+  }
+
+  const std::string& s_;
+  std::string* error_;
+  size_t pos_ = 0;
+};
+
+// A non-negative JSON integer that fits in u64 (no sign, fraction or exponent).
+bool to_u64(const Json& j, uint64_t& v) {
+  if (j.type != Json::Number || j.text.empty() || j.text[0] == '-') return false;
+  const char* b = j.text.data();
+  const char* e = b + j.text.size();
+  auto [p, ec] = std::from_chars(b, e, v);
+  return ec == std::errc() && p == e;
+}
+
+bool parse_dtype(const std::string& s, DType& t) {
+  static const std::pair<const char*, DType> names[] = {
+      {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"I64", DType::I64}, {"I32", DType::I32}};
+  for (const auto& [n, d] : names)
+    if (s == n) return t = d, true;
+  return false;
+}
+
+// IEEE half -> float, exact for every value (subnormals, Inf, NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise into float's range
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3FF) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+int64_t Entry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;  // bounded when the file was parsed
+  return n;
+}
+
+void File::bad_tensor(const std::string& name, const std::string& what) const {
+  bad("tensor '" + name + "': " + what);
+}
+
+void File::bad(const std::string& what) const { throw UsageError("safetensors file '" + path_ + "': " + what); }
+
+File File::open(const std::string& path) {
+  File f;
+  f.path_ = path;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) f.bad("no such file");
+  if (fs::is_directory(path, ec)) f.bad("is a directory");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) f.bad("cannot get its size: " + ec.message());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) f.bad(std::string("cannot open it: ") + std::strerror(errno));
+  if (size < 8) f.bad("only " + std::to_string(size) + " bytes, shorter than the 8-byte header length (truncated?)");
+  unsigned char len_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) f.bad("cannot read the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > size - 8)
+    f.bad("header length " + std::to_string(n) + " exceeds the file's remaining " + std::to_string(size - 8) +
+          " bytes (truncated, or not a safetensors file)");
+  if (n > kMaxHeader) f.bad("header length " + std::to_string(n) + " is over the 100 MB limit");
+  std::string header(static_cast<size_t>(n), '\0');
+  if (n && !in.read(header.data(), static_cast<std::streamsize>(n))) f.bad("cannot read the header (truncated?)");
+  f.parse(header, size);
+  return f;
+}
+
+File File::from_bytes(std::string bytes, const std::string& name) {
+  File f;
+  f.path_ = name;
+  f.in_memory_ = true;
+  f.bytes_ = std::move(bytes);
+  const uint64_t size = f.bytes_.size();
+  if (size < 8) f.bad("only " + std::to_string(size) + " bytes, shorter than the 8-byte header length (truncated?)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(f.bytes_[static_cast<size_t>(i)]);
+  if (n > size - 8)
+    f.bad("header length " + std::to_string(n) + " exceeds the file's remaining " + std::to_string(size - 8) +
+          " bytes (truncated, or not a safetensors file)");
+  if (n > kMaxHeader) f.bad("header length " + std::to_string(n) + " is over the 100 MB limit");
+  f.parse(f.bytes_.substr(8, static_cast<size_t>(n)), size);
+  return f;
+}
+
+void File::parse(const std::string& header, uint64_t file_size) {
+  if (header.empty() || header[0] != '{') bad("the header does not start with '{' (not a safetensors file?)");
+  Json root;
+  std::string error;
+  JsonParser parser(header, &error);
+  if (!parser.document(root)) bad("the header is not valid JSON: " + error);
+  if (root.type != Json::Object) bad("the header is not a JSON object");
+  const uint64_t data_start = 8 + header.size();
+  const uint64_t data_len = file_size - data_start;
+  for (const auto& [name, v] : root.members) {
+    if (name == "__metadata__") {
+      if (v.type != Json::Object) bad("__metadata__ is not an object of strings");
+      for (const auto& [k, mv] : v.members) {
+        if (mv.type != Json::String) bad("__metadata__ value for \"" + k + "\" is not a string");
+        metadata_[k] = mv.text;
+      }
+      continue;
+    }
+    if (name.empty()) bad("a tensor has an empty name");
+    if (v.type != Json::Object) bad_tensor(name, "its entry is not an object");
+    Entry e;
+    e.name = name;
+    const Json* dtype = v.member("dtype");
+    const Json* shape = v.member("shape");
+    const Json* offsets = v.member("data_offsets");
+    if (!dtype || dtype->type != Json::String) bad_tensor(name, "missing or non-string \"dtype\"");
+    if (!parse_dtype(dtype->text, e.dtype))
+      bad_tensor(name, "dtype " + dtype->text + " is not supported (F32, F16 or BF16; I64/I32 for num_batches_tracked)");
+    if (!shape || shape->type != Json::Array) bad_tensor(name, "missing or non-array \"shape\"");
+    if (shape->items.size() > kMaxRank) bad_tensor(name, "rank " + std::to_string(shape->items.size()) + " is too large");
+    // numel * element size is bounded by the data length, so nothing below overflows.
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const Json& d : shape->items) {
+      uint64_t x = 0;
+      if (!to_u64(d, x) || x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        bad_tensor(name, "\"shape\" holds something other than a non-negative integer");
+      e.shape.push_back(static_cast<int64_t>(x));
+      if (x != 0 && numel > std::numeric_limits<uint64_t>::max() / x) overflow = true;
+      else numel *= x;
+    }
+    if (!offsets || offsets->type != Json::Array || offsets->items.size() != 2)
+      bad_tensor(name, "\"data_offsets\" is not a [begin, end] pair");
+    uint64_t b = 0, en = 0;
+    if (!to_u64(offsets->items[0], b) || !to_u64(offsets->items[1], en))
+      bad_tensor(name, "\"data_offsets\" holds something other than non-negative integers");
+    if (b > en) bad_tensor(name, "data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + "] run backwards");
+    if (en > data_len)
+      bad_tensor(name, "data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + "] end past the data (" +
+           std::to_string(data_len) + " bytes after the header; truncated?)");
+    const uint64_t esize = dtype_size(e.dtype);
+    if (overflow || numel > data_len / esize || numel * esize != en - b)
+      bad_tensor(name, "shape " + shape_str(e.shape) + " of " + dtype_name(e.dtype) + " does not fill its " +
+           std::to_string(en - b) + " bytes");
+    e.begin = data_start + b;
+    e.end = data_start + en;
+    tensors_.push_back(std::move(e));
+  }
+  // The data must be covered exactly once: overlapping tensors would alias, holes or
+  // trailing bytes could hide another file's content (the reference reader's rule too).
+  std::sort(tensors_.begin(), tensors_.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = data_start;
+  for (const Entry& e : tensors_) {
+    if (e.begin < at)
+      bad("tensors '" + e.name + "' and another overlap (byte " + std::to_string(e.begin - data_start) + ")");
+    if (e.begin > at)
+      bad("bytes " + std::to_string(at - data_start) + ".." + std::to_string(e.begin - data_start) +
+          " of the data belong to no tensor (before '" + e.name + "')");
+    at = e.end;
+  }
+  if (at != file_size)
+    bad(std::to_string(file_size - at) + " bytes after the last tensor belong to no tensor");
+}
+
+const Entry* File::find(const std::string& name) const {
+  for (const Entry& e : tensors_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+void File::read_bytes(uint64_t offset, size_t n, void* out) const {
+  if (n == 0) return;
+  if (in_memory_) {
+    std::memcpy(out, bytes_.data() + offset, n);
+    return;
+  }
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) bad(std::string("cannot open it: ") + std::strerror(errno));
+  in.seekg(static_cast<std::streamoff>(offset));
+  // Checked at open; a file that shrank since is still refused, not read past its end.
+  if (!in.read(static_cast<char*>(out), static_cast<std::streamsize>(n)))
+    bad("cannot read " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+        " (file changed or truncated since it was opened?)");
+}
+
+void File::read_f32(const Entry& e, float* out) const {
+  const size_t n = static_cast<size_t>(e.numel());
+  switch (e.dtype) {
+    case DType::F32: read_bytes(e.begin, n * 4, out); return;
+    case DType::F16:
+    case DType::BF16: {
+      std::vector<uint16_t> raw(n);
+      read_bytes(e.begin, n * 2, raw.data());
+      for (size_t i = 0; i < n; ++i) {
+        if (e.dtype == DType::F16) {
+          out[i] = half_to_float(raw[i]);
+        } else {  // bfloat16 is float32's upper half
+          const uint32_t bits = static_cast<uint32_t>(raw[i]) << 16;
+          std::memcpy(&out[i], &bits, sizeof(float));
+        }
+      }
+      return;
+    }
+    default: bad("tensor '" + e.name + "' has dtype " + dtype_name(e.dtype) + ", expected F32, F16 or BF16");
+  }
+}
+
+int64_t File::read_int_scalar(const Entry& e) const {
+  if (e.numel() != 1) bad("tensor '" + e.name + "' should hold one value, has shape " + shape_str(e.shape));
+  switch (e.dtype) {
+    case DType::I64: {
+      int64_t v = 0;
+      read_bytes(e.begin, 8, &v);
+      return v;
+    }
+    case DType::I32: {
+      int32_t v = 0;
+      read_bytes(e.begin, 4, &v);
+      return v;
+    }
+    default: {
+      float f = 0;
+      read_f32(e, &f);
+      if (!(f >= 0 && f < 9.0e15f) || f != static_cast<float>(static_cast<int64_t>(f)))
+        bad("tensor '" + e.name + "' should hold a non-negative integer");
+      return static_cast<int64_t>(f);
+    }
+  }
+}
+
+std::string make_header(const std::vector<Entry>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      if (!first) json += ",";
+      json += json_string(k) + ":" + json_string(v);
+      first = false;
+    }
+    json += "}";
+  }
+  for (const Entry& e : tensors) {
+    if (json.size() > 1) json += ",";
+    json += json_string(e.name) + ":{\"dtype\":\"" + dtype_name(e.dtype) + "\",\"shape\":[";
+    for (size_t i = 0; i < e.shape.size(); ++i) {
+      if (i) json += ",";
+      json += std::to_string(e.shape[i]);
+    }
+    json += "],\"data_offsets\":[" + std::to_string(e.begin) + "," + std::to_string(e.end) + "]}";
+  }
+  json += "}";
+  // Spaces up to a multiple of 8 bytes keep every tensor aligned for memory-mapping readers.
+  while ((8 + json.size()) % 8 != 0) json += ' ';
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + json;
+}
+
+std::string json_string_array(const std::vector<std::string>& items) {
+  std::string s = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) s += ", ";
+    s += json_string(items[i]);
+  }
+  return s + "]";
+}
+
+std::vector<std::string> parse_json_string_array(const std::string& text, const std::string& what) {
+  Json j;
+  std::string error;
+  JsonParser p(text, &error);
+  if (!p.document(j)) throw UsageError(what + " is not valid JSON: " + error);
+  if (j.type != Json::Array) throw UsageError(what + " is not a JSON array of strings");
+  std::vector<std::string> out;
+  for (const Json& item : j.items) {
+    if (item.type != Json::String) throw UsageError(what + " is not a JSON array of strings");
+    out.push_back(item.text);
+  }
+  return out;
+}
+
+Kind sniff(const std::string& path) {
+  unsigned char b[9] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(b), sizeof b);
+  const std::streamsize got = in ? static_cast<std::streamsize>(sizeof b) : in.gcount();
+  if (got >= 4 && b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4) return Kind::TorchZip;
+  // torch.save before PyTorch 1.6 (and pickle.dump): pickle protocol 2..5 opcode.
+  if (got >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return Kind::TorchPickle;
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".safetensors") return Kind::Safetensors;
+  // A small little-endian length followed by the header's '{'.
+  if (got == 9 && b[8] == '{' && b[5] == 0 && b[6] == 0 && b[7] == 0) return Kind::Safetensors;
+  return Kind::Other;
+}
+
+std::string torch_file_problem(const std::string& path) {
+  const Kind k = sniff(path);
+  if (k != Kind::TorchZip && k != Kind::TorchPickle) return "";
+  fs::path out = fs::path(path).filename();
+  out.replace_extension(".h5");
+  return std::string("is a PyTorch file (torch.save ") + (k == Kind::TorchZip ? "zip archive" : "pickle") +
+         "), which resnet_ddp does not read (loading it would run Python's pickle). Convert it once: "
+         "/usr/bin/python3 tools/torch_to_h5.py " +
+         shell_quote(path) + " " + shell_quote(out.string()) +
+         " --head mlp|fc --num-classes N, then use the .h5 (docs/interop.md); "
+         "a .safetensors file of the same weights is read directly";
+}
+
+}  // namespace rd::train::safetensors
