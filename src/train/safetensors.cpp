@@ -35,11 +35,14 @@ struct Json {
   std::string text;  // String: decoded value; Number: as written
   bool boolean = false;
   std::vector<Json> items;                            // Array
-  std::vector<std::pair<std::string, Json>> members;  // Object, in file order
+  // Object, in file order: keys[i] names values[i]. Two vectors, not one of pairs:
+  // std::pair<std::string, Json> inside Json is an incomplete type clang rejects.
+  std::vector<std::string> keys;
+  std::vector<Json> values;
 
   const Json* member(const std::string& key) const {
-    for (const auto& m : members)
-      if (m.first == key) return &m.second;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &values[i];
     return nullptr;
   }
 };
@@ -104,13 +107,13 @@ class JsonParser {
       std::string key;
       if (!string(key)) return false;
       // Two entries for one tensor would make the file mean two things.
-      for (const auto& m : out.members)
-        if (m.first == key) return fail("duplicate key \"" + key + "\"");
+      if (out.member(key)) return fail("duplicate key \"" + key + "\"");
       skip_ws();
       if (pos_ >= s_.size() || s_[pos_] != ':') return fail("expected ':'");
       ++pos_;
-      out.members.emplace_back(std::move(key), Json{});
-      if (!value(out.members.back().second, depth + 1)) return false;
+      out.keys.push_back(std::move(key));
+      out.values.emplace_back();
+      if (!value(out.values.back(), depth + 1)) return false;
       skip_ws();
       if (pos_ < s_.size() && s_[pos_] == ',') {
         ++pos_;
@@ -378,10 +381,15 @@ void File::parse(const std::string& header, uint64_t file_size) {
   if (root.type != Json::Object) bad("the header is not a JSON object");
   const uint64_t data_start = 8 + header.size();
   const uint64_t data_len = file_size - data_start;
-  for (const auto& [name, v] : root.members) {
+  for (size_t member = 0; member < root.keys.size(); ++member) {
+    const std::string& name = root.keys[member];
+    const Json& v = root.values[member];
     if (name == "__metadata__") {
+      if (v.type == Json::Null) continue;  // the reference reader takes null as "none"
       if (v.type != Json::Object) bad("__metadata__ is not an object of strings");
-      for (const auto& [k, mv] : v.members) {
+      for (size_t i = 0; i < v.keys.size(); ++i) {
+        const std::string& k = v.keys[i];
+        const Json& mv = v.values[i];
         if (mv.type != Json::String) bad("__metadata__ value for \"" + k + "\" is not a string");
         metadata_[k] = mv.text;
       }

@@ -60,6 +60,13 @@ echo "safetensors: $got"
 [ -n "$want" ] && [ "$want" = "$got" ] || fail "evaluation differs"
 grep -q "^Initialised weights from $ST" "$WORK/eval_st.log" || fail "--init line"
 
+note "--eval-only --resume model.safetensors: the model flags come from its metadata"
+"$RD_BIN" --data "$WORK/data" --eval-only --resume "$ST" "${MODEL[@]}" >"$WORK/eval_st2.log" 2>&1 ||
+  { cat "$WORK/eval_st2.log"; fail "eval-only --resume .safetensors"; }
+grep -q -x -F "Model settings from $ST: --arch resnet18 --image-size 32 --normalize imagenet" "$WORK/eval_st2.log" ||
+  { cat "$WORK/eval_st2.log"; fail "model settings not taken from the metadata"; }
+[ "$(grep '^Val loss' "$WORK/eval_st2.log")" = "$want" ] || fail "eval-only --resume .safetensors differs"
+
 note "re-export from the .safetensors: the same tensors"
 "$RD_BIN" export --checkpoint "$ST" --out "$WORK/again.safetensors" >/dev/null || fail "re-export"
 "${CHECK[@]}" same "$ST" "$WORK/again.safetensors" || fail "re-export differs"
