@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     std::printf("  HDF5 packed      : %8.1f img/s  %8.1f img/s per core\n", h5rate, h5rate / workers);
     double tv_rate = 0;
     if (torchvision) {
-      const std::string script = fs::path(__FILE__).parent_path().string() + "/torchvision_loader_bench.py";
+      const std::string script = std::string(RD_BENCH_DIR) + "/torchvision_loader_bench.py";
       const std::string cmd = "/usr/bin/python3 " + script + " --data " + data + " --workers " +
                               std::to_string(workers) + " --images " + std::to_string(images) +
                               " --image-size " + std::to_string(size) + " --batch-size " + std::to_string(batch);
