@@ -91,10 +91,36 @@ void reset_preemption() {
 
 // ---- metrics CSV ---------------------------------------------------------------------
 
+std::vector<EpochMetrics::Column> EpochMetrics::columns() const {
+  return {{"epoch", static_cast<double>(epoch), true},
+          {"time_s", time_s, false},
+          {"train_loss", train_loss, false},
+          {"train_acc", train_acc, false},
+          {"val_loss", val_loss, false},
+          {"val_acc", val_acc, false},
+          {"best_val_acc", best_val_acc, false},
+          {"lr", lr, false},
+          {"images_per_s", images_per_s, false},
+          {"images_per_s_per_rank", images_per_s_per_rank, false},
+          {"data_ms", data_ms, false},
+          {"forward_ms", forward_ms, false},
+          {"backward_ms", backward_ms, false},
+          {"comm_ms", comm_ms, false},
+          {"optimizer_ms", optimizer_ms, false},
+          {"world_size", static_cast<double>(world_size), true},
+          {"global_step", static_cast<double>(global_step), true}};
+}
+
 const char* MetricsCsv::header() {
-  return "epoch,time_s,train_loss,train_acc,val_loss,val_acc,best_val_acc,lr,images_per_s,"
-         "images_per_s_per_rank,data_ms,forward_ms,backward_ms,comm_ms,optimizer_ms,world_size,"
-         "global_step";
+  static const std::string line = [] {
+    std::string s;
+    for (const auto& c : EpochMetrics{}.columns()) {
+      if (!s.empty()) s += ',';
+      s += c.name;
+    }
+    return s;
+  }();
+  return line.c_str();
 }
 
 MetricsCsv::MetricsCsv(const std::string& path, bool append, int64_t first_epoch) : path_(path) {
@@ -122,12 +148,14 @@ MetricsCsv::MetricsCsv(const std::string& path, bool append, int64_t first_epoch
 
 void MetricsCsv::write(const EpochMetrics& m) {
   std::ofstream out(path_, std::ios::app);
-  out << m.epoch << ',' << py_float(m.time_s) << ',' << py_float(m.train_loss) << ',' << py_float(m.train_acc)
-      << ',' << py_float(m.val_loss) << ',' << py_float(m.val_acc) << ',' << py_float(m.best_val_acc) << ','
-      << py_float(m.lr) << ',' << py_float(m.images_per_s) << ',' << py_float(m.images_per_s_per_rank) << ','
-      << py_float(m.data_ms) << ',' << py_float(m.forward_ms) << ',' << py_float(m.backward_ms) << ','
-      << py_float(m.comm_ms) << ',' << py_float(m.optimizer_ms) << ',' << m.world_size << ',' << m.global_step
-      << "\n";
+  const char* sep = "";
+  for (const auto& c : m.columns()) {
+    out << sep;
+    if (c.integer) out << static_cast<int64_t>(c.value);
+    else out << py_float(c.value);
+    sep = ",";
+  }
+  out << "\n";
   if (!out.flush()) throw Error("--metrics: cannot append to '" + path_ + "': " + std::strerror(errno));
 }
 

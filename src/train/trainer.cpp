@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string_view>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/dataset.h"
@@ -993,22 +994,13 @@ void Trainer::train_epochs() {
         }
       }
       if (tb_) {
-        // The metrics.csv columns under epoch/, at the epoch's last global step.
-        tb_->scalars(m.global_step, {{"epoch/epoch", static_cast<double>(m.epoch)},
-                                     {"epoch/time_s", m.time_s},
-                                     {"epoch/train_loss", m.train_loss},
-                                     {"epoch/train_acc", m.train_acc},
-                                     {"epoch/val_loss", m.val_loss},
-                                     {"epoch/val_acc", m.val_acc},
-                                     {"epoch/best_val_acc", m.best_val_acc},
-                                     {"epoch/lr", m.lr},
-                                     {"epoch/images_per_s", m.images_per_s},
-                                     {"epoch/images_per_s_per_rank", m.images_per_s_per_rank},
-                                     {"epoch/data_ms", m.data_ms},
-                                     {"epoch/forward_ms", m.forward_ms},
-                                     {"epoch/backward_ms", m.backward_ms},
-                                     {"epoch/comm_ms", m.comm_ms},
-                                     {"epoch/optimizer_ms", m.optimizer_ms}});
+        // The metrics.csv columns under epoch/, at the epoch's last global step (less the
+        // two that are not measurements).
+        std::vector<std::pair<std::string, double>> scalars;
+        for (const auto& c : m.columns())
+          if (std::string_view(c.name) != "world_size" && std::string_view(c.name) != "global_step")
+            scalars.emplace_back(std::string("epoch/") + c.name, c.value);
+        tb_->scalars(m.global_step, scalars);
         tb_->flush();
       }
     }

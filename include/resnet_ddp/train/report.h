@@ -39,6 +39,15 @@ struct EpochMetrics {
   double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0;
   int64_t world_size = 1;
   int64_t global_step = 0;
+
+  // The fields in metrics.csv's column order: the one list the CSV (header and rows)
+  // and the TensorBoard epoch/ scalars are written from.
+  struct Column {
+    const char* name;
+    double value;
+    bool integer;  // written without a decimal point
+  };
+  std::vector<Column> columns() const;
 };
 
 class MetricsCsv {
