@@ -159,6 +159,12 @@ mh_start() {
   ip -n "$MH_ID" link add br0 type bridge
   ip -n "$MH_ID" link set br0 up
   ip -n "$MH_ID" link set lo up
+  # A checkout or build under /tmp (git clone . /tmp/x) must stay visible inside the
+  # hosts, whose /tmp is their own: those directories are bound into it at the same path.
+  local keep=() d
+  for d in "$(readlink -f "$MH_HERE/../..")" "$(readlink -f "$PWD")"; do
+    [[ $d == /tmp/* ]] && keep+=("${d#/tmp/}")
+  done
   for ((i = 1; i <= n; i++)); do
     mkdir -p "$MH_DIR/h$i/tmp"
     chmod 1777 "$MH_DIR/h$i/tmp"
@@ -166,9 +172,12 @@ mh_start() {
     # killed. --propagation private keeps the binds out of the root mount namespace.
     # shellcheck disable=SC2016 # positional parameters of the inner bash
     unshare --net --uts --mount --propagation private bash -c '
-      hostname "$1" && mount --bind "$2" /tmp && mount --bind "$3" /etc/hosts &&
-        ip link set lo up && touch "$4" && exec -a "$5" sleep infinity' \
-      holder "mh$i" "$MH_DIR/h$i/tmp" "$MH_DIR/hosts" "$MH_DIR/h$i/ready" "$MH_ID-h$i" \
+      host=$1 tmp=$2 hosts=$3 ready=$4 name=$5
+      shift 5
+      for rel; do mkdir -p "$tmp/$rel" && mount --bind "/tmp/$rel" "$tmp/$rel" || exit 1; done
+      hostname "$host" && mount --rbind "$tmp" /tmp && mount --bind "$hosts" /etc/hosts &&
+        ip link set lo up && touch "$ready" && exec -a "$name" sleep infinity' \
+      holder "mh$i" "$MH_DIR/h$i/tmp" "$MH_DIR/hosts" "$MH_DIR/h$i/ready" "$MH_ID-h$i" "${keep[@]}" \
       </dev/null >"$MH_DIR/h$i/holder.log" 2>&1 &
     MH_HOLDERS[i]=$!
   done
