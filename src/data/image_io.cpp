@@ -148,6 +148,32 @@ void decode_pnm(const uint8_t* bytes, size_t size, const std::string& what, Imag
       dst[px * 3 + c] = src[s * p.bytes_per_sample];  // high byte when 16-bit
     }
 }
+// stb_image grows its IDAT buffer to the length a chunk claims before reading it, so
+// a 100-byte PNG claiming a 3 GB chunk allocates gigabytes (found by fuzz_image).
+// Every chunk must fit in the bytes that are there; PIL refuses such a file as well.
+bool is_png(const uint8_t* b, size_t n) { return n >= 8 && std::memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0; }
+
+std::string printable(std::string s) {
+  for (char& c : s)
+    if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
+  return s;
+}
+
+void check_png_chunks(const uint8_t* b, size_t n, const std::string& what) {
+  size_t i = 8;
+  while (i + 8 <= n) {
+    const uint32_t length = (uint32_t{b[i]} << 24) | (uint32_t{b[i + 1]} << 16) | (uint32_t{b[i + 2]} << 8) | b[i + 3];
+    const std::string type(reinterpret_cast<const char*>(b + i + 4), 4);
+    const size_t remaining = n - i - 8;  // after the length and type fields
+    if (length > remaining || remaining - length < 4)  // data, then a 4-byte CRC
+      throw Error(what + ": truncated PNG (chunk '" + printable(type) + "' claims " + std::to_string(length) +
+                  " bytes, " + std::to_string(remaining) + " remain)");
+    if (type == "IEND") return;
+    i += 12 + static_cast<size_t>(length);
+  }
+  // Bytes after the last whole chunk: stb refuses the file itself (no IEND).
+}
+
 }  // namespace
 
 ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::string& what,
@@ -173,6 +199,7 @@ void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& w
   if (is_binary_pnm(bytes, size)) return decode_pnm(bytes, size, what, out, max_pixels);
   if (is_jpeg(bytes, size)) return decode_jpeg_memory(bytes, size, what, out, max_pixels, jpeg_draft);
   const ImageHeader h = probe_image_memory(bytes, size, what, max_pixels);
+  if (is_png(bytes, size)) check_png_chunks(bytes, size, what);
   int w = 0, hh = 0, channels = 0;
   // Always 3 channels: stb expands gray / drops alpha / reduces 16-bit PNG to 8 bits,
   // matching PIL's convert("RGB") that torchvision's ImageFolder loader applies.

@@ -72,6 +72,36 @@ TEST_CASE("JPEG: truncated, empty-scan, odd-component and absurd files are refus
   CHECK_THAT(decode_error(bytes_of(huge)), Catch::Contains("above the limit"));
 }
 
+TEST_CASE("PNG: a chunk claiming more bytes than the file holds is refused before any allocation",
+          "[data][hardening]") {
+  // A 1x1 RGB PNG, IDAT a stored (uncompressed) zlib block; stb skips the CRCs.
+  const auto chunk = [](const std::string& type, const std::string& data) {
+    const uint32_t n = static_cast<uint32_t>(data.size());
+    std::string c{char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
+    return c + type + data + std::string(4, '\0');
+  };
+  const std::string sig("\x89PNG\r\n\x1a\n", 8);
+  const std::string ihdr = chunk("IHDR", std::string("\0\0\0\1\0\0\0\1\x08\x02\0\0\0", 13));
+  const std::string idat = chunk("IDAT", std::string("\x78\x01\x01\x04\x00\xFB\xFF\x00\x0A\x14\x1E\x00\x68\x00\x3D", 15));
+  const std::string iend = chunk("IEND", "");
+  Image img;
+  const auto ok = bytes_of(sig + ihdr + idat + iend);
+  decode_image_memory(ok.data(), ok.size(), "png", img, 1 << 20);
+  REQUIRE(img.width == 1);
+  REQUIRE(img.height == 1);
+  CHECK(img.data()[0] == 10);
+  CHECK(img.data()[1] == 20);
+  CHECK(img.data()[2] == 30);
+  // The same file with IDAT's length field claiming 3.6 GB (the fuzz_image find,
+  // fuzz/regressions/fuzz_image/png-idat-claims-3gb): stb would allocate it.
+  std::string bomb = sig + ihdr + idat + iend;
+  bomb.replace(sig.size() + ihdr.size(), 4, "\xD8\x54\x4E\x52");
+  CHECK_THAT(decode_error(bytes_of(bomb)), Catch::Contains("input: truncated PNG (chunk 'IDAT' claims 3629403730 bytes"));
+  // A chunk cut short by the end of the file.
+  const std::string cut = sig + ihdr + idat.substr(0, 12);
+  CHECK_THAT(decode_error(bytes_of(cut)), Catch::Contains("input: truncated PNG (chunk 'IDAT' claims 15 bytes, 4 remain)"));
+}
+
 TEST_CASE("binary PNM: 8/16-bit, gray/RGB, comments, and truncated or absurd headers refused", "[data][hardening]") {
   Image img;
   const auto decode = [&](const std::string& s) {
