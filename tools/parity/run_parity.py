@@ -59,7 +59,10 @@ TOL_ADAM = 1e-6
 #       with Winograd F(4x4, 3x3): its input and output transforms multiply by constants
 #       up to 8 and add up to 6x6 terms, so each output's rounding error is larger than
 #       a direct sum's by about a factor 4 per spatial dimension (Lavin & Gray 2016;
-#       Barabasz et al. 2020 measure F(4x4,3x3) fp32 errors ~10-20x direct's).
+#       Barabasz et al. 2020 measure F(4x4,3x3) fp32 errors ~10-20x direct's);
+#       WINOGRAD_F2_GROWTH for the AVX2 backend's own F(2x2, 3x3): constants 0, +-1 and
+#       1/2, sums of at most 4x4 terms, so a factor 2 per spatial dimension (Barabasz
+#       et al. measure F(2x2,3x3) errors ~2-4x direct's).
 # The perturbations then travel through the float64 network exactly as rounding errors
 # do, amplified wherever the model amplifies them (train-mode BN over few values per
 # channel amplifies a lot: ResNet-50 at 160x200 batch 3), so the model's error in each
@@ -76,6 +79,7 @@ TOL_ADAM = 1e-6
 U32 = 2.0 ** -24
 ROUNDING_SIGMA = U32 / math.sqrt(3.0)
 WINOGRAD_GROWTH = 16.0
+WINOGRAD_F2_GROWTH = 4.0
 SAFETY = 4.0
 TOL_KINK = 1e-4  # a ReLU/max-pool decision may differ from float64 only this close to the kink
 LABEL_SMOOTHING = 0.1
@@ -150,9 +154,10 @@ class RoundingModel:
     to its input, and its parameter gradients are multiplied by (1 + s*sqrt(K)*growth*r),
     r ~ N(0, 1) from a fixed seed."""
 
-    def __init__(self, seed, winograd):
+    def __init__(self, seed, winograd, f2x3=False):
         self.gen = torch.Generator().manual_seed(seed)
         self.winograd = winograd  # "none", "auto" (the backend's rule) or "all"
+        self.f2x3 = f2x3  # the AVX2 backend's own F(2x2,3x3) rather than oneDNN's F(4x4,3x3)
         self.param_depth = {}
         self.bn_depth = {}
 
@@ -163,10 +168,11 @@ class RoundingModel:
     def _growth(self, conv, x, y):
         if self.winograd == "none" or conv.kernel_size != (3, 3) or conv.stride != (1, 1):
             return 1.0
+        min_size = 4 if self.f2x3 else 8  # CpuBackend::use_own_winograd / use_winograd
         if self.winograd == "auto" and not (x.shape[1] % 16 == 0 and y.shape[1] % 16 == 0
-                                             and y.shape[2] >= 8 and y.shape[3] >= 8):
-            return 1.0  # CpuBackend::use_winograd's rule: direct for these
-        return WINOGRAD_GROWTH
+                                             and y.shape[2] >= min_size and y.shape[3] >= min_size):
+            return 1.0  # the backend's rule: direct for these
+        return WINOGRAD_F2_GROWTH if self.f2x3 else WINOGRAD_GROWTH
 
     def install(self, model):
         kinds = (torch.nn.Conv2d, torch.nn.Linear, torch.nn.BatchNorm2d)
@@ -364,14 +370,15 @@ def main():
         backend = backend.decode() if hasattr(backend, "decode") else str(backend)
         # Which convolutions the driver ran as Winograd (its backend line says whether
         # this CPU runs Winograd at all).
-        winograd = ("none" if ARGS.conv_algo == "direct" or "Winograd 3x3" not in backend
+        f2x3 = "F(2x2,3x3)" in backend
+        winograd = ("none" if ARGS.conv_algo == "direct" or ("Winograd 3x3" not in backend and not f2x3)
                     else "all" if ARGS.conv_algo == "winograd" else "auto")
         ref64 = pytorch_reference(model, x, labels, replay64)
         ref_model = pytorch_reference(model, x, labels, Replay(masks, f["maxpool_input"][()]),
-                                  RoundingModel(ARGS.seed + 1000, winograd))
+                                  RoundingModel(ARGS.seed + 1000, winograd, f2x3))
         print(f"\n{ARGS.arch} head {ARGS.head} ({ARGS.num_classes} classes), input "
               f"{ARGS.batch}x3x{ARGS.height}x{ARGS.width}; driver backend: {backend}; "
-              f"float32 error model: Winograd {winograd}, limit = max(tolerance, {SAFETY:g} x model)")
+              f"float32 error model: Winograd {winograd}{' F(2x2,3x3)' if f2x3 else ''}, limit = max(tolerance, {SAFETY:g} x model)")
         rep.section("logits and loss (vs PyTorch float64)")
         rep.check("eval_logits", f["eval_logits"][()], ref64["eval_logits"], ref_model["eval_logits"], TOL_LOGITS)
         rep.check("train_logits", f["train_logits"][()], ref64["train_logits"], ref_model["train_logits"], TOL_LOGITS)
@@ -431,7 +438,7 @@ def main():
         fresh.double()
         with torch.no_grad():
             back64 = fresh(x.double())
-            RoundingModel(ARGS.seed + 2000, winograd).install(fresh)
+            RoundingModel(ARGS.seed + 2000, winograd, f2x3).install(fresh)
             back_model = fresh(x.double())
         rep.check("final_eval_logits", final_eval, back64, back_model, TOL_LOGITS)
 

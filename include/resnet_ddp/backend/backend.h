@@ -244,12 +244,13 @@ class Backend {
                              const math::SgdHyper& h) = 0;
 };
 
-// How the CPU backend computes 3x3 stride-1 convolutions. Winograd F(4x4, 3x3) does
-// about half the multiplications of direct convolution; oneDNN 2.6 implements it for
-// fp32 training on AVX-512 only (blocked nChw16c tensors, so the backend reorders around
-// it). Auto uses it where it wins: an AVX-512 CPU, fp32, channels a multiple of 16,
-// output at least 8x8 (cpu_isa_defaults() below). Winograd where oneDNN has no kernel
-// for this CPU falls back to direct convolution.
+// How the CPU backend computes 3x3 stride-1 convolutions. Winograd does fewer
+// multiplications than direct convolution. On AVX-512, oneDNN 2.6's F(4x4, 3x3) (fp32
+// training, nChw16c tensors, so the backend reorders around it); Auto uses it where it
+// wins: fp32, channels a multiple of 16, output at least 8x8. On AVX2, where oneDNN has
+// none, the backend's own F(2x2, 3x3) kernels (src/backend/cpu/winograd_f2x3.h) on
+// nChw8c, channels a multiple of 16, output at least 4x4. Winograd where neither
+// applies (other layouts, bf16, other shapes) falls back to direct convolution.
 // The GPU backend ignores it (cuDNN picks its own algorithms).
 enum class ConvAlgo : uint8_t { Auto, Direct, Winograd };
 

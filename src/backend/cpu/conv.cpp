@@ -17,6 +17,10 @@
 
 namespace rd::cpu {
 
+// Smallest output side for which the own Winograd kernels run by default (below it
+// the tiles are mostly padding).
+constexpr int64_t kOwnWinogradMinSize = 4;
+
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
@@ -56,6 +60,21 @@ bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry
   return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;
 }
 
+// AVX2 (no oneDNN Winograd): our F(2x2,3x3) kernels on nChw8c, where it beats
+// oneDNN's direct AVX2 kernels (measured per ResNet stage, docs/performance.md).
+bool CpuBackend::use_own_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
+  if (conv_algo_ == ConvAlgo::Direct || isa_.avx512 || precision_ != Precision::FP32) return false;
+  if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
+  if (layout_for_channels(x[1]) != Layout::NCHW8C || layout_for_channels(y[1]) != Layout::NCHW8C) return false;
+  if (!winograd::cpu_supported() || !winograd::shape_supported({x[0], x[1], y[1], x[2], x[3]})) return false;
+  if (conv_algo_ == ConvAlgo::Winograd) return true;
+  return y[2] >= kOwnWinogradMinSize && y[3] >= kOwnWinogradMinSize;
+}
+
+void* CpuBackend::winograd_workspace(const ConvPlan& p) {
+  return grow_buffer(wino_ws_, wino_ws_cap_, winograd::workspace_bytes(p.wino, threads_));
+}
+
 ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                 const ConvGeometry& g) {
   std::ostringstream key;
@@ -71,6 +90,13 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
            "conv2d: inconsistent shapes x " << x.str() << " w " << w.str() << " y " << y.str()
                                             << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
   auto plan = std::make_unique<ConvPlan>();
+  if (use_own_winograd(x, y, g)) {
+    plan->own_winograd = true;
+    plan->wino = {x[0], x[1], y[1], x[2], x[3]};
+    ConvPlan& ref = *plan;
+    conv_plans_.emplace(key.str(), std::move(plan));
+    return ref;
+  }
   plan->x_act_md = activation_md(x);
   plan->y_act_md = activation_md(y);
   plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
@@ -224,6 +250,9 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y
                                 const ConvGeometry& g) {
   ConvPlan& p = conv_plan(x.shape, w.shape, y.shape, g);
   dy_conv_source_ = nullptr;  // a new forward: any cached gradient conversion is stale
+  if (p.own_winograd)
+    return winograd::forward(p.wino, static_cast<const float*>(x.data), static_cast<const float*>(w.data),
+                             static_cast<float*>(y.data), winograd_workspace(p), threads_);
   dnnl::memory src(p.fwd_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
   void* out = p.convert_y ? grow_buffer(out_conv_, out_conv_cap_, p.y_conv_md.get_size()) : y.data;
   dnnl::memory dst(p.fwd_pd.dst_desc(), engine_, out);
@@ -243,6 +272,9 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y
 void CpuBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
                                       const ConvGeometry& g) {
   ConvPlan& p = conv_plan(dx.shape, w.shape, dy.shape, g);
+  if (p.own_winograd)
+    return winograd::backward_data(p.wino, static_cast<const float*>(dy.data), static_cast<const float*>(w.data),
+                                   static_cast<float*>(dx.data), winograd_workspace(p), threads_);
   dnnl::memory diff_dst(p.bwd_data_pd.diff_dst_desc(), engine_, const_cast<void*>(convert_grad(p, dy, true)));
   void* out = p.convert_dx ? grow_buffer(out_conv_, out_conv_cap_, p.dx_conv_md.get_size()) : dx.data;
   dnnl::memory diff_src(p.bwd_data_pd.diff_src_desc(), engine_, out);
@@ -264,6 +296,9 @@ void CpuBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Te
 void CpuBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
                                          const ConvGeometry& g, bool accumulate) {
   ConvPlan& p = conv_plan(x.shape, dw.shape, dy.shape, g);
+  if (p.own_winograd)
+    return winograd::backward_weights(p.wino, static_cast<const float*>(x.data), static_cast<const float*>(dy.data),
+                                      static_cast<float*>(dw.data), accumulate, winograd_workspace(p), threads_);
   dnnl::memory src(p.bwd_weights_pd.src_desc(), engine_, const_cast<void*>(convert_input(p, x)));
   dnnl::memory diff_dst(p.bwd_weights_pd.diff_dst_desc(), engine_,
                         const_cast<void*>(convert_grad(p, dy, false)));

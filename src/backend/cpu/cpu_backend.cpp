@@ -80,10 +80,12 @@ std::string CpuBackend::name() const {
                                                     ? ", bf16 convolutions, 3x3 stride-1 in fp32 Winograd where faster"
                                                     : ", bf16 convolutions")
           : conv_algo_ == ConvAlgo::Direct    ? ", direct convolutions"
+          : !isa_.avx512 && !winograd::cpu_supported() ? ", direct convolutions (no Winograd kernel for this ISA)"
+          : !isa_.avx512 && layout_ != Layout::NCHW8C    ? ", direct convolutions (Winograd needs nChw8c on this ISA)"
           : conv_algo_ == ConvAlgo::Winograd  ? (isa_.avx512 ? ", Winograd 3x3 convolutions"
-                                                             : ", direct convolutions (no Winograd kernel for this ISA)")
+                                                             : ", own Winograd F(2x2,3x3) 3x3 convolutions")
           : isa_.avx512                       ? ", Winograd 3x3 convolutions where faster"
-                                              : ", direct convolutions") +
+                                              : ", own Winograd F(2x2,3x3) 3x3 convolutions where faster") +
          ")";
 }
 

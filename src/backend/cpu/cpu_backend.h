@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/winograd_f2x3.h"
 #include "resnet_ddp/backend/backend.h"
 
 namespace rd::cpu {
@@ -39,6 +40,10 @@ struct ConvPlan {
   bool convert_x = false, convert_dy = false, convert_y = false, convert_dx = false;
   dnnl::memory::desc x_act_md, y_act_md, x_conv_md, dy_conv_md, y_conv_md, dx_conv_md;
   dnnl::reorder x_to_conv, dy_to_conv, y_from_conv, dx_from_conv;
+  // AVX2 3x3 stride-1 convolutions run on our own Winograd F(2x2,3x3) kernels instead
+  // (winograd_f2x3.h); none of the oneDNN members above is then built.
+  bool own_winograd = false;
+  winograd::Geometry wino{};
 };
 
 class CpuBackend final : public Backend {
@@ -110,6 +115,8 @@ class CpuBackend final : public Backend {
   std::vector<double>& bn_scratch(size_t n);
 
   bool use_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const;
+  bool use_own_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const;
+  void* winograd_workspace(const ConvPlan& p);
   // Grown-on-demand conversion buffers: the current convolution input / output
   // gradient in the primitive's format, and a Winograd primitive's output.
   void* grow_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes);
@@ -123,8 +130,8 @@ class CpuBackend final : public Backend {
   int threads_;
   ConvAlgo conv_algo_;
   CpuIsaDefaults isa_;  // what this CPU runs natively (layouts, Winograd, bf16)
-  std::shared_ptr<void> x_conv_, dy_conv_, out_conv_;
-  size_t x_conv_cap_ = 0, dy_conv_cap_ = 0, out_conv_cap_ = 0;
+  std::shared_ptr<void> x_conv_, dy_conv_, out_conv_, wino_ws_;
+  size_t x_conv_cap_ = 0, dy_conv_cap_ = 0, out_conv_cap_ = 0, wino_ws_cap_ = 0;
   const void* dy_conv_source_ = nullptr;  // which gradient dy_conv_ holds, converted by which plan
   const ConvPlan* dy_conv_plan_ = nullptr;
   dnnl::engine engine_;

@@ -1,0 +1,376 @@
+// Winograd F(2x2, 3x3) on AVX2 (see winograd_f2x3.h for the algorithm).
+// Matrices (Lavin & Gray 2016, "Fast Algorithms for Convolutional Neural Networks"):
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
+//   G   = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]
+//   A^T = [1 1 1 0; 0 1 -1 -1]
+// Only the leaf kernels carry target("avx2,fma"), so this file builds for any
+// x86-64 and the caller checks cpu_supported() before using it; the OpenMP drivers
+// stay plain functions (an outlined parallel region does not inherit a target).
+#include "backend/cpu/winograd_f2x3.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#define RD_AVX2 __attribute__((target("avx2,fma")))
+
+namespace rd::cpu::winograd {
+
+namespace {
+
+constexpr int kElems = 16;  // 4x4 transformed tile
+constexpr int kBlock = 8;   // nChw8c channel block = one __m256
+constexpr int kPanel = 16;  // GEMM output columns per micro-kernel (two __m256)
+constexpr int kRows = 6;    // GEMM rows per micro-kernel: 12 accumulators + 3 operands
+
+struct Tiling {
+  int64_t th, tw, tiles, chunk;
+  // Floats between transformed elements e and e+1 of a chunk with `channels` per
+  // tile. The 64-byte skew keeps the 16 elements of a tile, written and read
+  // together, off one cache set (a power-of-two stride aliases them all).
+  // The rows are rounded up to the micro-kernels' 6 (they read whole row blocks).
+  int64_t stride(int64_t channels) const { return (chunk + kRows - 1) / kRows * kRows * channels + 16; }
+};
+
+Tiling with_chunk(const Geometry& g, int64_t chunk) {
+  Tiling t;
+  t.th = (g.h + 1) / 2;
+  t.tw = (g.w + 1) / 2;
+  t.tiles = g.n * t.th * t.tw;
+  t.chunk = g.chunk > 0 ? g.chunk : chunk;
+  return t;
+}
+
+// Forward and backward-data: each thread transforms, multiplies and writes back its
+// own chunks (no barrier inside a convolution: on a VM a barrier waits for the
+// slowest vCPU). A chunk's transformed input and output, 16 x chunk x (c + k)
+// floats, stay near one core's L2 (128-256 tiles measured best).
+Tiling private_tiling(const Geometry& g) { return with_chunk(g, std::clamp<int64_t>(32768 / (g.c + g.k), 128, 256)); }
+
+// Backward-weights: all threads share a chunk (they split its GEMMs by output
+// panel, each accumulating its own slice of dU). Sizes measured on ResNet-34's
+// stages (bench/conv_bench): 128-256 tiles; 1024 was 1.7x slower at 64 channels.
+Tiling shared_tiling(const Geometry& g) { return with_chunk(g, std::clamp<int64_t>(32768 / std::max(g.c, g.k), 128, 256)); }
+
+// ---- leaf kernels (AVX2) -------------------------------------------------------
+
+// Row y of a tile, columns x0..x0+3 (zeros outside the image: the padding).
+RD_AVX2 inline void load_row(const float* plane, int64_t h, int64_t w, int64_t y, int64_t x0, bool interior,
+                             __m256 r[4]) {
+  if (interior) {
+    for (int j = 0; j < 4; ++j) r[j] = _mm256_loadu_ps(plane + (y * w + x0 + j) * kBlock);
+    return;
+  }
+  for (int j = 0; j < 4; ++j) {
+    const int64_t x = x0 + j;
+    r[j] = (y >= 0 && y < h && x >= 0 && x < w) ? _mm256_loadu_ps(plane + (y * w + x) * kBlock)
+                                                 : _mm256_setzero_ps();
+  }
+}
+
+// V = B^T d B for one 4x4 input tile of 8 channels; element e goes to v[e * estride].
+// Row i of B^T d combines two input rows, so each output row is done on its own
+// (12 live registers, no spills; the reloads hit L1).
+RD_AVX2 void input_tile(const float* plane, int64_t h, int64_t w, int64_t y0, int64_t x0, float* v,
+                        int64_t estride) {
+  const bool interior = y0 >= 0 && x0 >= 0 && y0 + 4 <= h && x0 + 4 <= w;
+  // B^T rows: d0 - d2, d1 + d2, d2 - d1, d1 - d3.
+  static constexpr int kA[4] = {0, 1, 2, 1}, kB[4] = {2, 2, 1, 3};
+  static constexpr bool kAdd[4] = {false, true, false, false};
+  for (int i = 0; i < 4; ++i) {
+    __m256 a[4], b[4], t[4];
+    load_row(plane, h, w, y0 + kA[i], x0, interior, a);
+    load_row(plane, h, w, y0 + kB[i], x0, interior, b);
+    for (int j = 0; j < 4; ++j) t[j] = kAdd[i] ? _mm256_add_ps(a[j], b[j]) : _mm256_sub_ps(a[j], b[j]);
+    _mm256_storeu_ps(v + (i * 4 + 0) * estride, _mm256_sub_ps(t[0], t[2]));
+    _mm256_storeu_ps(v + (i * 4 + 1) * estride, _mm256_add_ps(t[1], t[2]));
+    _mm256_storeu_ps(v + (i * 4 + 2) * estride, _mm256_sub_ps(t[2], t[1]));
+    _mm256_storeu_ps(v + (i * 4 + 3) * estride, _mm256_sub_ps(t[1], t[3]));
+  }
+}
+
+// y = A^T M A: the 2x2 output tile of 8 channels (rows/columns past the image dropped).
+RD_AVX2 void output_tile(const float* m, int64_t estride, float* plane, int64_t h, int64_t w, int64_t y0,
+                         int64_t x0) {
+  __m256 r[2][4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256 m0 = _mm256_loadu_ps(m + (0 * 4 + j) * estride), m1 = _mm256_loadu_ps(m + (1 * 4 + j) * estride);
+    const __m256 m2 = _mm256_loadu_ps(m + (2 * 4 + j) * estride), m3 = _mm256_loadu_ps(m + (3 * 4 + j) * estride);
+    r[0][j] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+    r[1][j] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (y0 + i >= h) break;
+    float* row = plane + ((y0 + i) * w + x0) * kBlock;
+    _mm256_storeu_ps(row, _mm256_add_ps(_mm256_add_ps(r[i][0], r[i][1]), r[i][2]));
+    if (x0 + 1 < w) _mm256_storeu_ps(row + kBlock, _mm256_sub_ps(_mm256_sub_ps(r[i][1], r[i][2]), r[i][3]));
+  }
+}
+
+// dM = A g A^T for one 2x2 output-gradient tile of 8 channels (the adjoint of
+// output_tile; zeros past the image).
+RD_AVX2 void grad_tile(const float* plane, int64_t h, int64_t w, int64_t y0, int64_t x0, float* m,
+                       int64_t estride) {
+  __m256 g[2][2];
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) {
+      const int64_t y = y0 + a, x = x0 + b;
+      g[a][b] = (y < h && x < w) ? _mm256_loadu_ps(plane + (y * w + x) * kBlock) : _mm256_setzero_ps();
+    }
+  __m256 p[4][2];  // A g
+  for (int b = 0; b < 2; ++b) {
+    p[0][b] = g[0][b];
+    p[1][b] = _mm256_add_ps(g[0][b], g[1][b]);
+    p[2][b] = _mm256_sub_ps(g[0][b], g[1][b]);
+    p[3][b] = _mm256_sub_ps(_mm256_setzero_ps(), g[1][b]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(m + (i * 4 + 0) * estride, p[i][0]);
+    _mm256_storeu_ps(m + (i * 4 + 1) * estride, _mm256_add_ps(p[i][0], p[i][1]));
+    _mm256_storeu_ps(m + (i * 4 + 2) * estride, _mm256_sub_ps(p[i][0], p[i][1]));
+    _mm256_storeu_ps(m + (i * 4 + 3) * estride, _mm256_sub_ps(_mm256_setzero_ps(), p[i][1]));
+  }
+}
+
+// The GEMM micro-kernels: 6 rows x 16 columns, 12 accumulators in named registers
+// (GCC keeps an accumulator *array* on the stack and stores it every iteration,
+// which halves the speed). They always compute 6 rows; `rows` (1..6) says how many
+// are real and are loaded/stored. The phantom rows read memory inside the
+// workspace (stride() leaves room) and are discarded.
+#define RD_WINO_ACC(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+// out[r][0..16) = sum_c a[r * lda + c] * panel[c * 16 + 0..16).
+RD_AVX2 void gemm_rows(const float* a, int64_t lda, const float* panel, int64_t depth, float* out, int64_t ldo,
+                       int64_t rows) {
+#define RD_DECL(r) __m256 acc##r##0 = _mm256_setzero_ps(), acc##r##1 = _mm256_setzero_ps();
+  RD_WINO_ACC(RD_DECL)
+#undef RD_DECL
+  for (int64_t c = 0; c < depth; ++c) {
+    const __m256 b0 = _mm256_loadu_ps(panel + c * kPanel), b1 = _mm256_loadu_ps(panel + c * kPanel + 8);
+#define RD_FMA(r)                                                  \
+  {                                                                \
+    const __m256 av = _mm256_broadcast_ss(a + (r) * lda + c);      \
+    acc##r##0 = _mm256_fmadd_ps(av, b0, acc##r##0);                \
+    acc##r##1 = _mm256_fmadd_ps(av, b1, acc##r##1);                \
+  }
+    RD_WINO_ACC(RD_FMA)
+#undef RD_FMA
+  }
+#define RD_STORE(r)                                  \
+  if ((r) < rows) {                                  \
+    _mm256_storeu_ps(out + (r) * ldo, acc##r##0);     \
+    _mm256_storeu_ps(out + (r) * ldo + 8, acc##r##1); \
+  }
+  RD_WINO_ACC(RD_STORE)
+#undef RD_STORE
+}
+
+// du[r][0..16) += sum_t v[t * ldv + r] * dm[t * ldm + 0..16) (backward-weights: the
+// reduction runs over the chunk's tiles, rows are input channels).
+RD_AVX2 void gemm_reduce_tiles(const float* v, int64_t ldv, const float* dm, int64_t ldm, int64_t tiles,
+                               float* du, int64_t ldu, int64_t rows) {
+#define RD_DECL(r)                                                                       \
+  __m256 acc##r##0 = (r) < rows ? _mm256_loadu_ps(du + (r) * ldu) : _mm256_setzero_ps(); \
+  __m256 acc##r##1 = (r) < rows ? _mm256_loadu_ps(du + (r) * ldu + 8) : _mm256_setzero_ps();
+  RD_WINO_ACC(RD_DECL)
+#undef RD_DECL
+  for (int64_t t = 0; t < tiles; ++t) {
+    const __m256 b0 = _mm256_loadu_ps(dm + t * ldm), b1 = _mm256_loadu_ps(dm + t * ldm + 8);
+#define RD_FMA(r)                                             \
+  {                                                           \
+    const __m256 av = _mm256_broadcast_ss(v + t * ldv + (r)); \
+    acc##r##0 = _mm256_fmadd_ps(av, b0, acc##r##0);           \
+    acc##r##1 = _mm256_fmadd_ps(av, b1, acc##r##1);           \
+  }
+    RD_WINO_ACC(RD_FMA)
+#undef RD_FMA
+  }
+#define RD_STORE(r)                                  \
+  if ((r) < rows) {                                  \
+    _mm256_storeu_ps(du + (r) * ldu, acc##r##0);      \
+    _mm256_storeu_ps(du + (r) * ldu + 8, acc##r##1);  \
+  }
+  RD_WINO_ACC(RD_STORE)
+#undef RD_STORE
+}
+#undef RD_WINO_ACC
+
+void gemm_block(const float* a, int64_t lda, const float* panel, int64_t depth, float* out, int64_t ldo,
+                int64_t rows) {
+  for (int64_t r = 0; r < rows; r += kRows)
+    gemm_rows(a + r * lda, lda, panel, depth, out + r * ldo, ldo, std::min<int64_t>(kRows, rows - r));
+}
+
+void reduce_block(const float* v, int64_t ldv, const float* dm, int64_t ldm, int64_t tiles, float* du,
+                  int64_t ldu, int64_t rows) {
+  for (int64_t r = 0; r < rows; r += kRows)
+    gemm_reduce_tiles(v + r, ldv, dm, ldm, tiles, du + r * ldu, ldu, std::min<int64_t>(kRows, rows - r));
+}
+
+// ---- weight transforms (scalar: 16 values per filter, negligible next to the GEMMs)
+
+// u = G g G^T for one 3x3 filter (g row-major, flipped by 180 degrees when flip).
+void filter_to_tile(const float* g3, bool flip, float u[kElems]) {
+  float g[3][3];
+  for (int r = 0; r < 3; ++r)
+    for (int s = 0; s < 3; ++s) g[r][s] = flip ? g3[(2 - r) * 3 + (2 - s)] : g3[r * 3 + s];
+  float gg[4][3];  // G g
+  for (int s = 0; s < 3; ++s) {
+    gg[0][s] = g[0][s];
+    gg[1][s] = 0.5f * (g[0][s] + g[1][s] + g[2][s]);
+    gg[2][s] = 0.5f * (g[0][s] - g[1][s] + g[2][s]);
+    gg[3][s] = g[2][s];
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[i * 4 + 0] = gg[i][0];
+    u[i * 4 + 1] = 0.5f * (gg[i][0] + gg[i][1] + gg[i][2]);
+    u[i * 4 + 2] = 0.5f * (gg[i][0] - gg[i][1] + gg[i][2]);
+    u[i * 4 + 3] = gg[i][2];
+  }
+}
+
+// The 3x3 filter gradient G^T du G from a 4x4 transformed gradient.
+void tile_to_filter(const float du[kElems], float g3[9]) {
+  float t[3][4];  // G^T du
+  for (int j = 0; j < 4; ++j) {
+    const float u0 = du[0 * 4 + j], u1 = du[1 * 4 + j], u2 = du[2 * 4 + j], u3 = du[3 * 4 + j];
+    t[0][j] = u0 + 0.5f * (u1 + u2);
+    t[1][j] = 0.5f * (u1 - u2);
+    t[2][j] = 0.5f * (u1 + u2) + u3;
+  }
+  for (int r = 0; r < 3; ++r) {
+    g3[r * 3 + 0] = t[r][0] + 0.5f * (t[r][1] + t[r][2]);
+    g3[r * 3 + 1] = 0.5f * (t[r][1] - t[r][2]);
+    g3[r * 3 + 2] = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
+  }
+}
+
+// U[e][out/16][in][16] for a convolution with `in` input and `out` output channels.
+// Forward: in = c, out = k, filter (o, i) = w[o][i]. Backward-data convolves dy
+// (k channels) back to c channels with w[k][c] flipped: in = k, out = c.
+void transform_weights(const float* w, int64_t c, int64_t k, bool for_backward_data, float* u, int threads) {
+  const int64_t in = for_backward_data ? k : c, out = for_backward_data ? c : k, panels = out / kPanel;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t p = o / kPanel, col = o % kPanel;
+    for (int64_t i = 0; i < in; ++i) {
+      const float* filter = for_backward_data ? w + (i * c + o) * 9 : w + (o * c + i) * 9;
+      float tile[kElems];
+      filter_to_tile(filter, for_backward_data, tile);
+      for (int e = 0; e < kElems; ++e) u[((e * panels + p) * in + i) * kPanel + col] = tile[e];
+    }
+  }
+}
+
+// The workspace: transformed weights (or weight gradient) U, then the chunk buffers
+// V and M (one pair per thread for the private chunks, one shared pair otherwise).
+float* weights_buffer(void* workspace) { return static_cast<float*>(workspace); }
+float* chunk_buffers(const Geometry& g, void* workspace) { return weights_buffer(workspace) + kElems * g.c * g.k; }
+int64_t private_floats(const Geometry& g) { return 2 * kElems * private_tiling(g).stride(std::max(g.c, g.k)); }
+
+// One 3x3 convolution of `in` channels to `out` channels with transformed weights u.
+void convolve(const Geometry& g, int64_t in, int64_t out, const float* src, const float* u, float* dst,
+              float* buffers, int threads) {
+  const Tiling t = private_tiling(g);
+  const int64_t in_blocks = in / kBlock, out_blocks = out / kBlock, panels = out / kPanel;
+  const int64_t tiles_per_image = t.th * t.tw, plane = g.h * g.w * kBlock;
+  const int64_t chunks = (t.tiles + t.chunk - 1) / t.chunk;
+#pragma omp parallel num_threads(threads)
+  {
+    float* const v = buffers + omp_get_thread_num() * private_floats(g);
+    float* const m = v + kElems * t.stride(std::max(in, out));
+#pragma omp for schedule(static)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t t0 = chunk * t.chunk, nt = std::min(t.chunk, t.tiles - t0);
+      for (int64_t i = 0; i < nt; ++i) {
+        const int64_t tile = t0 + i, n = tile / tiles_per_image, ty = tile % tiles_per_image / t.tw, tx = tile % t.tw;
+        for (int64_t cb = 0; cb < in_blocks; ++cb)
+          input_tile(src + (n * in_blocks + cb) * plane, g.h, g.w, 2 * ty - 1, 2 * tx - 1, v + i * in + cb * kBlock,
+                     t.stride(in));
+      }
+      for (int64_t e = 0; e < kElems; ++e)
+        for (int64_t p = 0; p < panels; ++p)
+          gemm_block(v + e * t.stride(in), in, u + (e * panels + p) * in * kPanel, in,
+                     m + e * t.stride(out) + p * kPanel, out, nt);
+      for (int64_t i = 0; i < nt; ++i) {
+        const int64_t tile = t0 + i, n = tile / tiles_per_image, ty = tile % tiles_per_image / t.tw, tx = tile % t.tw;
+        for (int64_t kb = 0; kb < out_blocks; ++kb)
+          output_tile(m + i * out + kb * kBlock, t.stride(out), dst + (n * out_blocks + kb) * plane, g.h, g.w,
+                      2 * ty, 2 * tx);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool shape_supported(const Geometry& g) {
+  return g.n > 0 && g.h > 0 && g.w > 0 && g.c > 0 && g.k > 0 && g.c % kPanel == 0 && g.k % kPanel == 0;
+}
+
+size_t workspace_bytes(const Geometry& g, int threads) {
+  const int64_t shared = 2 * kElems * shared_tiling(g).stride(std::max(g.c, g.k));
+  const int64_t floats = kElems * g.c * g.k + std::max<int64_t>(shared, std::max(threads, 1) * private_floats(g));
+  return static_cast<size_t>(floats) * sizeof(float);
+}
+
+void forward(const Geometry& g, const float* x, const float* w, float* y, void* workspace, int threads) {
+  transform_weights(w, g.c, g.k, false, weights_buffer(workspace), threads);
+  convolve(g, g.c, g.k, x, weights_buffer(workspace), y, chunk_buffers(g, workspace), threads);
+}
+
+void backward_data(const Geometry& g, const float* dy, const float* w, float* dx, void* workspace,
+                   int threads) {
+  transform_weights(w, g.c, g.k, true, weights_buffer(workspace), threads);
+  convolve(g, g.k, g.c, dy, weights_buffer(workspace), dx, chunk_buffers(g, workspace), threads);
+}
+
+void backward_weights(const Geometry& g, const float* x, const float* dy, float* dw, bool accumulate,
+                      void* workspace, int threads) {
+  const Tiling t = shared_tiling(g);
+  const int64_t c_blocks = g.c / kBlock, k_blocks = g.k / kBlock, panels = g.k / kPanel;
+  const int64_t tiles_per_image = t.th * t.tw, plane = g.h * g.w * kBlock;
+  float* const du = weights_buffer(workspace);  // [e][c][k]
+  float* const v = chunk_buffers(g, workspace);   // [e][tile][c]
+  float* const m = v + kElems * t.stride(std::max(g.c, g.k));  // [e][tile][k]
+  std::memset(du, 0, sizeof(float) * kElems * g.c * g.k);
+#pragma omp parallel num_threads(threads)
+  for (int64_t t0 = 0; t0 < t.tiles; t0 += t.chunk) {
+    const int64_t nt = std::min(t.chunk, t.tiles - t0);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nt; ++i) {
+      const int64_t tile = t0 + i, n = tile / tiles_per_image, ty = tile % tiles_per_image / t.tw, tx = tile % t.tw;
+      for (int64_t cb = 0; cb < c_blocks; ++cb)
+        input_tile(x + (n * c_blocks + cb) * plane, g.h, g.w, 2 * ty - 1, 2 * tx - 1, v + i * g.c + cb * kBlock,
+                   t.stride(g.c));
+      for (int64_t kb = 0; kb < k_blocks; ++kb)
+        grad_tile(dy + (n * k_blocks + kb) * plane, g.h, g.w, 2 * ty, 2 * tx, m + i * g.k + kb * kBlock,
+                  t.stride(g.k));
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < kElems * panels; ++i) {
+      const int64_t e = i / panels, p = i % panels;
+      reduce_block(v + e * t.stride(g.c), g.c, m + e * t.stride(g.k) + p * kPanel, g.k, nt,
+                   du + e * g.c * g.k + p * kPanel, g.k, g.c);
+    }
+  }
+  // Input channel outer, output channel inner: dU's reads run along its rows.
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < g.c; ++i)
+    for (int64_t o = 0; o < g.k; ++o) {
+      float tile[kElems], filter[9];
+      for (int e = 0; e < kElems; ++e) tile[e] = du[(e * g.c + i) * g.k + o];
+      tile_to_filter(tile, filter);
+      float* d = dw + (o * g.c + i) * 9;
+      for (int j = 0; j < 9; ++j) d[j] = accumulate ? d[j] + filter[j] : filter[j];
+    }
+}
+
+}  // namespace rd::cpu::winograd
