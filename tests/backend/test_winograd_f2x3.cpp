@@ -20,27 +20,26 @@ namespace wino = rd::cpu::winograd;
 
 namespace {
 
-// NCHW (float) -> nChw8c, and back.
-std::vector<float> to_blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> b(v.size());
+// NCHW (float) -> nChw8c when to_blocked, else nChw8c -> NCHW.
+std::vector<float> relayout(const std::vector<float>& src, int64_t n, int64_t c, int64_t h, int64_t w,
+                            bool to_blocked) {
+  std::vector<float> dst(src.size());
   for (int64_t in = 0; in < n; ++in)
     for (int64_t ic = 0; ic < c; ++ic)
       for (int64_t y = 0; y < h; ++y)
-        for (int64_t x = 0; x < w; ++x)
-          b[static_cast<size_t>((((in * (c / 8) + ic / 8) * h + y) * w + x) * 8 + ic % 8)] =
-              v[static_cast<size_t>(((in * c + ic) * h + y) * w + x)];
-  return b;
+        for (int64_t x = 0; x < w; ++x) {
+          const auto plain = static_cast<size_t>(((in * c + ic) * h + y) * w + x);
+          const auto blocked = static_cast<size_t>((((in * (c / 8) + ic / 8) * h + y) * w + x) * 8 + ic % 8);
+          if (to_blocked) dst[blocked] = src[plain];
+          else dst[plain] = src[blocked];
+        }
+  return dst;
 }
-
+std::vector<float> to_blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return relayout(v, n, c, h, w, true);
+}
 std::vector<float> from_blocked(const std::vector<float>& b, int64_t n, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> v(b.size());
-  for (int64_t in = 0; in < n; ++in)
-    for (int64_t ic = 0; ic < c; ++ic)
-      for (int64_t y = 0; y < h; ++y)
-        for (int64_t x = 0; x < w; ++x)
-          v[static_cast<size_t>(((in * c + ic) * h + y) * w + x)] =
-              b[static_cast<size_t>((((in * (c / 8) + ic / 8) * h + y) * w + x) * 8 + ic % 8)];
-  return v;
+  return relayout(b, n, c, h, w, false);
 }
 
 ref::Act act(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {

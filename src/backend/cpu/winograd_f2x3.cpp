@@ -134,79 +134,59 @@ RD_AVX2 void grad_tile(const float* plane, int64_t h, int64_t w, int64_t y0, int
   }
 }
 
-// The GEMM micro-kernels: 6 rows x 16 columns, 12 accumulators in named registers
-// (GCC keeps an accumulator *array* on the stack and stores it every iteration,
-// which halves the speed). They always compute 6 rows; `rows` (1..6) says how many
-// are real and are loaded/stored. The phantom rows read memory inside the
-// workspace (stride() leaves room) and are discarded.
-#define RD_WINO_ACC(X) X(0) X(1) X(2) X(3) X(4) X(5)
-
-// out[r][0..16) = sum_c a[r * lda + c] * panel[c * 16 + 0..16).
-RD_AVX2 void gemm_rows(const float* a, int64_t lda, const float* panel, int64_t depth, float* out, int64_t ldo,
-                       int64_t rows) {
-#define RD_DECL(r) __m256 acc##r##0 = _mm256_setzero_ps(), acc##r##1 = _mm256_setzero_ps();
-  RD_WINO_ACC(RD_DECL)
+// The GEMM micro-kernel, 6 rows x 16 columns:
+//   out[r][0..16) (+)= sum_i a[i * a_step + r * a_rows] * b[i * b_step + 0..16), i < depth.
+// Forward / backward-data: rows are tiles, the sum runs over input channels
+// (a_rows = lda, a_step = 1, b = a packed 16-wide weight panel). Backward-weights: rows
+// are input channels, the sum runs over the chunk's tiles (a_rows = 1, a_step = ldv,
+// b = the transformed output gradient), accumulating into dU.
+// The 12 accumulators are named registers (GCC keeps an accumulator *array* on the
+// stack and stores it every iteration, which halves the speed). The kernel always
+// computes 6 rows; `rows` (1..6) says how many are real and are loaded/stored. The
+// phantom rows read memory inside the workspace (stride() leaves room) and are dropped.
+RD_AVX2 void kernel_6x16(const float* a, int64_t a_rows, int64_t a_step, const float* b, int64_t b_step,
+                         int64_t depth, float* out, int64_t ldo, int64_t rows, bool accumulate) {
+#define RD_WINO_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define RD_DECL(r)                                                                                       \
+  __m256 acc##r##0 = accumulate && (r) < rows ? _mm256_loadu_ps(out + (r) * ldo) : _mm256_setzero_ps(); \
+  __m256 acc##r##1 = accumulate && (r) < rows ? _mm256_loadu_ps(out + (r) * ldo + 8) : _mm256_setzero_ps();
+  RD_WINO_ROWS(RD_DECL)
 #undef RD_DECL
-  for (int64_t c = 0; c < depth; ++c) {
-    const __m256 b0 = _mm256_loadu_ps(panel + c * kPanel), b1 = _mm256_loadu_ps(panel + c * kPanel + 8);
-#define RD_FMA(r)                                                  \
-  {                                                                \
-    const __m256 av = _mm256_broadcast_ss(a + (r) * lda + c);      \
-    acc##r##0 = _mm256_fmadd_ps(av, b0, acc##r##0);                \
-    acc##r##1 = _mm256_fmadd_ps(av, b1, acc##r##1);                \
+  for (int64_t i = 0; i < depth; ++i) {
+    const float* ai = a + i * a_step;
+    const __m256 b0 = _mm256_loadu_ps(b + i * b_step), b1 = _mm256_loadu_ps(b + i * b_step + 8);
+#define RD_FMA(r)                                              \
+  {                                                            \
+    const __m256 av = _mm256_broadcast_ss(ai + (r) * a_rows);  \
+    acc##r##0 = _mm256_fmadd_ps(av, b0, acc##r##0);            \
+    acc##r##1 = _mm256_fmadd_ps(av, b1, acc##r##1);            \
   }
-    RD_WINO_ACC(RD_FMA)
+    RD_WINO_ROWS(RD_FMA)
 #undef RD_FMA
   }
-#define RD_STORE(r)                                  \
-  if ((r) < rows) {                                  \
+#define RD_STORE(r)                                   \
+  if ((r) < rows) {                                   \
     _mm256_storeu_ps(out + (r) * ldo, acc##r##0);     \
     _mm256_storeu_ps(out + (r) * ldo + 8, acc##r##1); \
   }
-  RD_WINO_ACC(RD_STORE)
+  RD_WINO_ROWS(RD_STORE)
 #undef RD_STORE
+#undef RD_WINO_ROWS
 }
 
-// du[r][0..16) += sum_t v[t * ldv + r] * dm[t * ldm + 0..16) (backward-weights: the
-// reduction runs over the chunk's tiles, rows are input channels).
-RD_AVX2 void gemm_reduce_tiles(const float* v, int64_t ldv, const float* dm, int64_t ldm, int64_t tiles,
-                               float* du, int64_t ldu, int64_t rows) {
-#define RD_DECL(r)                                                                       \
-  __m256 acc##r##0 = (r) < rows ? _mm256_loadu_ps(du + (r) * ldu) : _mm256_setzero_ps(); \
-  __m256 acc##r##1 = (r) < rows ? _mm256_loadu_ps(du + (r) * ldu + 8) : _mm256_setzero_ps();
-  RD_WINO_ACC(RD_DECL)
-#undef RD_DECL
-  for (int64_t t = 0; t < tiles; ++t) {
-    const __m256 b0 = _mm256_loadu_ps(dm + t * ldm), b1 = _mm256_loadu_ps(dm + t * ldm + 8);
-#define RD_FMA(r)                                             \
-  {                                                           \
-    const __m256 av = _mm256_broadcast_ss(v + t * ldv + (r)); \
-    acc##r##0 = _mm256_fmadd_ps(av, b0, acc##r##0);           \
-    acc##r##1 = _mm256_fmadd_ps(av, b1, acc##r##1);           \
-  }
-    RD_WINO_ACC(RD_FMA)
-#undef RD_FMA
-  }
-#define RD_STORE(r)                                  \
-  if ((r) < rows) {                                  \
-    _mm256_storeu_ps(du + (r) * ldu, acc##r##0);      \
-    _mm256_storeu_ps(du + (r) * ldu + 8, acc##r##1);  \
-  }
-  RD_WINO_ACC(RD_STORE)
-#undef RD_STORE
-}
-#undef RD_WINO_ACC
-
+// out[t][0..16) = sum_c a[t * lda + c] * panel[c * 16 + 0..16), t < rows.
 void gemm_block(const float* a, int64_t lda, const float* panel, int64_t depth, float* out, int64_t ldo,
                 int64_t rows) {
   for (int64_t r = 0; r < rows; r += kRows)
-    gemm_rows(a + r * lda, lda, panel, depth, out + r * ldo, ldo, std::min<int64_t>(kRows, rows - r));
+    kernel_6x16(a + r * lda, lda, 1, panel, kPanel, depth, out + r * ldo, ldo, std::min<int64_t>(kRows, rows - r),
+                false);
 }
 
+// du[c][0..16) += sum_t v[t * ldv + c] * dm[t * ldm + 0..16), c < rows.
 void reduce_block(const float* v, int64_t ldv, const float* dm, int64_t ldm, int64_t tiles, float* du,
                   int64_t ldu, int64_t rows) {
   for (int64_t r = 0; r < rows; r += kRows)
-    gemm_reduce_tiles(v + r, ldv, dm, ldm, tiles, du + r * ldu, ldu, std::min<int64_t>(kRows, rows - r));
+    kernel_6x16(v + r, 1, ldv, dm, ldm, tiles, du + r * ldu, ldu, std::min<int64_t>(kRows, rows - r), true);
 }
 
 // ---- weight transforms (scalar: 16 values per filter, negligible next to the GEMMs)
