@@ -12,9 +12,10 @@ or numpy is missing. --keep DIR keeps the generated files there.
 import argparse
 import io
 import os
-import subprocess
 import sys
 import tempfile
+
+from probe_client import Probe  # tests/data/probe_client.py, next to this file
 
 try:
     import numpy as np
@@ -22,16 +23,6 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"skip: PIL/numpy not importable ({e}); install python3-pil python3-numpy", file=sys.stderr)
     sys.exit(77)
-
-
-class Probe:
-    def __init__(self, path):
-        self.p = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def ask(self, line):
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        return self.p.stdout.readline().strip()
 
 
 def photo(w, h, seed):

@@ -8,9 +8,10 @@ compares. Exits 77 (skip) when torch/torchvision are missing.
 import argparse
 import math
 import os
-import subprocess
 import sys
 import tempfile
+
+from probe_client import Probe  # tests/data/probe_client.py, next to this file
 
 try:
     import numpy as np
@@ -23,19 +24,6 @@ try:
 except ImportError as e:  # pragma: no cover
     print(f"skip: torch/torchvision not importable ({e}); install python3-torchvision", file=sys.stderr)
     sys.exit(77)
-
-
-class Probe:
-    def __init__(self, path):
-        self.p = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def ask(self, line):
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline().strip()
-        if reply.startswith("error"):
-            raise RuntimeError(f"data_probe: {line}: {reply}")
-        return reply
 
 
 def make_image(w, h, seed):
@@ -73,7 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--probe", required=True)
     args = ap.parse_args()
-    probe = Probe(args.probe)
+    probe = Probe(args.probe, raise_errors=True)
     tmp = tempfile.mkdtemp(prefix="rd_tv_")
     images = {}
     for (w, h, seed) in [(97, 61, 1), (320, 240, 2), (244, 244, 3)]:
