@@ -350,7 +350,14 @@ void Trainer::resolve_resume() {
           std::vector<char*> argv;
           for (auto& w : words) argv.push_back(w.data());
           if (argv.size() > 1) {
-            const ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
+            ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
+            // --amp ran as the device's reduced precision (setup_device); compare that,
+            // taking this run's device where the old one was "auto".
+            if (pc.train.amp) {
+              const bool cuda = pc.train.device == "cuda" ||
+                                (pc.train.device == "auto" && backend_->device() == DeviceKind::CUDA);
+              pc.train.precision = cuda ? Precision::FP16 : Precision::BF16;
+            }
             if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
           }
         } catch (const std::exception&) {
@@ -371,7 +378,7 @@ void Trainer::resolve_resume() {
         };
         const auto mine = train_flag_values(o_);
         for (const auto& [flag, value] : mine) {
-          if (resume_ignores(flag)) continue;
+          if (resume_ignores(flag) || flag == "--amp") continue;  // --amp is compared as its --precision
           const std::string was = old_value(flag);
           if (was.empty() || was == value) continue;
           // Batch shape and length always count (they move the position in the epoch);

@@ -92,4 +92,20 @@ grep -q -x -F "$msg" "$WORK/p2.log" || fail "expected: $msg"
 grep -q -x -F "Resuming from $OUTP/last.h5 at epoch 1 step $new" "$WORK/p2.log" || fail "wrong resume position"
 first=$(grep -m 1 -o -E '^\(Epoch 1/1\) step [0-9]+/[0-9]+' "$WORK/p2.log")
 [ "$first" = "(Epoch 1/1) step $((new + 1))/22" ] || fail "first step after resume: $first, expected step $((new + 1))/22"
+
+note "run 5: a run started with --amp, resumed with the precision --amp chose, says nothing of precision"
+amp=(--data "$WORK/data" --arch resnet_tiny --image-size 32 --threads 1 --output-dir "$WORK/amp" --batch-size 8
+  --workers 1 --log-every 0)
+if "$RD_BIN" "${amp[@]}" --epochs 1 --amp >"$WORK/amp1.log" 2>&1; then
+  "$RD_BIN" "${amp[@]}" --epochs 2 --precision bf16 >"$WORK/amp2.log" 2>&1 || { cat "$WORK/amp2.log"; fail "amp run 2"; }
+  ! grep -q -e '--precision\|--amp' "$WORK/amp2.log" || { cat "$WORK/amp2.log"; fail "amp run 2: a precision notice"; }
+  "$RD_BIN" "${amp[@]}" --epochs 3 --precision fp32 >"$WORK/amp3.log" 2>&1 || { cat "$WORK/amp3.log"; fail "amp run 3"; }
+  grep -q -x -F "Resume: --precision fp32 instead of the checkpoint's bf16" "$WORK/amp3.log" ||
+    { cat "$WORK/amp3.log"; fail "amp run 3: the precision change is not named"; }
+elif grep -q 'bf16 needs a CPU with AVX512-BF16 or AMX' "$WORK/amp1.log"; then
+  note "skipped: this CPU has no bf16, so --amp is refused (as it should be)"
+else
+  cat "$WORK/amp1.log"
+  fail "amp run 1"
+fi
 note "ok"
