@@ -49,6 +49,26 @@ note "reading $OUT with the tensorboard package"
 RD_TB_WHOLE_EPOCHS=2,3 "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$OUT" "1,$((gstep + 1))" ||
   fail "event files do not match metrics.csv"
 
+note "a run killed after its events were written but before its checkpoint: TensorBoard shows those steps once"
+# Run A writes epoch 1 (steps 1-16) and last.h5; run B resumes and writes epoch 2 (17-32).
+# Putting A's checkpoint back stands for a crash that lost B's checkpoint but not its
+# events: run C resumes at step 17 again, and its SessionLog START at 17 must make
+# TensorBoard drop B's steps 17-32 (metrics.csv drops B's epoch-2 row the same way).
+KO="$WORK/killed"
+ko=(--data "$WORK/data" --arch resnet_tiny --image-size 32 --threads 1 --workers 1 --batch-size 4 --lr 1e-3
+  --output-dir "$KO" --log-every 1)
+"$RD_BIN" "${ko[@]}" --epochs 1 >"$WORK/ko_a.log" 2>&1 || { cat "$WORK/ko_a.log"; fail "run A failed"; }
+cp "$KO/last.h5" "$WORK/epoch1.h5"
+sleep 1
+"$RD_BIN" "${ko[@]}" --epochs 2 >"$WORK/ko_b.log" 2>&1 || { cat "$WORK/ko_b.log"; fail "run B failed"; }
+cp "$WORK/epoch1.h5" "$KO/last.h5"
+sleep 1
+"$RD_BIN" "${ko[@]}" --epochs 2 >"$WORK/ko_c.log" 2>&1 || { cat "$WORK/ko_c.log"; fail "run C failed"; }
+grep -q -x -F "Resuming from $KO/last.h5 at epoch 2" "$WORK/ko_c.log" || { cat "$WORK/ko_c.log"; fail "run C did not resume at epoch 2"; }
+[ "$(events "$KO")" = 3 ] || { ls -l "$KO"; fail "expected three event files"; }
+RD_TB_WHOLE_EPOCHS=1,2 "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$KO" "1,17,17" ||
+  fail "TensorBoard shows the orphaned steps of run B (or the files do not match metrics.csv)"
+
 note "--tensorboard off: no event file"
 mpi 1 "${args[@]}" --epochs 1 --max-steps 2 --tensorboard off --output-dir "$WORK/off" >"$WORK/off.log" 2>&1 ||
   { cat "$WORK/off.log"; fail "run with --tensorboard off failed"; }
