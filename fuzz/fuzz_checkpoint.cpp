@@ -5,26 +5,26 @@
 // then goes through every read path: CheckpointReader's metadata and
 // check_tensors (info, weights-only and full), load_model / load_optimizer
 // (--init, --resume, predict). rd::Error is a clean refusal; anything else is a finding.
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <string>
 
 #include "h5_edit.h"
+#include "scratch_dir.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
 
-namespace fs = std::filesystem;
 using namespace rd;
 
 namespace {
 
 struct Fixture {
-  std::string dir, seed_path, work_path;
+  fuzz::ScratchDir scratch{"rd_fuzz_ckpt"};  // first: the members below write into it
+  const std::string dir = scratch.path;
+  std::string seed_path, work_path;
   std::vector<char> seed;
   fuzz::H5Names names;
   std::unique_ptr<Backend> be;
@@ -33,9 +33,6 @@ struct Fixture {
   std::unique_ptr<train::Scheduler> sched;
   Fixture() {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    const fs::path base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
-    dir = (base / ("rd_fuzz_ckpt." + std::to_string(getpid()))).string();
-    fs::create_directories(dir);
     be = make_cpu_backend();
     ResNetConfig cfg;
     cfg.arch = "resnet_tiny";
@@ -61,10 +58,6 @@ struct Fixture {
     std::fill(seed.begin(), seed.begin() + 512, '\0');
     names = fuzz::list_names(seed_path);
     work_path = dir + "/work.h5";
-  }
-  ~Fixture() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
 };
 

@@ -4,7 +4,6 @@
 // attributes retyped or removed, labels / sources / images replaced by datasets
 // of other shapes, types, chunking and filters. The reader must refuse with
 // rd::Error or read every sample within bounds.
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +12,7 @@
 
 #include "data/internal.h"
 #include "h5_edit.h"
+#include "scratch_dir.h"
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/data/pack.h"
 #include "resnet_ddp/errors.h"
@@ -23,13 +23,13 @@ using namespace rd::data;
 namespace {
 
 struct Fixture {
-  std::string dir, seed_path, work_path;
+  rd::fuzz::ScratchDir scratch{"rd_fuzz_packed"};  // first: the members below write into it
+  const std::string dir = scratch.path;
+  std::string seed_path, work_path;
   std::vector<char> seed;
   rd::fuzz::H5Names names;
   Fixture() {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    const fs::path base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
-    dir = (base / ("rd_fuzz_packed." + std::to_string(getpid()))).string();
     // Two classes, two splits, 8x8 binary PPMs (written by hand: no encoder needed).
     for (const char* split : {"Train", "Validation"})
       for (int c = 0; c < 2; ++c) {
@@ -49,10 +49,6 @@ struct Fixture {
     seed = rd::fuzz::slurp(seed_path);
     names = rd::fuzz::list_names(seed_path);
     work_path = dir + "/work.h5";
-  }
-  ~Fixture() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
 };
 

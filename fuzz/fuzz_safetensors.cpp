@@ -4,42 +4,33 @@
 // input is parsed in memory and every tensor read and converted; then the same bytes go
 // through CheckpointReader as a .safetensors file (info's check_tensors and --init's
 // load_model into a resnet_tiny). rd::Error is a clean refusal; anything else is a finding.
-#include <unistd.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "h5_edit.h"
+#include "scratch_dir.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
 #include "train/safetensors.h"
 
-namespace fs = std::filesystem;
 using namespace rd;
 
 namespace {
 
 struct Fixture {
-  std::string dir, path;
+  fuzz::ScratchDir scratch{"rd_fuzz_st"};
+  const std::string path = scratch.path + "/input.safetensors";
   std::unique_ptr<Backend> be;
   std::unique_ptr<ResNet> model;
   Fixture() {
-    const fs::path base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path();
-    dir = (base / ("rd_fuzz_st." + std::to_string(getpid()))).string();
-    fs::create_directories(dir);
-    path = dir + "/input.safetensors";
     be = make_cpu_backend();
     ResNetConfig cfg;
     cfg.arch = "resnet_tiny";
     cfg.num_classes = 3;
     model = std::make_unique<ResNet>(*be, cfg);
-  }
-  ~Fixture() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
   }
 };
 

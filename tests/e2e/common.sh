@@ -78,3 +78,14 @@ rank_pid() {
   done
   return 1
 }
+
+# preempt MPIRUN_PID LOG PATTERN RANK SIGNAL: once LOG shows PATTERN (60 s at most),
+# sends SIGNAL to that rank and waits for the job, which must stop cleanly (exit 0).
+preempt() {
+  local mpirun_pid=$1 log=$2 pattern=$3 rank=$4 sig=$5 pid rc=0
+  wait_for "$log" "$pattern" 60 || { cat "$log"; fail "training did not reach '$pattern'"; }
+  pid=$(rank_pid "$mpirun_pid" "$rank") || fail "cannot find rank $rank"
+  kill "-$sig" "$pid"
+  wait "$mpirun_pid" || rc=$?
+  [ "$rc" = 0 ] || { cat "$log"; fail "preempted run (SIG$sig to rank $rank) exited $rc, expected 0"; }
+}

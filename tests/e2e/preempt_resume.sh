@@ -14,14 +14,8 @@ args=(--data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --worke
 
 note "run 1: SIGTERM to rank 1 after a few steps"
 mpi 2 "${args[@]}" >"$WORK/run1.log" 2>&1 &
-mpirun_pid=$!
-wait_for "$WORK/run1.log" "(Epoch 1/2) step 3/" 60 || { cat "$WORK/run1.log"; fail "training did not start"; }
-pid1=$(rank_pid "$mpirun_pid" 1) || fail "cannot find rank 1"
-kill -TERM "$pid1"
-rc=0
-wait "$mpirun_pid" || rc=$?
+preempt $! "$WORK/run1.log" "(Epoch 1/2) step 3/" 1 TERM
 cat "$WORK/run1.log"
-[ "$rc" = 0 ] || fail "preempted run exited $rc, expected 0"
 line=$(grep -E '^Preempted at epoch 1 step [0-9]+; checkpoint saved to ' "$WORK/run1.log") ||
   fail "no preemption message"
 grep -q -F "checkpoint saved to $OUT/last.h5" <<<"$line" || fail "preemption message names the wrong file"
@@ -46,13 +40,7 @@ grep -q "global step:     600" "$WORK/info" || { cat "$WORK/info"; fail "global 
 
 note "run 3: SIGUSR1 (Slurm --signal) to rank 0 preempts the same way"
 mpi 2 "${args[@]}" --resume none --output-dir "$WORK/out_usr1" >"$WORK/usr1.log" 2>&1 &
-mpirun_pid=$!
-wait_for "$WORK/usr1.log" "(Epoch 1/2) step 3/" 60 || { cat "$WORK/usr1.log"; fail "run 3 did not start"; }
-pid0=$(rank_pid "$mpirun_pid" 0) || fail "cannot find rank 0"
-kill -USR1 "$pid0"
-rc=0
-wait "$mpirun_pid" || rc=$?
-[ "$rc" = 0 ] || { cat "$WORK/usr1.log"; fail "SIGUSR1 run exited $rc"; }
+preempt $! "$WORK/usr1.log" "(Epoch 1/2) step 3/" 0 USR1
 grep -q -E "^Preempted at epoch 1 step [0-9]+; checkpoint saved to $WORK/out_usr1/last.h5\$" "$WORK/usr1.log" ||
   { cat "$WORK/usr1.log"; fail "no preemption after SIGUSR1"; }
 

@@ -23,13 +23,7 @@ events() { find "$1" -maxdepth 1 -name 'events.out.tfevents.*' | wc -l; }
 
 note "run 1: 2 ranks, SIGTERM to rank 0 after a few steps"
 mpi 2 "${args[@]}" --epochs 2 >"$WORK/run1.log" 2>&1 &
-mpirun_pid=$!
-wait_for "$WORK/run1.log" "(Epoch 1/2) step 3/" 60 || { cat "$WORK/run1.log"; fail "training did not start"; }
-pid0=$(rank_pid "$mpirun_pid" 0) || fail "cannot find rank 0"
-kill -TERM "$pid0"
-rc=0
-wait "$mpirun_pid" || rc=$?
-[ "$rc" = 0 ] || { cat "$WORK/run1.log"; fail "preempted run exited $rc"; }
+preempt $! "$WORK/run1.log" "(Epoch 1/2) step 3/" 0 TERM
 line=$(grep -E '^Preempted at epoch [0-9]+ step [0-9]+;' "$WORK/run1.log") || { cat "$WORK/run1.log"; fail "not preempted"; }
 "$RD_BIN" info "$OUT/last.h5" >"$WORK/info"
 gstep=$(sed -n 's/^ *global step: *\([0-9]*\).*/\1/p' "$WORK/info")
