@@ -55,6 +55,13 @@ struct StepOptions {
   std::optional<Layout> layout;  // default: the trainer's for the precision
 };
 
+// --threads N: N when > 0, else OMP_NUM_THREADS, else every core.
+inline int resolve_threads(int threads) {
+  if (threads > 0) return threads;
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) return std::max(1, std::atoi(env));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 // Parses argv with the shared flags plus the program's own in `fs`: --help prints
 // `usage` and every flag and exits 0; a bad flag is named on stderr, exit status 2.
 inline void parse_step_flags(FlagSet& fs, StepOptions& o, int argc, char** argv, const char* program,
@@ -74,10 +81,7 @@ inline void parse_step_flags(FlagSet& fs, StepOptions& o, int argc, char** argv,
   }
   for (const auto& [name, value] : layout_names())
     if (name == layout) o.layout = value;
-  if (o.threads > 0) return;
-  // --threads 0 = OMP_NUM_THREADS, else every core.
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) o.threads = std::max(1, std::atoi(env));
-  else o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o.threads = resolve_threads(o.threads);
 }
 
 }  // namespace rd::bench

@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/errors.h"
@@ -74,10 +74,7 @@ int main(int argc, char** argv) {
   }
   if (shapes.empty()) shapes = {{16, 64, 61, 61, 64}, {16, 128, 31, 31, 128}, {16, 256, 16, 16, 256}, {16, 512, 8, 8, 512}};
   if (algos.empty()) algos = {ConvAlgo::Auto, ConvAlgo::Direct};
-  if (threads == 0) {
-    const char* env = std::getenv("OMP_NUM_THREADS");
-    threads = env && *env ? std::max(1, std::atoi(env)) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  threads = bench::resolve_threads(threads);
 
   const ConvGeometry g{3, 1, 1};
   std::printf("| shape (N:C:H:W:K) | algo | backend | fwd ms | bwd-data ms | bwd-weights ms | total ms | GFLOP/s |\n");
@@ -113,9 +110,7 @@ int main(int argc, char** argv) {
       }
       const double f = median(t[0]), bd = median(t[1]), bw = median(t[2]), total = f + bd + bw;
       const double gflop = 3 * 2.0 * s.n * s.k * s.h * s.w * s.c * 9 / 1e9;
-      std::string name;
-      for (const auto& [n, a] : conv_algo_names())
-        if (a == algo) name = n;
+      const std::string name = name_of(conv_algo_names(), algo);
       std::printf("| %lld:%lld:%lld:%lld:%lld | %s | %s | %.2f | %.2f | %.2f | %.2f | %.1f |\n",
                   static_cast<long long>(s.n), static_cast<long long>(s.c), static_cast<long long>(s.h),
                   static_cast<long long>(s.w), static_cast<long long>(s.k), name.c_str(), be->name().c_str(), f, bd,

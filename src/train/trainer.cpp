@@ -173,6 +173,11 @@ class Trainer {
 
 const char* const kStartFresh = "; to start fresh instead use --resume none or another --output-dir";
 
+// --amp as timm and torch.autocast mean it on each device: fp16 on a GPU (every GPU
+// with tensor cores has it; loss scaling is on), bf16 on the CPU (oneDNN's only
+// reduced-precision training type).
+Precision amp_precision(bool cuda) { return cuda ? Precision::FP16 : Precision::BF16; }
+
 // Flags that do not describe the run (where it reads and writes, how it resumes).
 bool resume_ignores(const std::string& flag) {
   for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
@@ -219,10 +224,7 @@ void Trainer::setup_device() {
     }
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
-  // --amp as timm and torch.autocast mean it on each device: fp16 on a GPU (every GPU
-  // with tensor cores has it; loss scaling is on), bf16 on the CPU (oneDNN's only
-  // reduced-precision training type).
-  if (o_.amp) o_.precision = device == "cuda" ? Precision::FP16 : Precision::BF16;
+  if (o_.amp) o_.precision = amp_precision(device == "cuda");
   const std::string amp_note =
       o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
   agree([&] {
@@ -356,7 +358,7 @@ void Trainer::resolve_resume() {
             if (pc.train.amp) {
               const bool cuda = pc.train.device == "cuda" ||
                                 (pc.train.device == "auto" && backend_->device() == DeviceKind::CUDA);
-              pc.train.precision = cuda ? Precision::FP16 : Precision::BF16;
+              pc.train.precision = amp_precision(cuda);
             }
             if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
           }
