@@ -46,7 +46,9 @@ rd_expect_log "$ref" "^Training command: .* --output-dir output_model/rq_ref .*-
 
 # The signal goes out at epoch 1 step 4 of 3 x 10 steps; how far training gets before
 # it lands depends on the machine (scancel's round trip through slurmctld), so any
-# mid-epoch stop counts, in any epoch but after the last step.
+# stop counts, in any epoch but after the last step. One that lands after an epoch's
+# last step (step 10 of 10) stops after that epoch's validation, and the job resumes
+# at the next epoch.
 rd_log "the same job, signalled in the middle of epoch 1"
 job=$(rd_sbatch -J rq_pre -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/cpu.slurm" "${args[@]}")
 rd_wait_for_log "$job" '^\(Epoch 1/3\) step 4/' 120
@@ -56,14 +58,16 @@ result=$(wait_done "$job" 240)
 [[ $result == "COMPLETED 0:0 restarts 1" ]] || { rd_job_log "$job" >&2; rd_fail "job $job ended $result, expected COMPLETED after 1 requeue"; }
 out=$PWD/output_model/rq_pre
 line=$(rd_job_log "$job" | grep -E "^Preempted at epoch [1-3] step [0-9]+; checkpoint saved to $out/last.h5\$") ||
-  { rd_job_log "$job" >&2; rd_fail "no mid-epoch preemption"; }
+  { rd_job_log "$job" >&2; rd_fail "no preemption"; }
 epoch=${line#Preempted at epoch }
 epoch=${epoch%% *}
 step=${line#Preempted at epoch "$epoch" step }
 step=${step%%;*}
 rd_expect_log "$job" "^cpu.slurm: got SIGUSR1: passing it to the launcher" 1
 rd_expect_log "$job" "^cpu.slurm: requeueing job $job \\(scontrol requeue\\); it resumes from its last.h5\$" 1
-rd_expect_log "$job" "^Resuming from output_model/rq_pre/last.h5 at epoch $epoch step $step\$" 1
+resume_at="epoch $epoch step $step"
+[[ $step == 10 ]] && resume_at="epoch $((epoch + 1))"
+rd_expect_log "$job" "^Resuming from output_model/rq_pre/last.h5 at $resume_at\$" 1
 rd_expect_log "$job" "^\\(Epoch 3/3\\) Val loss: " 1
 rd_expect_log "$job" "^Distributed environment has been properly closed\$" 2
 # Both runs of the job wrote to the one log.
