@@ -115,7 +115,7 @@ template <class Terms> void launch_sums(const ActDesc& d, Terms t, double* sums,
     int64_t gy = (rows + kRowsPerBlock * 16 - 1) / (kRowsPerBlock * 16);
     const int64_t cap = std::max<int64_t>(1, 2048 / gx);
     gy = std::max<int64_t>(1, std::min(gy, std::min<int64_t>(cap, 65535)));
-    sums_nhwc_kernel<<<dim3(gx, static_cast<unsigned>(gy)), dim3(32, kRowsPerBlock), 0, s>>>(
+    RD_LAUNCH(sums_nhwc_kernel<Terms>, dim3(gx, static_cast<unsigned>(gy)), dim3(32, kRowsPerBlock), 0, s)(
         t, rows, d.c, sums);
   } else {
     const int64_t per_channel = d.n * d.h * d.w;
@@ -123,7 +123,7 @@ template <class Terms> void launch_sums(const ActDesc& d, Terms t, double* sums,
     const int64_t cap = std::max<int64_t>(1, 2048 / d.c);
     gy = std::max<int64_t>(1, std::min(gy, std::min<int64_t>(cap, 65535)));
     RD_CHECK(d.c <= 2147483647, "bn: too many channels");
-    sums_nchw_kernel<<<dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(gy)), kThreads, 0, s>>>(
+    RD_LAUNCH(sums_nchw_kernel<Terms>, dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(gy)), kThreads, 0, s)(
         t, d.n, d.c, d.h * d.w, sums);
   }
 }
@@ -246,7 +246,7 @@ void bn_sums_backward(const ActDesc& d, const void* x, const void* y, const void
 }
 
 void bn_pack_sums(const double* sums, int64_t c, double count, double* packed, cudaStream_t s) {
-  pack_kernel<<<grid_for(2 * c + 1), kThreads, 0, s>>>(sums, c, count, packed);
+  RD_LAUNCH(pack_kernel, grid_for(2 * c + 1), kThreads, 0, s)(sums, c, count, packed);
   RD_LAUNCH_CHECK("bn_pack_sums");
 }
 
@@ -254,7 +254,7 @@ void bn_finalize_forward(int64_t c, const double* sums, double count, const doub
                          const float* gamma, const float* beta, float* running_mean,
                          float* running_var, float momentum, float eps, float* saved_mean,
                          float* saved_invstd, float* scale_shift, cudaStream_t s) {
-  finalize_forward_kernel<<<channel_grid(c), kThreads, 0, s>>>(c, sums, count, packed, gamma, beta,
+  RD_LAUNCH(finalize_forward_kernel, channel_grid(c), kThreads, 0, s)(c, sums, count, packed, gamma, beta,
                                                                running_mean, running_var, momentum,
                                                                eps, saved_mean, saved_invstd,
                                                                scale_shift);
@@ -263,7 +263,7 @@ void bn_finalize_forward(int64_t c, const double* sums, double count, const doub
 
 void bn_scale_shift_eval(int64_t c, const float* gamma, const float* beta, const float* running_mean,
                          const float* running_var, float eps, float* scale_shift, cudaStream_t s) {
-  scale_shift_eval_kernel<<<channel_grid(c), kThreads, 0, s>>>(c, gamma, beta, running_mean,
+  RD_LAUNCH(scale_shift_eval_kernel, channel_grid(c), kThreads, 0, s)(c, gamma, beta, running_mean,
                                                                running_var, eps, scale_shift);
   RD_LAUNCH_CHECK("bn_scale_shift_eval");
 }
@@ -273,7 +273,7 @@ void bn_apply(const ActDesc& d, const void* x, const float* scale_shift, bool re
   if (!d.count()) return;
   dispatch_float(d.dtype, "bn_apply", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    apply_kernel<T><<<grid_for(d.count()), kThreads, 0, s>>>(d, static_cast<const T*>(x), scale_shift,
+    RD_LAUNCH(apply_kernel<T>, grid_for(d.count()), kThreads, 0, s)(d, static_cast<const T*>(x), scale_shift,
                                                              relu, static_cast<T*>(y));
   });
   RD_LAUNCH_CHECK("bn_apply");
@@ -281,13 +281,13 @@ void bn_apply(const ActDesc& d, const void* x, const float* scale_shift, bool re
 
 void bn_param_grads(int64_t c, const double* sums, float* dgamma, float* dbeta, bool accumulate,
                     cudaStream_t s) {
-  param_grads_kernel<<<channel_grid(c), kThreads, 0, s>>>(c, sums, dgamma, dbeta, accumulate);
+  RD_LAUNCH(param_grads_kernel, channel_grid(c), kThreads, 0, s)(c, sums, dgamma, dbeta, accumulate);
   RD_LAUNCH_CHECK("bn_param_grads");
 }
 
 void bn_finalize_backward(int64_t c, const double* sums, double count, const double* packed,
                           float* means, cudaStream_t s) {
-  finalize_backward_kernel<<<channel_grid(c), kThreads, 0, s>>>(c, sums, count, packed, means);
+  RD_LAUNCH(finalize_backward_kernel, channel_grid(c), kThreads, 0, s)(c, sums, count, packed, means);
   RD_LAUNCH_CHECK("bn_finalize_backward");
 }
 
@@ -297,7 +297,7 @@ void bn_backward_dx(const ActDesc& d, const void* x, const void* y, const void* 
   if (!d.count()) return;
   dispatch_float(d.dtype, "bn_backward_dx", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward_dx_kernel<T><<<grid_for(d.count()), kThreads, 0, s>>>(
+    RD_LAUNCH(backward_dx_kernel<T>, grid_for(d.count()), kThreads, 0, s)(
         d, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), relu, gamma,
         mean, invstd, means, static_cast<T*>(dx));
   });

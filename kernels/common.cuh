@@ -74,6 +74,13 @@ __device__ __forceinline__ int64_t act_channel(const ActDesc& d, int64_t offset)
   return d.nhwc ? offset % d.c : (offset / (d.h * d.w)) % d.c;
 }
 
+// Every launch goes through RD_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...):
+// `kernel<<<...>>>` under nvcc; under the emulated device (src/backend/cuda_emu/device.h,
+// which defines it first) an enqueue on the emulator's stream.
+#ifndef RD_LAUNCH
+#define RD_LAUNCH(kernel, grid, block, shared_bytes, stream) kernel<<<grid, block, shared_bytes, stream>>>
+#endif
+
 #define RD_GRID_STRIDE(i, count)                                                         \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;          \
        i < static_cast<int64_t>(count); i += static_cast<int64_t>(blockDim.x) * gridDim.x)

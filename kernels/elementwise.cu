@@ -111,7 +111,7 @@ __global__ void unstage_weight_grad_kernel(const T* src, int64_t O, int64_t I, i
 
 void fill_f32(float* dst, float value, size_t count, cudaStream_t s) {
   if (!count) return;
-  fill_kernel<<<grid_for(count), kThreads, 0, s>>>(dst, value, static_cast<int64_t>(count));
+  RD_LAUNCH(fill_kernel, grid_for(count), kThreads, 0, s)(dst, value, static_cast<int64_t>(count));
   RD_LAUNCH_CHECK("fill");
 }
 
@@ -119,7 +119,7 @@ void relu_forward(DType t, const void* x, void* y, size_t count, cudaStream_t s)
   if (!count) return;
   dispatch_float(t, "relu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    relu_fwd_kernel<T><<<grid_for(count), kThreads, 0, s>>>(static_cast<const T*>(x),
+    RD_LAUNCH(relu_fwd_kernel<T>, grid_for(count), kThreads, 0, s)(static_cast<const T*>(x),
                                                             static_cast<T*>(y), count);
   });
   RD_LAUNCH_CHECK("relu_forward");
@@ -129,7 +129,7 @@ void relu_backward(DType t, const void* y, const void* dy, void* dx, size_t coun
   if (!count) return;
   dispatch_float(t, "relu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    relu_bwd_kernel<T><<<grid_for(count), kThreads, 0, s>>>(
+    RD_LAUNCH(relu_bwd_kernel<T>, grid_for(count), kThreads, 0, s)(
         static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), count);
   });
   RD_LAUNCH_CHECK("relu_backward");
@@ -140,7 +140,7 @@ void add_forward(DType t, const void* a, const void* b, void* y, size_t count, b
   if (!count) return;
   dispatch_float(t, "add_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_kernel<T><<<grid_for(count), kThreads, 0, s>>>(
+    RD_LAUNCH(add_kernel<T>, grid_for(count), kThreads, 0, s)(
         static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), count, relu);
   });
   RD_LAUNCH_CHECK("add_forward");
@@ -150,7 +150,7 @@ void accumulate(DType t, const void* src, void* dst, size_t count, cudaStream_t 
   if (!count) return;
   dispatch_float(t, "accumulate", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    accumulate_kernel<T><<<grid_for(count), kThreads, 0, s>>>(static_cast<const T*>(src),
+    RD_LAUNCH(accumulate_kernel<T>, grid_for(count), kThreads, 0, s)(static_cast<const T*>(src),
                                                               static_cast<T*>(dst), count);
   });
   RD_LAUNCH_CHECK("accumulate");
@@ -158,13 +158,13 @@ void accumulate(DType t, const void* src, void* dst, size_t count, cudaStream_t 
 
 void scale_f32(float* data, float factor, size_t count, cudaStream_t s) {
   if (!count) return;
-  scale_kernel<<<grid_for(count), kThreads, 0, s>>>(data, factor, static_cast<int64_t>(count));
+  RD_LAUNCH(scale_kernel, grid_for(count), kThreads, 0, s)(data, factor, static_cast<int64_t>(count));
   RD_LAUNCH_CHECK("scale");
 }
 
 void scale_and_check(float* data, float factor, size_t count, int* nonfinite, cudaStream_t s) {
   if (!count) return;
-  scale_check_kernel<<<grid_for(count), kThreads, 0, s>>>(data, factor, static_cast<int64_t>(count),
+  RD_LAUNCH(scale_check_kernel, grid_for(count), kThreads, 0, s)(data, factor, static_cast<int64_t>(count),
                                                           nonfinite);
   RD_LAUNCH_CHECK("scale_and_check");
 }
@@ -173,7 +173,7 @@ void nchw_f32_to_act(const float* src, const ActDesc& d, void* dst, cudaStream_t
   if (!d.count()) return;
   dispatch_float(d.dtype, "nchw_f32_to_act", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    nchw_to_act_kernel<T><<<grid_for(d.count()), kThreads, 0, s>>>(src, d, static_cast<T*>(dst));
+    RD_LAUNCH(nchw_to_act_kernel<T>, grid_for(d.count()), kThreads, 0, s)(src, d, static_cast<T*>(dst));
   });
   RD_LAUNCH_CHECK("nchw_f32_to_act");
 }
@@ -182,7 +182,7 @@ void act_to_nchw_f32(const ActDesc& d, const void* src, float* dst, cudaStream_t
   if (!d.count()) return;
   dispatch_float(d.dtype, "act_to_nchw_f32", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    act_to_nchw_kernel<T><<<grid_for(d.count()), kThreads, 0, s>>>(d, static_cast<const T*>(src), dst);
+    RD_LAUNCH(act_to_nchw_kernel<T>, grid_for(d.count()), kThreads, 0, s)(d, static_cast<const T*>(src), dst);
   });
   RD_LAUNCH_CHECK("act_to_nchw_f32");
 }
@@ -194,7 +194,7 @@ void images_u8_to_act(const uint8_t* src, const ActDesc& d, void* dst, const flo
   const Rgb m{{mean[0], mean[1], mean[2]}}, sd{{std[0], std[1], std[2]}};
   dispatch_float(d.dtype, "images_u8_to_act", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    images_kernel<T><<<grid_for(d.count()), kThreads, 0, s>>>(src, d, static_cast<T*>(dst), m, sd);
+    RD_LAUNCH(images_kernel<T>, grid_for(d.count()), kThreads, 0, s)(src, d, static_cast<T*>(dst), m, sd);
   });
   RD_LAUNCH_CHECK("images_u8_to_act");
 }
@@ -205,7 +205,7 @@ void stage_conv_weight(const float* w, int64_t o, int64_t i, int64_t kh, int64_t
   if (!n) return;
   dispatch_float(t, "stage_conv_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    stage_weight_kernel<T><<<grid_for(n), kThreads, 0, s>>>(w, o, i, kh, kw, ohwi, static_cast<T*>(dst));
+    RD_LAUNCH(stage_weight_kernel<T>, grid_for(n), kThreads, 0, s)(w, o, i, kh, kw, ohwi, static_cast<T*>(dst));
   });
   RD_LAUNCH_CHECK("stage_conv_weight");
 }
@@ -216,7 +216,7 @@ void unstage_conv_weight_grad(const void* src, int64_t o, int64_t i, int64_t kh,
   if (!n) return;
   dispatch_float(t, "unstage_conv_weight_grad", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unstage_weight_grad_kernel<T><<<grid_for(n), kThreads, 0, s>>>(static_cast<const T*>(src), o, i,
+    RD_LAUNCH(unstage_weight_grad_kernel<T>, grid_for(n), kThreads, 0, s)(static_cast<const T*>(src), o, i,
                                                                     kh, kw, ohwi, dw, accumulate);
   });
   RD_LAUNCH_CHECK("unstage_conv_weight_grad");

@@ -58,14 +58,14 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, math
 
 void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows * cols == 0 || !b) return;
-  add_bias_kernel<<<grid_for(rows * cols), kThreads, 0, s>>>(y, b, rows, cols);
+  RD_LAUNCH(add_bias_kernel, grid_for(rows * cols), kThreads, 0, s)(y, b, rows, cols);
   RD_LAUNCH_CHECK("add_bias_rows");
 }
 
 void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool accumulate,
                  cudaStream_t s) {
   if (!cols) return;
-  column_sums_kernel<<<grid_for(cols), kThreads, 0, s>>>(m, rows, cols, out, accumulate);
+  RD_LAUNCH(column_sums_kernel, grid_for(cols), kThreads, 0, s)(m, rows, cols, out, accumulate);
   RD_LAUNCH_CHECK("column_sums");
 }
 
@@ -73,7 +73,7 @@ void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t
                   float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
                   cudaStream_t s) {
   if (!n) return;
-  xent_kernel<<<grid_for(n, 64), 64, 0, s>>>(logits, labels, n, k, smoothing, row_grad_scale, dlogits,
+  RD_LAUNCH(xent_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, smoothing, row_grad_scale, dlogits,
                                              row_loss, argmax);
   RD_LAUNCH_CHECK("softmax_xent");
 }
@@ -81,21 +81,21 @@ void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t
 void count_correct(const float* logits, const int32_t* labels, int64_t n, int64_t k, int* correct,
                    cudaStream_t s) {
   if (!n) return;
-  correct_kernel<<<grid_for(n, 64), 64, 0, s>>>(logits, labels, n, k, correct);
+  RD_LAUNCH(correct_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, correct);
   RD_LAUNCH_CHECK("count_correct");
 }
 
 void adam_step(float* p, const float* g, float* m, float* v, size_t count, const math::AdamHyper& h,
                cudaStream_t s) {
   if (!count) return;
-  adam_kernel<<<grid_for(count), kThreads, 0, s>>>(p, g, m, v, static_cast<int64_t>(count), h);
+  RD_LAUNCH(adam_kernel, grid_for(count), kThreads, 0, s)(p, g, m, v, static_cast<int64_t>(count), h);
   RD_LAUNCH_CHECK("adam_step");
 }
 
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
               cudaStream_t s) {
   if (!count) return;
-  sgd_kernel<<<grid_for(count), kThreads, 0, s>>>(p, g, buf, static_cast<int64_t>(count), h);
+  RD_LAUNCH(sgd_kernel, grid_for(count), kThreads, 0, s)(p, g, buf, static_cast<int64_t>(count), h);
   RD_LAUNCH_CHECK("sgd_step");
 }
 

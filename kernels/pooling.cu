@@ -88,7 +88,7 @@ void maxpool_forward(const ActDesc& xd, const void* x, const ActDesc& yd, void* 
   if (!yd.count()) return;
   dispatch_float(xd.dtype, "maxpool_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    maxpool_fwd_kernel<T><<<grid_for(yd.count()), kThreads, 0, s>>>(
+    RD_LAUNCH(maxpool_fwd_kernel<T>, grid_for(yd.count()), kThreads, 0, s)(
         xd, static_cast<const T*>(x), yd, static_cast<T*>(y), kernel, stride, pad, argmax);
   });
   RD_LAUNCH_CHECK("maxpool_forward");
@@ -99,7 +99,7 @@ void maxpool_backward(const ActDesc& dyd, const void* dy, const ActDesc& dxd, vo
   if (!dxd.count()) return;
   dispatch_float(dxd.dtype, "maxpool_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    maxpool_bwd_kernel<T><<<grid_for(dxd.count()), kThreads, 0, s>>>(
+    RD_LAUNCH(maxpool_bwd_kernel<T>, grid_for(dxd.count()), kThreads, 0, s)(
         dyd, static_cast<const T*>(dy), dxd, static_cast<T*>(dx), kernel, stride, pad, argmax);
   });
   RD_LAUNCH_CHECK("maxpool_backward");
@@ -109,7 +109,7 @@ void global_avgpool_forward(const ActDesc& xd, const void* x, float* y, cudaStre
   if (xd.n * xd.c == 0) return;
   dispatch_float(xd.dtype, "global_avgpool_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gap_fwd_kernel<T><<<grid_for(xd.n * xd.c), kThreads, 0, s>>>(xd, static_cast<const T*>(x), y);
+    RD_LAUNCH(gap_fwd_kernel<T>, grid_for(xd.n * xd.c), kThreads, 0, s)(xd, static_cast<const T*>(x), y);
   });
   RD_LAUNCH_CHECK("global_avgpool_forward");
 }
@@ -118,7 +118,7 @@ void global_avgpool_backward(const float* dy, const ActDesc& dxd, void* dx, cuda
   if (!dxd.count()) return;
   dispatch_float(dxd.dtype, "global_avgpool_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gap_bwd_kernel<T><<<grid_for(dxd.count()), kThreads, 0, s>>>(dy, dxd, static_cast<T*>(dx));
+    RD_LAUNCH(gap_bwd_kernel<T>, grid_for(dxd.count()), kThreads, 0, s)(dy, dxd, static_cast<T*>(dx));
   });
   RD_LAUNCH_CHECK("global_avgpool_backward");
 }
