@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# resnet_ddp --device cuda on the emulated device, 2 ranks (NCCL stand-in over MPI),
+# against the same run on the CPU backend: the loss and accuracy of every step and
+# the epoch's validation agree within the error model below.
+#   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp, $3 = mpiexec, $4 = repo root,
+#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export
+#
+# Error model (per step, on the running mean printed by --log-every 1, 4 decimals):
+#   fp32: cuDNN/cuBLAS stand-ins sum in float64, the CPU backend in float32 with its
+#         own summation order: |loss difference| <= 2e-3, accuracy identical.
+#   fp16 / bf16 activations (weights, gradients, BN statistics stay float32): one
+#         rounding of 2^-11 / 2^-8 relative per stored activation, through ~20-50
+#         layers: |loss difference| <= 3e-2 (fp16) / 6e-2 (bf16) against the CPU's
+#         fp32; accuracy within one sample in eight (an arg-max of near-equal logits
+#         can flip).
+set -euo pipefail
+EMU_BIN=$1
+CPU_BIN=$2
+RD_MPIEXEC=$3
+RD_ROOT=$4
+CASE=$5
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-60}
+export RD_EMU_DEVICE_COUNT=2
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_gpu_emu.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+note() { echo "--- $*"; }
+
+"$CPU_BIN" synth --out "$WORK/data" --train 32 --val 16 --size 32x32 --format png --threads 1 >/dev/null
+
+COMMON=(--data "$WORK/data" --image-size 32 --threads 1 --workers 1 --batch-size 4 --augment none
+  --log-every 1 --progress lines --tensorboard off --lr 1e-3 --seed 3)
+
+# run NP BIN LOG ARGS...: one training run; its log in LOG.
+run() {
+  local np=$1 bin=$2 log=$3
+  shift 3
+  "$RD_MPIEXEC" --oversubscribe --bind-to none -np "$np" "$bin" "${COMMON[@]}" "$@" >"$log" 2>&1 ||
+    { cat "$log"; fail "$(basename "$bin") $* exited non-zero"; }
+}
+
+# steps LOG: "loss acc" of every step line, one per line.
+steps() { sed -n 's/^(Epoch [0-9]*\/[0-9]*) step [0-9]*\/[0-9]* loss \([0-9.e+-]*\) acc \([0-9.e+-]*\).*/\1 \2/p' "$1"; }
+
+# compare A B LOSS_TOL ACC_TOL [FIRST_N]: step lines of two logs agree.
+compare() {
+  local a=$1 b=$2 ltol=$3 atol=$4 n=${5:-100000}
+  steps "$a" | head -n "$n" >"$WORK/a.steps"
+  steps "$b" | head -n "$n" >"$WORK/b.steps"
+  [ -s "$WORK/a.steps" ] || { cat "$a"; fail "no step lines in $a"; }
+  [ "$(wc -l <"$WORK/a.steps")" = "$(wc -l <"$WORK/b.steps")" ] || fail "step counts differ: $a vs $b"
+  paste -d' ' "$WORK/a.steps" "$WORK/b.steps" | awk -v lt="$ltol" -v at="$atol" '
+    { dl = $1 - $3; if (dl < 0) dl = -dl; da = $2 - $4; if (da < 0) da = -da;
+      printf "step %d: loss %s vs %s (|d| %.2g), acc %s vs %s\n", NR, $1, $3, dl, $2, $4;
+      if (dl > lt || da > at + 1e-9) bad = 1 }
+    END { exit bad }' || fail "steps differ beyond the error model (loss $ltol, accuracy $atol)"
+}
+
+val_loss() { sed -n 's/^(Epoch [0-9]*\/[0-9]*) Val loss: \([^,]*\),.*/\1/p' "$1" | tail -n 1; }
+
+case "$CASE" in
+  fp32)
+    # ResNet-18, SyncBN (default), 2 micro-batches per step, NHWC (the CUDA default).
+    args=(--arch resnet18 --epochs 1 --accum-steps 2)
+    note "emulated GPU, fp32"
+    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
+    grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
+    note "CPU backend, fp32"
+    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
+    awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
+      'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= 2e-3) }' ||
+      fail "validation loss differs"
+    ;;
+  fp16_overflow)
+    # ResNet-50 (bottlenecks) in fp16 with dynamic loss scaling; rank 1 injects an
+    # overflow into step 2's gradient: every rank must skip that step (the all-reduce
+    # spreads the inf) and training go on with a halved scale.
+    args=(--arch resnet50 --epochs 1 --max-steps 3)
+    note "emulated GPU, fp16, overflow injected at step 2 on rank 1"
+    RD_INJECT_OVERFLOW_STEP=2 RD_INJECT_OVERFLOW_RANK=1 \
+      run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --precision fp16 --output-dir "$WORK/gpu"
+    cat "$WORK/gpu.log"
+    grep -q "fp16: 1 step skipped for non-finite gradients" "$WORK/gpu.log" || fail "the overflow step was not skipped once"
+    note "CPU backend, fp32 (the steps before the overflow)"
+    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 3e-2 0.125 1
+    ;;
+  bf16)
+    export RD_EMU_DEVICE=a100  # bf16 needs compute capability 8.0
+    args=(--arch resnet18 --epochs 1 --no-sync-bn)
+    note "emulated A100, bf16"
+    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --precision bf16 --output-dir "$WORK/gpu"
+    note "CPU backend, fp32"
+    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 6e-2 0.125
+    ;;
+  preempt_resume)
+    # Stop after step 2 of epoch 1 (--max-steps stands in for the signal, which the
+    # CPU e2e tests cover), resume, finish; equal to the uninterrupted run.
+    args=(--arch resnet18 --epochs 2 --device cuda --checkpoint-every 1)
+    note "uninterrupted"
+    run 2 "$EMU_BIN" "$WORK/full.log" "${args[@]}" --output-dir "$WORK/full"
+    note "preempted after 2 steps, then resumed"
+    "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$EMU_BIN" "${COMMON[@]}" "${args[@]}" \
+      --output-dir "$WORK/part" >"$WORK/part1.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do
+      grep -q "(Epoch 1/2) step 2/" "$WORK/part1.log" 2>/dev/null && break
+      sleep 0.1
+    done
+    rank0=""
+    for p in $(pgrep -P "$pid") $(for c in $(pgrep -P "$pid"); do pgrep -P "$c"; done); do
+      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then rank0=$p; fi
+    done
+    [ -n "$rank0" ] || { cat "$WORK/part1.log"; fail "cannot find rank 0"; }
+    kill -TERM "$rank0"
+    wait "$pid" || { cat "$WORK/part1.log"; fail "preempted run exited non-zero"; }
+    grep -q "^Preempted at epoch 1 step" "$WORK/part1.log" || { cat "$WORK/part1.log"; fail "no preemption"; }
+    run 2 "$EMU_BIN" "$WORK/part2.log" "${args[@]}" --output-dir "$WORK/part"
+    grep -q "^Resuming from $WORK/part/last.h5 at epoch 1 step" "$WORK/part2.log" || { cat "$WORK/part2.log"; fail "did not resume"; }
+    a=$(val_loss "$WORK/full.log")
+    b=$(val_loss "$WORK/part2.log")
+    note "final val loss: uninterrupted $a, preempted + resumed $b"
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4) }' ||
+      fail "the resumed run does not equal the uninterrupted one"
+    ;;
+  predict_export)
+    args=(--arch resnet18 --epochs 1 --device cuda)
+    run 2 "$EMU_BIN" "$WORK/train.log" "${args[@]}" --output-dir "$WORK/out"
+    acc=$(sed -n 's/^Best model (val loss: [^,]*, val accuracy: \([^)]*\)).*/\1/p' "$WORK/train.log")
+    [ -n "$acc" ] || { cat "$WORK/train.log"; fail "no best model line"; }
+    "$EMU_BIN" predict --checkpoint "$WORK/out/best_model.h5" --device cuda --threads 1 --workers 1 \
+      --split Validation "$WORK/data" >"$WORK/predict.log" 2>&1 || { cat "$WORK/predict.log"; fail "predict failed"; }
+    cat "$WORK/predict.log"
+    grep -q "cuda:0 (Emulated" "$WORK/predict.log" || fail "predict did not use the emulated GPU"
+    pacc=$(grep -o -E '[Aa]ccuracy[: ]+[0-9.]+' "$WORK/predict.log" | head -n 1 | grep -o -E '[0-9.]+$')
+    note "validation accuracy: training $acc, predict $pacc"
+    awk -v a="$acc" -v b="$pacc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6) }' ||
+      fail "predict's accuracy differs from the run's"
+    "$EMU_BIN" export "$WORK/out/best_model.h5" "$WORK/out/model.safetensors" >"$WORK/export.log" 2>&1 ||
+      { cat "$WORK/export.log"; fail "export failed"; }
+    [ -s "$WORK/out/model.safetensors" ] || fail "no safetensors file"
+    ;;
+  *) fail "unknown case $CASE" ;;
+esac
+echo "PASS: $CASE"
