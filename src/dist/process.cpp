@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/mpi_util.h"
+#include "resnet_ddp/collective_timeout.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::dist {
@@ -23,7 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::atomic<double> g_collective_timeout_s{600.0};
 std::atomic<double> g_heartbeat_s{1.0};
 std::atomic<double> g_peer_timeout_s{10.0};
 std::atomic<int> g_lost_peer{-1};
@@ -186,7 +186,7 @@ void check_mpi(int rc, const char* what) {
 
 void wait_requests(MPI_Request* requests, int n, const char* what) {
   const Clock::time_point start = Clock::now();
-  const double timeout = g_collective_timeout_s.load();
+  const double timeout = rd::collective_timeout_s();
   for (long iter = 0;; ++iter) {
     int done = 0;
     check_mpi(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), what);
@@ -344,7 +344,7 @@ int default_threads_per_rank(const ProcessEnv& env) {
 
 WatchdogOptions watchdog_options() {
   WatchdogOptions o;
-  o.collective_timeout_s = env_seconds("RD_COLLECTIVE_TIMEOUT_S", g_collective_timeout_s.load());
+  o.collective_timeout_s = env_seconds("RD_COLLECTIVE_TIMEOUT_S", rd::collective_timeout_s());
   o.heartbeat_interval_s = env_seconds("RD_HEARTBEAT_S", g_heartbeat_s.load());
   o.peer_timeout_s = env_seconds("RD_PEER_TIMEOUT_S", g_peer_timeout_s.load());
   return o;
@@ -359,12 +359,12 @@ void set_watchdog_options(const WatchdogOptions& o) {
     throw UsageError("watchdog: peer timeout (" + std::to_string(o.peer_timeout_s) +
                      " s) must be at least twice the heartbeat interval (" +
                      std::to_string(o.heartbeat_interval_s) + " s)");
-  g_collective_timeout_s.store(o.collective_timeout_s);
+  rd::set_collective_timeout_s(o.collective_timeout_s);  // MPI-free: the CUDA backend reads it
   g_heartbeat_s.store(o.heartbeat_interval_s);
   g_peer_timeout_s.store(o.peer_timeout_s);
 }
 
-double collective_timeout_s() { return g_collective_timeout_s.load(); }
+double collective_timeout_s() { return rd::collective_timeout_s(); }
 int lost_peer() { return g_lost_peer.load(); }
 
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "average"; }

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "resnet_ddp/collective_timeout.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::cuda {
@@ -20,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 Clock::time_point deadline_from_now() {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(dist::collective_timeout_s()));
+                            std::chrono::duration<double>(rd::collective_timeout_s()));
 }
 
 class NcclComm;
@@ -239,7 +240,7 @@ class NcclComm final : public dist::Comm {
       if (peer_failed) return "a peer rank's init failed";
       if (dist::lost_peer() >= 0) return "lost contact with rank " + std::to_string(dist::lost_peer());
       if (Clock::now() > deadline)
-        return "did not finish within " + std::to_string(dist::collective_timeout_s()) + " s";
+        return "did not finish within " + std::to_string(rd::collective_timeout_s()) + " s";
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -276,7 +277,7 @@ class NcclComm final : public dist::Comm {
     const int lost = dist::lost_peer();
     if (lost >= 0) abort_comm(what + ": lost contact with rank " + std::to_string(lost));
     if (Clock::now() > deadline)
-      abort_comm(what + " timed out after " + std::to_string(dist::collective_timeout_s()) +
+      abort_comm(what + " timed out after " + std::to_string(rd::collective_timeout_s()) +
                  " s (RD_COLLECTIVE_TIMEOUT_S)");
   }
 
@@ -291,7 +292,7 @@ class NcclComm final : public dist::Comm {
       if (async != ncclInProgress) abort_comm(what + ": " + ncclGetErrorString(async) + " " + ncclGetLastError(comm_));
       if (dist::lost_peer() >= 0) abort_comm(what + ": lost contact with rank " + std::to_string(dist::lost_peer()));
       if (Clock::now() > deadline)
-        abort_comm(what + " did not finish within " + std::to_string(dist::collective_timeout_s()) + " s");
+        abort_comm(what + " did not finish within " + std::to_string(rd::collective_timeout_s()) + " s");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
