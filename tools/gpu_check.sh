@@ -3,10 +3,11 @@
 # From the repository root (or a bundle made by tools/gpu_bundle.sh):
 #
 #   tools/gpu_check.sh [--quick] [--out DIR]   run every step, print the summary table
-#   tools/gpu_check.sh --dry-run               print the plan and its time budget, run nothing
+#   tools/gpu_check.sh --dry-run               print the plan, its time budget and the device call
 #
-# Every step runs under its own `timeout`; the timeouts of a plan add up to less than
-# 9 minutes (checked below), so the command ends within its budget whatever hangs.
+# Every step runs under its own `timeout`, capped so that the whole run ends within a
+# hard deadline (540 s after the start, kill-after and archiving included): the
+# device call's limit (570 s) is never reached, whatever hangs.
 # Standalone (repository sources; the host needs nvcc, g++, and PyTorch for the
 # comparison; no MPI, oneDNN, HDF5 or CMake):
 #   build (this GPU's architecture only, nvcc + g++ in parallel: src/core, src/nn,
@@ -14,18 +15,28 @@
 #   and gpu_train_bench) -> op tests (every op vs the float64 reference, all
 #   precisions) -> training-step benchmark ResNet-34 @244 batch 16 NHWC, fp32, tf32,
 #   fp16, bf16 -> the same in PyTorch -> compute-sanitizer memcheck of one step of a
-#   tiny model (fp16, MLP head) -> summary table.
+#   tiny model (fp16, MLP head, cuDNN heuristics instead of Find) -> summary table.
 # From a bundle nothing is built; NCCL, MPI, message_passing and short `resnet_ddp
 # --device cuda` runs come before the benchmark.
-# Results (logs, bench.jsonl, summary.txt) go to build-gpu-check/, and to --out DIR.
-# The exit status is 0 only when every step passed (a missing Catch2 header fails).
+# Results (step logs, bench.jsonl, summary.txt) go to build-gpu-check/; with --out DIR
+# they are also packed into ONE file, DIR/gpu_check.tar.gz, rewritten as each step
+# ends (a device call returns at most 8 files; a timeout still returns every step so far).
+# Without a GPU the steps that need one report "no device" and are not run.
+# Exit status: 0 every step passed; 77 every step passed or had no device; else 1.
 # Environment: RD_GPU_ARCH=90 overrides the detected architecture,
 #              RD_GPU_PYTHON picks the Python that has torch,
-#              RD_CATCH2_INCLUDE a folder holding catch2/catch.hpp.
+#              RD_CATCH2_INCLUDE a folder holding catch2/catch.hpp,
+#              RD_GPU_CHECK_DIR the work folder (default build-gpu-check/),
+#              RD_GPU_CHECK_LAUNCHER a compiler launcher for the build (e.g. ccache),
+#              RD_GPU_CHECK_SLOWDOWN N multiplies every timeout and the deadline (slow CI),
+#              RD_GPU_CHECK_BUILD_DIR a CMake build folder whose programs stand in for a
+#                bundle's (tests/gpu/gpu_check_plan_test.sh runs the bundle plan so).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+SELF_DIR=$(cd "$(dirname "$0")" && pwd)
+cd "$SELF_DIR/.." || exit 2
 ROOT=$PWD
-OUT=$ROOT/build-gpu-check
+SELF=$SELF_DIR/$(basename "$0")  # absolute: the steps re-run it from any folder
+OUT=${RD_GPU_CHECK_DIR:-$ROOT/build-gpu-check}
 STEPS=12 WARMUP=4
 DRY=0 COPY_TO="" INTERNAL=""
 while (($#)); do
@@ -34,15 +45,22 @@ while (($#)); do
     --dry-run) DRY=1 ;;
     --out) COPY_TO=${2:?--out needs a folder}; shift ;;
     --internal-build) INTERNAL=build ;;  # the build step, run by this script under its timeout
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --internal-host) INTERNAL=host ;;    # the host step (a function cannot run under `timeout`)
+    -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-BUNDLE=""
-[[ -x $ROOT/run && -f $ROOT/payload.tar.xz ]] && BUNDLE=$ROOT
+BUNDLE="" BUNDLE_RUN=""
+if [[ -x $ROOT/run && -f $ROOT/payload.tar.xz ]]; then
+  BUNDLE=$ROOT BUNDLE_RUN=$ROOT/run
+elif [[ -n ${RD_GPU_CHECK_BUILD_DIR:-} ]]; then
+  BUNDLE=$(cd "$RD_GPU_CHECK_BUILD_DIR" && pwd) || { echo "gpu_check.sh: RD_GPU_CHECK_BUILD_DIR: no such folder" >&2; exit 2; }
+fi
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 JOBS=$(nproc 2>/dev/null || echo 4)
+SLOW=${RD_GPU_CHECK_SLOWDOWN:-1}
+[[ $SLOW =~ ^[1-9][0-9]*$ ]] || die "RD_GPU_CHECK_SLOWDOWN='$SLOW': expected a positive integer"
 
 find_python() {
   PY=${RD_GPU_PYTHON:-}
@@ -101,19 +119,21 @@ LD_DIRS=$(printf '%s:' "${LIBDIRS[@]}")
 printf '%s' "$LD_DIRS" > "$OUT/ld_dirs"  # for the steps that run what is built here
 export LD_LIBRARY_PATH="$OUT/lib:${LD_DIRS}${LD_LIBRARY_PATH:-}"
 
+LAUNCH=${RD_GPU_CHECK_LAUNCHER:-}
+[[ -n $LAUNCH ]] && ! command -v "$LAUNCH" >/dev/null && LAUNCH=""
 COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/kernels" -I"$ROOT/tests" "${INC[@]}")
 CMDS=$OUT/compile_cmds.txt
 : > "$CMDS"
 OBJS=()
 for f in kernels/*.cu; do
   o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
-  echo "$NVCC -std=c++17 -gencode arch=compute_$ARCH,code=sm_$ARCH --expt-relaxed-constexpr ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
+  echo "$LAUNCH $NVCC -std=c++17 -gencode arch=compute_$ARCH,code=sm_$ARCH --expt-relaxed-constexpr ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
 done
 # The trainer's step and optimizer: gpu_train_bench times the step that trains.
 for f in src/core/*.cpp src/nn/*.cpp src/backend/cuda/*.cpp src/train/train_step.cpp src/train/optimizer.cpp; do
   [[ "$f" == *nccl_comm* ]] && continue  # needs MPI, which bare GPU hosts lack
   o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
-  echo "$CXX -std=c++20 -fPIC ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
+  echo "$LAUNCH $CXX -std=c++20 -fPIC ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
 done
 # The op tests use Catch2 (Debian's header-only catch2 package). A bare GPU host has
 # none: point RD_CATCH2_INCLUDE at a copy, or carry one in the ignored .gpu_deps/
@@ -126,13 +146,13 @@ done
 if [ -n "$CATCH_INC" ]; then
   CATCH_FLAG=""  # the compiler's own include dirs must not be repeated (breaks #include_next)
   case "$CATCH_INC" in /usr/include|/usr/local/include) ;; *) CATCH_FLAG="-isystem $CATCH_INC" ;; esac
-  echo "$CXX -std=c++20 ${COMMON[*]} $CATCH_FLAG -c $ROOT/tests/gpu/test_cuda_backend.cpp -o $OUT/obj/test.o" >> "$CMDS"
-  echo "$CXX -std=c++20 $CATCH_FLAG -c $ROOT/tests/common/catch_main.cpp -o $OUT/obj/catch_main.o" >> "$CMDS"
+  echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} $CATCH_FLAG -c $ROOT/tests/gpu/test_cuda_backend.cpp -o $OUT/obj/test.o" >> "$CMDS"
+  echo "$LAUNCH $CXX -std=c++20 $CATCH_FLAG -c $ROOT/tests/common/catch_main.cpp -o $OUT/obj/catch_main.o" >> "$CMDS"
 else
   # A failure, not a skip (review #13): without the op tests the run proves little.
   die "Catch2 header not found (RD_CATCH2_INCLUDE, .gpu_deps/include, /usr/include): carry .gpu_deps (docs/cuda.md)"
 fi
-echo "$CXX -std=c++20 ${COMMON[*]} -c $ROOT/tests/gpu/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
+echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/tests/gpu/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
 if ! xargs -P "$JOBS" -I{} sh -c '{} || exit 255' < "$CMDS" > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" -A3 "$OUT/build.log" | head -60
   die "build failed (full log: $OUT/build.log)"
@@ -148,54 +168,127 @@ echo "built: $(ls "$OUT"/test_cuda_backend "$OUT"/gpu_train_bench 2>/dev/null | 
 exit 0
 fi
 
-# ---- the plan: name, timeout (s), what it runs ---------------------------------------------
-# Timeouts are upper bounds for a hang; on an H200 the whole plan took far less.
+# ---- the host step (its own process, under its timeout): what the results ran on ----
+# Never fails: a missing tool is reported as such (no GPU here is an answer too).
+if [[ $INTERNAL == host ]]; then
+  find_python
+  echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host:     $(hostname 2>/dev/null) $(uname -srm)"
+  echo "cpus:     $(nproc 2>/dev/null), memory $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo 2>/dev/null)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -9
+    nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -1 | sed 's/^/driver supports /'
+  else
+    echo "nvidia-smi: not found (no NVIDIA driver: no device)"
+  fi
+  NVCC=$(command -v nvcc || true)
+  [[ -z $NVCC && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+  if [[ -n $NVCC ]]; then
+    echo "nvcc:     $NVCC, $("$NVCC" --version | grep -o 'release [0-9.]*, V[0-9.]*')"
+  else
+    echo "nvcc:     not found"
+  fi
+  # Header versions of cuDNN and NCCL: the toolkit's, then PyTorch's wheels.
+  DIRS=()
+  [[ -n $NVCC ]] && DIRS+=("$(cd "$(dirname "$NVCC")/.." && pwd)/include")
+  DIRS+=(/usr/local/cuda/include /usr/include)
+  if [[ -n "$PY" ]]; then
+    NV=$("$PY" -c 'import nvidia,os;print(os.path.dirname(list(nvidia.__path__)[0]+"/x"))' 2>/dev/null || true)
+    if [[ -n $NV ]]; then for d in "$NV"/*/include; do DIRS+=("$d"); done; fi
+  fi
+  hdr_version() {  # hdr_version FILE PREFIX -> "9.19.0 (DIR/FILE)"
+    local d f
+    for d in "${DIRS[@]}"; do
+      f=$d/$1
+      [[ -f $f ]] || continue
+      awk -v p="$2" '$1 == "#define" && ($2 == p "MAJOR" || $2 == p "MINOR" || $2 == p "PATCHLEVEL" || $2 == p "PATCH") { v[$2] = $3 }
+        END { printf "%s.%s.%s", v[p "MAJOR"], v[p "MINOR"], (p "PATCHLEVEL" in v) ? v[p "PATCHLEVEL"] : v[p "PATCH"] }' "$f"
+      echo " ($f)"
+      return 0
+    done
+    echo "not found"
+  }
+  echo "cuDNN:    $(hdr_version cudnn_version.h CUDNN_)"
+  echo "NCCL:     $(hdr_version nccl.h NCCL_)"
+  SAN=$(command -v compute-sanitizer || true)
+  [[ -z $SAN && -x /usr/local/cuda/bin/compute-sanitizer ]] && SAN=/usr/local/cuda/bin/compute-sanitizer
+  if [[ -n $SAN ]]; then
+    echo "compute-sanitizer: $SAN, $("$SAN" --version 2>/dev/null | grep -io 'version [0-9.]*' | head -1)"
+  else
+    echo "compute-sanitizer: not found"
+  fi
+  if [[ -n "$PY" ]]; then
+    echo "python with torch: $PY"
+    "$PY" - <<'PYEOF' 2>&1 || true
+import torch
+def get(f):
+    try:
+        return f()
+    except Exception as e:
+        return f"? ({type(e).__name__})"
+avail = get(torch.cuda.is_available)
+print("torch", torch.__version__, "| cuda", torch.version.cuda, "| cudnn", get(torch.backends.cudnn.version),
+      "| nccl", get(torch.cuda.nccl.version), "| device", get(torch.cuda.get_device_name) if avail is True else "none")
+PYEOF
+  else
+    echo "python with torch: none (the PyTorch comparison is skipped)"
+  fi
+  if [[ -n $BUNDLE_RUN && -f $ROOT/MANIFEST.txt ]]; then sed -n '1,4p' "$ROOT/MANIFEST.txt"; fi
+  exit 0
+fi
+
+# ---- the plan: name, timeout (s), device or not, what it runs ---------------------------------
+# Timeouts are upper bounds for a hang; a step that needs a GPU is marked "device".
 PLAN_STANDALONE=(
-  "host          10  nvidia-smi, torch/cuDNN/NCCL versions"
-  "build        140  nvcc + g++ -j$JOBS for this GPU's arch (op tests, gpu_train_bench)"
-  "op_tests     100  every op vs the float64 reference, fp32/tf32/fp16/bf16 x NHWC/NCHW"
-  "bench_fp32    30  ours: ResNet-34 @244 b16 NHWC training step"
-  "bench_tf32    30  ours, tf32"
-  "bench_fp16    30  ours, fp16 (loss scaling)"
-  "bench_bf16    30  ours, bf16"
-  "bench_torch   75  PyTorch, same model/batch, channels-last, 4 precisions"
-  "memcheck      60  compute-sanitizer memcheck: 1 step resnet_tiny @64 b4 fp16 MLP head"
-  "summary        5  the table"
+  "host          10  -       driver, nvcc, cuDNN, NCCL, torch versions"
+  "build        140  -       nvcc + g++ -j$JOBS for this GPU's arch (op tests, gpu_train_bench)"
+  "op_tests     100  device  every op vs the float64 reference, fp32/tf32/fp16/bf16 x NHWC/NCHW"
+  "bench_fp32    30  device  ours: ResNet-34 @244 b16 NHWC training step"
+  "bench_tf32    30  device  ours, tf32"
+  "bench_fp16    30  device  ours, fp16 (loss scaling)"
+  "bench_bf16    30  device  ours, bf16"
+  "bench_torch   75  device  PyTorch, same model/batch, channels-last, 4 precisions"
+  "memcheck      60  device  compute-sanitizer memcheck: 1 step resnet_tiny @64 b4 fp16 MLP head"
+  "summary        5  -       the table"
 )
 PLAN_BUNDLE=(
-  "host          10  nvidia-smi, torch/cuDNN/NCCL versions"
-  "bundle_env    15  run --env: the host's CUDA libraries"
-  "op_tests      90  every op vs the float64 reference, all precisions"
-  "nccl_np1      40  mpirun -np 1 nccl_collective_test (-np 2 needs 2 GPUs)"
-  "mpi_coll      25  mpirun -np 2 collective_test (host memory)"
-  "msg_passing   30  mpirun message_passing --device cuda"
-  "synth         20  resnet_ddp synth: a tiny image folder"
-  "train_fp32    50  resnet_ddp --device cuda, 20 steps, default MLP head"
-  "train_fp16    35  the same in fp16"
-  "bench_fp32    25  ours: ResNet-34 @244 b16 NHWC training step"
-  "bench_tf32    25  ours, tf32"
-  "bench_fp16    25  ours, fp16"
-  "bench_bf16    25  ours, bf16"
-  "bench_torch   70  PyTorch, 4 precisions"
-  "memcheck      45  compute-sanitizer memcheck: 1 step resnet_tiny @64 b4 fp16"
-  "summary        5  the table"
+  "host          10  -       driver, nvcc, cuDNN, NCCL, torch versions"
+  "bundle_env    15  -       run --env: the host's CUDA libraries"
+  "op_tests      90  device  every op vs the float64 reference, all precisions"
+  "nccl_np1      40  device  mpirun -np 1 nccl_collective_test (-np 2 needs 2 GPUs)"
+  "mpi_coll      25  -       mpirun -np 2 collective_test (host memory)"
+  "msg_passing   30  device  mpirun message_passing --device cuda"
+  "synth         20  -       resnet_ddp synth: a tiny image folder"
+  "train_fp32    50  device  resnet_ddp --device cuda, 20 steps, default MLP head"
+  "train_fp16    35  device  the same in fp16"
+  "bench_fp32    25  device  ours: ResNet-34 @244 b16 NHWC training step"
+  "bench_tf32    25  device  ours, tf32"
+  "bench_fp16    25  device  ours, fp16"
+  "bench_bf16    25  device  ours, bf16"
+  "bench_torch   70  device  PyTorch, 4 precisions"
+  "memcheck      45  device  compute-sanitizer memcheck: 1 step resnet_tiny @64 b4 fp16"
+  "summary        5  -       the table"
 )
-BUDGET_LIMIT=540  # the timeouts of a plan must add up to less than 9 minutes
+# The device call's limit (timeout_s). The run's hard deadline leaves 30 s of it for
+# the shell to exit; kill-after (5 s per step) and the archive rewrites come out of
+# the deadline, not on top of it.
+CALL_LIMIT=570
+DEADLINE_S=$((540 * SLOW))
+BUDGET_LIMIT=540  # the timeouts of a plan must add up to less than the deadline
 plan_sum() { local sum=0 line; for line in "$@"; do read -r _ t _ <<<"$line"; sum=$((sum + t)); done; echo "$sum"; }
-timeout_of() { local line; for line in "${PLAN[@]}"; do read -r n t _ <<<"$line"; [[ $n == "$1" ]] && { echo "$t"; return; }; done; echo 30; }
+timeout_of() { local line n t; for line in "${PLAN[@]}"; do read -r n t _ <<<"$line"; [[ $n == "$1" ]] && { echo $((t * SLOW)); return; }; done; echo $((30 * SLOW)); }
+needs_device() { local line n d; for line in "${PLAN[@]}"; do read -r n _ d _ <<<"$line"; [[ $n == "$1" ]] && { [[ $d == device ]]; return; }; done; return 1; }
 print_plan() {
   local title=$1; shift
-  local line n t what sum=0
-  printf '%s
-' "$title"
+  local line n t d what sum=0
+  printf '%s\n' "$title"
   for line in "$@"; do
-    read -r n t what <<<"$line"
+    read -r n t d what <<<"$line"
     sum=$((sum + t))
-    printf '  %-12s %4ss  (by %4ss)  %s
-' "$n" "$t" "$sum" "$what"
+    [[ $d == - ]] && d=""
+    printf '  %-12s %4ss  (by %4ss)  %-6s  %s\n' "$n" "$t" "$sum" "$d" "$what"
   done
-  printf '  %-12s %4ss = %d min %02d s of timeouts (limit %ss)
-' "total" "$sum" $((sum / 60)) $((sum % 60)) "$BUDGET_LIMIT"
+  printf '  %-12s %4ss = %d min %02d s of timeouts (limit %ss)\n' "total" "$sum" $((sum / 60)) $((sum % 60)) "$BUDGET_LIMIT"
 }
 for plan in standalone bundle; do
   declare -n P="PLAN_${plan^^}"
@@ -203,10 +296,25 @@ for plan in standalone bundle; do
 done
 if [[ -n $BUNDLE ]]; then PLAN=("${PLAN_BUNDLE[@]}"); MODE=bundle; else PLAN=("${PLAN_STANDALONE[@]}"); MODE=standalone; fi
 
+# The call to make when a GPU host is lent (docs/cuda.md), from the checkout's root.
+device_call() {
+  if [[ -n $BUNDLE_RUN ]]; then
+    local top rel
+    top=$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null || true)
+    rel=${ROOT#"$top"/}
+    [[ -n $top && $rel != "$ROOT" ]] || rel=bundle/gpu
+    echo "run(command=\"$rel/tools/gpu_check.sh --out \$OUT\", carry=[\"$rel\"], timeout_s=$CALL_LIMIT)"
+  else
+    echo "run(command=\"tools/gpu_check.sh --out \$OUT\", carry=[\".gpu_deps\"], timeout_s=$CALL_LIMIT)"
+  fi
+}
+
 if ((DRY)); then
   echo "gpu_check.sh --dry-run: nothing is run. This copy would use the $MODE plan."
   print_plan "standalone plan (repository sources built on the GPU host):" "${PLAN_STANDALONE[@]}"
   print_plan "bundle plan (bundle/gpu made by tools/gpu_bundle.sh, nothing built):" "${PLAN_BUNDLE[@]}"
+  echo "hard deadline: each step's timeout is capped so that the run ends ${DEADLINE_S}s after it starts"
+  echo "  (kill-after and the archive included); the call's limit is ${CALL_LIMIT}s"
   CATCH=""
   for d in "${RD_CATCH2_INCLUDE:-}" "$ROOT/.gpu_deps/include"; do
     [[ -n $d && -f $d/catch2/catch.hpp ]] && CATCH=$d
@@ -217,54 +325,114 @@ if ((DRY)); then
     echo "Catch2 for the op tests: NOT in .gpu_deps: the GPU host has none, and the op tests step would fail."
     echo "  prepare: mkdir -p .gpu_deps/include && cp -r /usr/include/catch2 .gpu_deps/include/"
   fi
-  echo "device call (docs/cuda.md): run(command=\"tools/gpu_check.sh --out \$OUT\", carry=[\".gpu_deps\"], timeout_s=570)"
+  echo "device call (docs/cuda.md), ONE shot: $(device_call)"
+  echo "  it returns \$OUT/gpu_check.tar.gz (summary.txt, progress.txt, every step's log); then give_back"
   exit 0
 fi
 
 # ---- the run --------------------------------------------------------------------------------
 mkdir -p "$OUT"
 LOG=$OUT/steps
-rm -rf "$LOG"; mkdir -p "$LOG"
+rm -rf "$LOG" "$OUT/summary.txt" "$OUT/progress.txt" "$OUT/bench.jsonl"
+mkdir -p "$LOG"
 T0=$(date +%s)
-declare -A RC SECS
+DEADLINE=$((T0 + DEADLINE_S))
+RESERVE=$((15 * SLOW))  # after a step's timeout: kill-after (5 s), the archive, the summary
+declare -A RC SECS STATUS
 ORDER=()
-# step NAME CMD...: runs CMD under NAME's timeout from the plan, output to the terminal and
-# $LOG/NAME.log; records its exit status (124: timed out) and duration.
+TARBALL=""
+if [[ -n $COPY_TO ]]; then
+  mkdir -p "$COPY_TO" || die "--out $COPY_TO: cannot create it"
+  TARBALL=$(cd "$COPY_TO" && pwd)/gpu_check.tar.gz
+fi
+# One archive of everything so far, replaced whole (a reader never sees half of one).
+archive() {
+  [[ -n $TARBALL ]] || return 0
+  local items=() f
+  for f in summary.txt progress.txt bench.jsonl build.log compile_cmds.txt steps; do
+    [[ -e $OUT/$f ]] && items+=("$f")
+  done
+  tar -czf "$TARBALL.partial" -C "$OUT" "${items[@]}" 2>/dev/null && mv -f "$TARBALL.partial" "$TARBALL"
+}
+status_of() {
+  case $1 in 0) echo ok ;; 77) echo "no device" ;; 124 | 137) echo TIMEOUT ;; 125) echo "no time" ;; *) echo FAILED ;; esac
+}
+record() {  # record NAME EXIT SECONDS
+  RC[$1]=$2 SECS[$1]=$3 STATUS[$1]=$(status_of "$2")
+  ORDER+=("$1")
+  printf '%-12s %5s %7s  %s\n' "$1" "$2" "$3" "${STATUS[$1]}" >> "$OUT/progress.txt"
+  echo "-- $1: ${STATUS[$1]} (exit $2 in $3s)"
+  archive
+}
+# step NAME CMD...: runs CMD under NAME's timeout from the plan (capped by the deadline),
+# output to the terminal and $LOG/NAME.log; records its exit status (124: timed out) and
+# duration. A step that needs a device is not run without one (exit 77, "no device").
 step() {
-  local name=$1 limit rc t
+  local name=$1 limit rc t left
   shift
   limit=$(timeout_of "$name")
-  printf '
-== %s (timeout %ss, t=%ss)
-' "$name" "$limit" "$(( $(date +%s) - T0 ))"
+  left=$((DEADLINE - $(date +%s) - RESERVE))
+  ((limit > left)) && limit=$left
+  printf '\n== %s (timeout %ss, t=%ss)\n' "$name" "$limit" "$(( $(date +%s) - T0 ))"
+  if needs_device "$name" && ((!HAVE_DEVICE)); then
+    echo "no device: not run" | tee "$LOG/$name.log"
+    record "$name" 77 0
+    return 0
+  fi
+  if ((limit < 3)); then
+    echo "no time left before the deadline: not run" | tee "$LOG/$name.log"
+    record "$name" 125 0
+    return 0
+  fi
   t=$(date +%s)
   timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$LOG/$name.log"
   rc=${PIPESTATUS[0]}
-  RC[$name]=$rc SECS[$name]=$(( $(date +%s) - t ))
-  ORDER+=("$name")
-  echo "-- $name: exit $rc in ${SECS[$name]}s"
+  record "$name" "$rc" $(( $(date +%s) - t ))
   return 0
 }
 
 find_python
-host_info() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -3
-  if [[ -n "$PY" ]]; then
-    echo "python with torch: $PY"
-    "$PY" -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else "-")'
-  else
-    echo "no Python with torch: the PyTorch comparison is skipped"
-  fi
-}
-step host host_info
+# A device: nvidia-smi lists one, or PyTorch sees one (a host without nvidia-smi).
+# RD_GPU_CHECK_DEVICE=0 forces "none" (tests).
+HAVE_DEVICE=0
+if [[ ${RD_GPU_CHECK_DEVICE:-} == 0 ]]; then
+  HAVE_DEVICE=0
+elif nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  HAVE_DEVICE=1
+elif [[ -n "$PY" ]] && timeout 60 "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() > 0 else 1)' 2>/dev/null; then
+  HAVE_DEVICE=1
+fi
+((HAVE_DEVICE)) || echo "gpu_check.sh: no CUDA device visible: the steps that need one report \"no device\""
+step host "$SELF" --internal-host
 
+if [[ -n $BUNDLE_RUN ]]; then
+  RUN=("$BUNDLE_RUN")
+elif [[ -n $BUNDLE ]]; then
+  # A CMake build folder standing in for a bundle (the plan's test): its programs on
+  # PATH, the system's Open MPI.
+  FAKE_RUN=$OUT/run_from_build
+  {
+    echo '#!/usr/bin/env bash'
+    echo "export PATH=\"$BUNDLE:$BUNDLE/tests/gpu:$BUNDLE/tests/collective:\$PATH\""
+    echo 'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1'
+    echo 'if [[ ${1:-} == --env ]]; then'
+    echo "  echo \"build folder standing in for a bundle: $BUNDLE\""
+    echo "  ldd \"$BUNDLE/resnet_ddp\" | grep -E 'cudart|cudnn|cublas|nccl' || echo 'resnet_ddp links no CUDA library'"
+    echo '  exit 0'
+    echo 'fi'
+    echo 'exec "$@"'
+  } > "$FAKE_RUN"
+  chmod +x "$FAKE_RUN"
+  RUN=("$FAKE_RUN")
+fi
 if [[ -n $BUNDLE ]]; then
-  step bundle_env "$BUNDLE/run" --env
-  TEST_CMD=("$BUNDLE/run" test_gpu_cuda_backend)
-  BENCH_CMD=("$BUNDLE/run" gpu_train_bench)
-  TORCH_BENCH=$BUNDLE/tools/torch_gpu_bench.py
+  step bundle_env "${RUN[@]}" --env
+  TEST_CMD=("${RUN[@]}" test_gpu_cuda_backend)
+  BENCH_CMD=("${RUN[@]}" gpu_train_bench)
+  TORCH_BENCH=$ROOT/tools/torch_gpu_bench.py
+  [[ -f $TORCH_BENCH ]] || TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
 else
-  step build "$0" --internal-build
+  step build "$SELF" --internal-build
   TEST_CMD=("$OUT/test_cuda_backend")
   BENCH_CMD=("$OUT/gpu_train_bench")
   TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
@@ -282,48 +450,63 @@ if [[ -n $BUNDLE ]]; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   ((GPUS > 0)) || GPUS=1
   NP=$((GPUS < 4 ? GPUS : 4))
-  step nccl_np1 "$BUNDLE/run" mpirun -np 1 nccl_collective_test
-  step mpi_coll "$BUNDLE/run" mpirun -np 2 --oversubscribe collective_test
-  step msg_passing "$BUNDLE/run" mpirun -np "$NP" message_passing --device cuda --verbose
-  step synth "$BUNDLE/run" resnet_ddp synth --out "$WORK/synth"
+  step nccl_np1 "${RUN[@]}" mpirun -np 1 nccl_collective_test
+  step mpi_coll "${RUN[@]}" mpirun -np 2 --oversubscribe collective_test
+  step msg_passing "${RUN[@]}" mpirun -np "$NP" message_passing --device cuda --verbose
+  step synth "${RUN[@]}" resnet_ddp synth --out "$WORK/synth"
   WORKERS=$(( JOBS / NP - 1 )); ((WORKERS >= 1)) || WORKERS=1
-  step train_fp32 "$BUNDLE/run" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1     --max-steps 20 --workers "$WORKERS" --progress lines --log-every 5 --resume none --output-dir "$WORK/out_fp32"
-  step train_fp16 "$BUNDLE/run" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1     --max-steps 20 --precision fp16 --workers "$WORKERS" --progress lines --log-every 5 --resume none     --output-dir "$WORK/out_fp16"
+  step train_fp32 "${RUN[@]}" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
+    --max-steps 20 --workers "$WORKERS" --progress lines --log-every 5 --resume none --output-dir "$WORK/out_fp32"
+  step train_fp16 "${RUN[@]}" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
+    --max-steps 20 --precision fp16 --workers "$WORKERS" --progress lines --log-every 5 --resume none \
+    --output-dir "$WORK/out_fp16"
 fi
 
 RES=$OUT/bench.jsonl
 : > "$RES"
 for prec in fp32 tf32 fp16 bf16; do
-  step "bench_$prec" "${BENCH_CMD[@]}" --arch resnet34 --size 244 --batch 16 --precision "$prec"     --layout nhwc --steps "$STEPS" --warmup "$WARMUP"
+  step "bench_$prec" "${BENCH_CMD[@]}" --arch resnet34 --size 244 --batch 16 --precision "$prec" \
+    --layout nhwc --steps "$STEPS" --warmup "$WARMUP"
   grep '^{' "$LOG/bench_$prec.log" >> "$RES"
 done
 if [[ -n "$PY" ]]; then
-  step bench_torch "$PY" "$TORCH_BENCH" --arch resnet34 --size 244 --batch 16 --channels-last     --steps "$STEPS" --warmup "$WARMUP"
+  step bench_torch "$PY" "$TORCH_BENCH" --arch resnet34 --size 244 --batch 16 --channels-last \
+    --steps "$STEPS" --warmup "$WARMUP"
   grep '^{' "$LOG/bench_torch.log" >> "$RES"
 fi
 
 SANITIZER=$(command -v compute-sanitizer || true)
 [[ -z $SANITIZER && -n ${CUDA_HOME:-} && -x $CUDA_HOME/bin/compute-sanitizer ]] && SANITIZER=$CUDA_HOME/bin/compute-sanitizer
 [[ -z $SANITIZER && -x /usr/local/cuda/bin/compute-sanitizer ]] && SANITIZER=/usr/local/cuda/bin/compute-sanitizer
-if [[ -n $SANITIZER ]]; then
-  step memcheck "$SANITIZER" --tool memcheck --print-limit 20 --error-exitcode 3 "${BENCH_CMD[@]}"     --arch resnet_tiny --size 64 --batch 4 --steps 1 --warmup 0 --precision fp16
+if [[ -n $SANITIZER ]] || ((!HAVE_DEVICE)); then
+  # cuDNN's heuristics instead of cudnnFind, which would run every algorithm, each one
+  # instrumented (minutes); cuDNN's and cuBLAS's kernels are left unchecked where the
+  # sanitizer can filter them (none of our kernels' names contains these words).
+  SAN_ARGS=(--tool memcheck --print-limit 20 --error-exitcode 3)
+  if [[ -n $SANITIZER ]] && "$SANITIZER" --help 2>/dev/null | grep -q -- '--kernel-name-exclude'; then
+    SAN_ARGS+=(--kernel-name-exclude "kns=cudnn,kns=cublas,kns=xmma,kns=cutlass,kns=gemm,kns=fft,kns=winograd,kns=Kernel,kns=sm90,kns=sm80,kns=sm86,kns=sm75,kns=ampere,kns=turing,kns=implicit_convolve")
+  fi
+  step memcheck env RD_CUDNN_HEURISTICS=1 "${SANITIZER:-compute-sanitizer}" "${SAN_ARGS[@]}" "${BENCH_CMD[@]}" \
+    --arch resnet_tiny --size 64 --batch 4 --steps 1 --warmup 0 --precision fp16
 else
-  RC[memcheck]=127 SECS[memcheck]=0; ORDER+=(memcheck)
   echo "compute-sanitizer not found: memcheck not run" | tee "$LOG/memcheck.log"
+  record memcheck 127 0
 fi
 
 summary() {
-  local name status
+  local name
   echo "step          exit  seconds  result"
   for name in "${ORDER[@]}"; do
-    case ${RC[$name]} in 0) status=ok ;; 124 | 137) status=TIMEOUT ;; *) status=FAILED ;; esac
-    printf '%-12s %5s  %7s  %s
-' "$name" "${RC[$name]}" "${SECS[$name]}" "$status"
+    printf '%-12s %5s  %7s  %s\n' "$name" "${RC[$name]}" "${SECS[$name]}" "${STATUS[$name]}"
   done
   echo
-  echo "op tests: $(grep -E 'test cases' "$LOG/op_tests.log" 2>/dev/null | tail -2 | tr -s ' ' | paste -sd ';' -) (exit ${RC[op_tests]:-?})"
-  echo "memcheck: $(grep -E 'ERROR SUMMARY' "$LOG/memcheck.log" 2>/dev/null | tail -1 || true) (exit ${RC[memcheck]:-?})"
+  echo "op tests: $(grep -E 'test cases' "$LOG/op_tests.log" 2>/dev/null | tail -2 | tr -s ' ' | paste -sd ';' -) (${STATUS[op_tests]:-?})"
+  echo "memcheck: $(grep -E 'ERROR SUMMARY' "$LOG/memcheck.log" 2>/dev/null | tail -1 || true) (${STATUS[memcheck]:-?})"
   echo
+  if [[ ! -s $RES ]]; then
+    echo "no benchmark results"
+    return 0
+  fi
   "${PY:-python3}" - "$RES" <<'PYEOF'
 import json, sys
 rows = []
@@ -346,16 +529,19 @@ for p in ("fp32", "tf32", "fp16", "bf16"):
     print(f"{p:9} {ra:>11} {rb:>9} {ratio:>6} {ma:>9} {mb:>10}")
 PYEOF
 }
-printf '
-== summary (t=%ss, %s plan)
-' "$(( $(date +%s) - T0 ))" "$MODE"
+printf '\n== summary (t=%ss, %s plan)\n' "$(( $(date +%s) - T0 ))" "$MODE"
+t=$(date +%s)
 summary | tee "$OUT/summary.txt"
-if [[ -n $COPY_TO ]]; then
-  mkdir -p "$COPY_TO" && cp -r "$OUT/summary.txt" "$RES" "$LOG" "$COPY_TO"/ 2>/dev/null
-  [[ -f $OUT/build.log ]] && cp "$OUT/build.log" "$COPY_TO"/
-fi
-FIRST_BAD=0
+record summary 0 $(( $(date +%s) - t ))
+VERDICT=0
 for name in "${ORDER[@]}"; do
-  if [[ ${RC[$name]} != 0 ]]; then FIRST_BAD=${RC[$name]}; echo "first failing step: $name (exit $FIRST_BAD)"; break; fi
+  case ${RC[$name]} in
+    0) ;;
+    77) VERDICT=77 ;;
+    *) echo "first failing step: $name (${STATUS[$name]}, exit ${RC[$name]})"; VERDICT=1; break ;;
+  esac
 done
-exit $((FIRST_BAD == 0 ? 0 : 1))
+((VERDICT == 77)) && echo "every step that ran passed; the steps that need a GPU: no device"
+[[ -n $TARBALL ]] && echo "results: $TARBALL ($(du -k "$TARBALL" | cut -f1) KiB)"
+echo "finished at t=$(( $(date +%s) - T0 ))s (deadline ${DEADLINE_S}s)"
+exit "$VERDICT"
