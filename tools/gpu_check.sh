@@ -30,7 +30,7 @@
 #              RD_GPU_CHECK_LAUNCHER a compiler launcher for the build (e.g. ccache),
 #              RD_GPU_CHECK_SLOWDOWN N multiplies every timeout and the deadline (slow CI),
 #              RD_GPU_CHECK_BUILD_DIR a CMake build folder whose programs stand in for a
-#                bundle's (tests/gpu/gpu_check_plan_test.sh runs the bundle plan so).
+#                bundle's (tests/gpu/gpu_check_run_test.sh runs the bundle plan so).
 set -uo pipefail
 SELF_DIR=$(cd "$(dirname "$0")" && pwd)
 cd "$SELF_DIR/.." || exit 2
@@ -46,7 +46,7 @@ while (($#)); do
     --out) COPY_TO=${2:?--out needs a folder}; shift ;;
     --internal-build) INTERNAL=build ;;  # the build step, run by this script under its timeout
     --internal-host) INTERNAL=host ;;    # the host step (a function cannot run under `timeout`)
-    -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
