@@ -1,0 +1,45 @@
+# NCCL on the emulated device (label gpu_emu), included by CMakeLists.txt here:
+# - the NCCL collective test (tests/collective) built against the emulator, at 1, 2
+#   and 4 ranks; the emulator always has a device per rank, so a skip fails;
+# - test_emu_nccl: the NCCL stand-in itself (src/backend/cuda_emu/nccl.cpp), every
+#   operation, type and root, groups, non-blocking init, abort, caught misuses;
+# - message_passing --device cuda at 4 ranks (its emulator build).
+set(RD_EMU_NCCL_DEVICES RD_EMU_DEVICE_COUNT=4)  # one emulated GPU per rank at 4 ranks
+
+if(TARGET rd_cuda_emu)
+  add_executable(nccl_collective_test_emu ${PROJECT_SOURCE_DIR}/tests/collective/nccl_collective_test.cpp)
+  target_link_libraries(nccl_collective_test_emu PRIVATE rd_cuda_emu rd_dist)
+  target_compile_definitions(nccl_collective_test_emu PRIVATE RESNET_DDP_HAVE_CUDA=1)
+  target_compile_options(nccl_collective_test_emu PRIVATE ${RD_WARNINGS})
+  foreach(np 1 2 4)
+    rd_add_mpi_test(nccl_collective_emu_np${np} ${np} COMMAND $<TARGET_FILE:nccl_collective_test_emu>
+                    LABELS gpu_emu TIMEOUT 180)
+    set_property(TEST nccl_collective_emu_np${np} APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES})
+    # Exit 77 means "fewer GPUs than ranks": never true here, so it must fail, not skip.
+    set_tests_properties(nccl_collective_emu_np${np} PROPERTIES SKIP_RETURN_CODE -1)
+  endforeach()
+endif()
+
+if(TARGET rd_cuda_emu_runtime)
+  add_executable(test_emu_nccl ${CMAKE_CURRENT_LIST_DIR}/nccl_standin_test.cpp)
+  target_link_libraries(test_emu_nccl PRIVATE rd_cuda_emu_runtime MPI::MPI_C)
+  target_compile_options(test_emu_nccl PRIVATE ${RD_WARNINGS})
+  # Both schedules of the emulated streams: "lazy" (the default) and "random" (which
+  # also runs the two-stream cases; see the test).
+  foreach(np 2 4)
+    foreach(schedule lazy random)
+      set(name nccl_standin_np${np}_${schedule})
+      rd_add_mpi_test(${name} ${np} COMMAND $<TARGET_FILE:test_emu_nccl> LABELS gpu_emu TIMEOUT 180)
+      set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES} RD_EMU_SCHEDULE=${schedule})
+      set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE -1)
+    endforeach()
+  endforeach()
+endif()
+
+if(TARGET message_passing_emu)
+  add_test(NAME nccl_message_passing_emu_np4
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/nccl_message_passing_test.sh ${RD_MPIEXEC}
+                   $<TARGET_FILE:message_passing_emu> 4)
+  set_tests_properties(nccl_message_passing_emu_np4 PROPERTIES LABELS gpu_emu TIMEOUT 120
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1;OMPI_MCA_btl=self,vader,tcp;OMPI_MCA_btl_vader_single_copy_mechanism=none;${RD_EMU_NCCL_DEVICES}")
+endif()
