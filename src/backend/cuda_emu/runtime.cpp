@@ -432,8 +432,19 @@ uint64_t push(CUstream_st* s, Op op) {
 
 // Tries to complete the head of `s`; false when it is blocked (an unfinished
 // event wait, or an asynchronous operation still in flight).
+bool trace_ops() {
+  static const bool on = [] {
+    const char* v = std::getenv("RD_EMU_TRACE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 bool step(CUstream_st* s) {
   Op& op = s->queue.front();
+  // RD_EMU_TRACE=1: every operation as it runs (the order the scheduler chose).
+  if (trace_ops() && !(op.kind == Op::Async && op.started))
+    std::fprintf(stderr, "cuda-emu: trace: stream #%d: %s\n", s->id, op.what.c_str());
   switch (op.kind) {
     case Op::Wait:
       if (op.event->completed < op.generation) return false;
