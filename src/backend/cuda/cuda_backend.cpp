@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -12,7 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/collective_timeout.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::cuda {
@@ -81,7 +82,7 @@ bool wait_stream_bounded(cudaStream_t s, double seconds) {
   }
 }
 
-double teardown_wait_s() { return dist::collective_timeout_s(); }
+double teardown_wait_s() { return rd::collective_timeout_s(); }
 
 void Scratch::release() {
   if (!ptr_) return;
@@ -125,7 +126,14 @@ void* Scratch::get(size_t bytes, const char* what) {
   if (bytes <= bytes_ && ptr_) return ptr_;
   release();
   const size_t want = std::max<size_t>(bytes, 256);
-  const cudaError_t e = pinned_ ? cudaMallocHost(&ptr_, want) : cudaMalloc(&ptr_, want);
+  cudaError_t e = pinned_ ? cudaMallocHost(&ptr_, want) : cudaMalloc(&ptr_, want);
+  if (e == cudaErrorMemoryAllocation && on_oom_) {
+    // As CudaBackend::allocate: the workspace was sized while memory was free;
+    // give it back and retry once (convolutions then take smaller algorithms).
+    cudaGetLastError();
+    ptr_ = nullptr;
+    if (on_oom_()) e = pinned_ ? cudaMallocHost(&ptr_, want) : cudaMalloc(&ptr_, want);
+  }
   if (e == cudaErrorMemoryAllocation) {
     ptr_ = nullptr;
     fail_oom(want, what, __FILE__, __LINE__);
@@ -140,14 +148,23 @@ void* Scratch::get(size_t bytes, const char* what) {
 
 // ---- convolution plans --------------------------------------------------------------
 
+namespace {
+enum ConvDir : int { kFwd = 0, kBwdData = 1, kBwdFilter = 2 };
+}  // namespace
+
 struct CudaBackend::ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
-  // Measured algorithms, fastest first (cudnnFind's order); the first one whose
-  // workspace can be allocated runs, the others are the out-of-memory fallbacks.
-  std::vector<ConvChoice> fwd, bwd_data, bwd_filter;
+  // Per direction (ConvDir): searched once. `choices` fastest first (cudnnFind's
+  // order); the first one whose workspace can be allocated runs, the others are
+  // the out-of-memory fallbacks. `nchw_f32`: cuDNN has no algorithm for this shape
+  // in the activation type and layout; it runs through f32_nchw_plan instead.
+  struct Dir {
+    bool searched = false, nchw_f32 = false;
+    std::vector<ConvChoice> choices;
+  };
+  Dir dir[3];
   int64_t yh = 0, yw = 0;
 
   ~ConvPlan() {
@@ -192,17 +209,33 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
-// Every successful result within the workspace limit, fastest first. FP32 never
-// takes a TF32 variant: its math type is forced to FMA (PyTorch does the same
-// when allow_tf32 is off).
+// One result of cudnnFind* / cudnnGet*_v7, whatever the direction.
+struct Found {
+  int algo;
+  cudnnStatus_t status;
+  size_t memory;
+  cudnnMathType_t math;
+};
+
 template <class Perf>
-std::vector<CudaBackend::ConvChoice> choices(const Perf* perfs, int n, size_t limit, Precision precision) {
-  std::vector<CudaBackend::ConvChoice> out;
+std::vector<Found> found_of(const Perf* perf, int n) {
+  std::vector<Found> out;
   for (int i = 0; i < n; ++i)
-    if (perfs[i].status == CUDNN_STATUS_SUCCESS && perfs[i].memory <= limit)
-      out.push_back({static_cast<int>(perfs[i].algo),
-                     precision == Precision::FP32 ? CUDNN_FMA_MATH : perfs[i].mathType, perfs[i].memory});
+    out.push_back({static_cast<int>(perf[i].algo), perf[i].status, perf[i].memory, perf[i].mathType});
   return out;
+}
+
+// cudnnFind could not allocate its own buffers: the call failed so, or every
+// algorithm did.
+bool find_out_of_memory(cudnnStatus_t s, const std::vector<Found>& found) {
+  if (s == CUDNN_STATUS_ALLOC_FAILED) return true;
+  if (s != CUDNN_STATUS_SUCCESS) return false;
+  bool any_alloc_failed = false;
+  for (const Found& f : found) {
+    if (f.status == CUDNN_STATUS_SUCCESS) return false;
+    any_alloc_failed |= f.status == CUDNN_STATUS_ALLOC_FAILED;
+  }
+  return any_alloc_failed;
 }
 
 }  // namespace
@@ -300,6 +333,7 @@ const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
   if (!slot.buffer) {
     slot.buffer = std::make_unique<Scratch>();
     slot.buffer->bind(compute_);
+    slot.buffer->on_oom([this] { return release_workspace_for_oom(); });
   }
   void* dst = slot.buffer->get(bytes, "staged conv weight");
   kern::stage_conv_weight(w.f32(), w.shape[0], w.shape[1], w.shape[2], w.shape[3],
@@ -372,14 +406,24 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
   RD_CUBLAS(cublasSetStream(cublas_, compute_));
   RD_CUBLAS(cublasSetMathMode(cublas_, precision_ == Precision::FP32 ? CUBLAS_DEFAULT_MATH
                                                                      : CUBLAS_TF32_TENSOR_OP_MATH));
-  for (Scratch* buf : {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_,
-                       &nchw_scratch_, &labels_device_, &row_loss_device_, &argmax_device_, &loss_host_,
-                       &flag_device_, &flag_host_})
+  for (Scratch* buf : scratch_buffers()) {
     buf->bind(compute_);
+    if (buf != &workspace_) buf->on_oom([this] { return release_workspace_for_oom(); });
+  }
   images_device_.bind(compute_, copy_);  // written by the copy stream, read by compute
   images_pinned_.bind(copy_);
+  // Under compute-sanitizer cudnnFind (every algorithm, each run instrumented) takes
+  // minutes: tools/gpu_check.sh's memcheck step sets RD_CUDNN_HEURISTICS=1.
+  const char* heur = std::getenv("RD_CUDNN_HEURISTICS");
+  cudnn_heuristics_ = heur && std::strcmp(heur, "1") == 0;
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry()[device_].push_back(compute_);
+}
+
+std::vector<Scratch*> CudaBackend::scratch_buffers() {
+  return {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_, &nchw_scratch_,
+          &fallback_in_, &fallback_out_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
+          &argmax_device_, &loss_host_, &flag_device_, &flag_host_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -394,19 +438,19 @@ CudaBackend::~CudaBackend() {
   if (!idle) {
     std::fprintf(stderr, "resnet_ddp: CUDA device %d still busy at shutdown; not waiting any longer\n", device_);
     // Leak handles and buffers rather than block in their destruction.
-    for (Scratch* buf : {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_,
-                         &nchw_scratch_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
-                         &argmax_device_, &loss_host_, &flag_device_, &flag_host_})
-      buf->abandon();
+    for (Scratch* buf : scratch_buffers()) buf->abandon();
     for (auto& entry : staged_weights_) entry.second.buffer->abandon();
     return;
   }
+  // Buffers first: Scratch::release queries the streams it is bound to, so it must
+  // run while they exist (review new-3: members are destroyed after this body).
+  staged_weights_.clear();
+  for (Scratch* buf : scratch_buffers()) buf->release();
   plans_.clear();
   if (cublas_) cublasDestroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (images_ready_) cudaEventDestroy(images_ready_);
   if (images_consumed_) cudaEventDestroy(images_consumed_);
-  // Scratch members free themselves afterwards; they need no stream.
   if (copy_) cudaStreamDestroy(copy_);
   if (compute_) cudaStreamDestroy(compute_);
 }
@@ -462,14 +506,10 @@ std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
   ++weights_version_;  // a new buffer may reuse a freed weight's address
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, want);
-  if (e == cudaErrorMemoryAllocation && workspace_.capacity() > 0) {
-    // The convolution workspace was sized while memory was free (review #5):
-    // give it back and retry; convolutions then fall back to algorithms whose
-    // workspace still fits (affordable).
-    cudaGetLastError();
-    workspace_.release();
-    e = cudaMalloc(&p, want);
-  }
+  // The convolution workspace was sized while memory was free (review #5): give it
+  // back and retry; convolutions then fall back to algorithms whose workspace still
+  // fits (affordable).
+  if (e == cudaErrorMemoryAllocation && release_workspace_for_oom()) e = cudaMalloc(&p, want);
   if (e == cudaErrorMemoryAllocation) fail_oom(want, "a tensor", __FILE__, __LINE__);
   if (e != cudaSuccess) fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
   RD_CUDA(cudaMemsetAsync(p, 0, want, compute_));
@@ -544,101 +584,252 @@ void CudaBackend::synchronize() {
 
 // ---- convolution -------------------------------------------------------------------------------
 
+bool CudaBackend::release_workspace_for_oom() {
+  cudaGetLastError();  // the failed allocation's error is not sticky: clear it
+  if (workspace_.capacity() == 0) return false;
+  workspace_.release();
+  return true;
+}
+
+cudnnStatus_t CudaBackend::workspace_size(ConvPlan& p, int d, int algo, cudnnMathType_t math, size_t& ws) {
+  const cudnnStatus_t s = cudnnSetConvolutionMathType(p.conv, math);
+  if (s != CUDNN_STATUS_SUCCESS) return s;
+  switch (d) {
+    case kFwd:
+      return cudnnGetConvolutionForwardWorkspaceSize(cudnn_, p.x, p.w, p.conv, p.y,
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(algo), &ws);
+    case kBwdData:
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, p.w, p.y, p.conv, p.x,
+                                                          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &ws);
+    default:
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, p.x, p.y, p.conv, p.w,
+                                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &ws);
+  }
+}
+
+namespace {
+// cudnnFind* (measures every algorithm) or cudnnGet*_v7 (heuristics, runs nothing).
+cudnnStatus_t query_algorithms(cudnnHandle_t h, const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
+                               const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t y, int d,
+                               bool heuristics, std::vector<Found>& out) {
+  int n = 0;
+  cudnnStatus_t s;
+  if (d == kFwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    s = heuristics ? cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf)
+                   : cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf);
+    out = found_of(perf, s == CUDNN_STATUS_SUCCESS ? n : 0);
+  } else if (d == kBwdData) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    s = heuristics ? cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, conv, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                                 &n, perf)
+                   : cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, conv, x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                               &n, perf);
+    out = found_of(perf, s == CUDNN_STATUS_SUCCESS ? n : 0);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    s = heuristics ? cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, conv, w,
+                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf)
+                   : cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, conv, w,
+                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf);
+    out = found_of(perf, s == CUDNN_STATUS_SUCCESS ? n : 0);
+  }
+  return s;
+}
+}  // namespace
+
+// Every usable algorithm of direction d within the workspace limit, fastest first;
+// empty when cuDNN has none for this type and layout (the caller falls back).
+std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, const char* op) {
+  // Search with the precision's own math type (review #4: the descriptor still
+  // carries the previous direction's choice).
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));
+  std::vector<Found> found;
+  cudnnStatus_t s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, cudnn_heuristics_, found);
+  if (!cudnn_heuristics_ && find_out_of_memory(s, found)) {
+    // cudnnFind allocates its own buffers: give the workspace back and retry once
+    // (as allocate() does); still out of memory, the heuristics allocate nothing.
+    const bool freed = release_workspace_for_oom();
+    if (freed) s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, false, found);
+    if (find_out_of_memory(s, found)) s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, true, found);
+  }
+  // NOT_SUPPORTED: no algorithm at all for this data type and layout (e.g. bf16 NHWC
+  // with 3 channels on some GPUs): an empty list, the caller runs the fallback.
+  if (s != CUDNN_STATUS_SUCCESS && s != CUDNN_STATUS_NOT_SUPPORTED) {
+    const std::string call = std::string(op) + ": " + (cudnn_heuristics_ ? "cudnnGet" : "cudnnFind") +
+                             "Convolution" + (d == kFwd ? "Forward" : d == kBwdData ? "BackwardData" : "BackwardFilter") +
+                             "Algorithm";
+    fail_cudnn(s, call.c_str(), __FILE__, __LINE__);
+  }
+  const size_t limit = find_workspace_limit();
+  std::vector<ConvChoice> out;
+  for (const Found& f : found) {
+    if (f.status != CUDNN_STATUS_SUCCESS) continue;
+    // FP32 never takes a TF32 variant: its math type is FMA (PyTorch does the same
+    // when allow_tf32 is off). Find also reports DEFAULT (TF32) math entries, whose
+    // workspace is the TF32 kernel's: the FMA kernel of that algorithm may need
+    // more (review 7), so its size is asked again for the math that will run, and
+    // an algorithm without an FMA kernel is dropped. The heuristics' sizes are
+    // asked likewise (their memory field is not a measured requirement).
+    ConvChoice c{f.algo, precision_ == Precision::FP32 ? CUDNN_FMA_MATH : f.math, f.memory};
+    if (c.math != f.math || cudnn_heuristics_) {
+      size_t ws = 0;
+      if (workspace_size(p, d, c.algo, c.math, ws) != CUDNN_STATUS_SUCCESS) continue;
+      c.ws = ws;
+    }
+    if (c.ws > limit) continue;
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const ConvChoice& o) { return o.algo == c.algo && o.math == c.math; });
+    if (!seen) out.push_back(c);
+  }
+  return out;
+}
+
+// Runs direction d of plan p with its fastest affordable algorithm:
+//   forward:         out (y)  = conv(a = x, b = w)
+//   backward data:   out (dx) = conv^T(a = w, b = dy)
+//   backward filter: out (dw) = corr(a = x, b = dy)        (+ beta * out)
+// False when cuDNN has no algorithm for it (nothing ran): the caller falls back.
+bool CudaBackend::run_conv(ConvPlan& p, int d, const void* a, const void* b, void* out, float beta, const char* op) {
+  ConvPlan::Dir& dir = p.dir[d];
+  if (!dir.searched) {
+    dir.choices = search(p, d, op);
+    dir.searched = true;
+  }
+  const float alpha = 1.f;
+  while (!dir.choices.empty()) {
+    void* ws = nullptr;
+    const ConvChoice c = affordable(dir.choices, ws, op);
+    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
+    cudnnStatus_t s;
+    const char* call;
+    if (d == kFwd) {
+      call = "cudnnConvolutionForward";
+      s = cudnnConvolutionForward(cudnn_, &alpha, p.x, a, p.w, b, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                  ws, c.ws, &beta, p.y, out);
+    } else if (d == kBwdData) {
+      call = "cudnnConvolutionBackwardData";
+      s = cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, a, p.y, b, p.conv,
+                                       static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, c.ws, &beta, p.x, out);
+    } else {
+      call = "cudnnConvolutionBackwardFilter";
+      s = cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, a, p.y, b, p.conv,
+                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, c.ws, &beta, p.w,
+                                         out);
+    }
+    if (s == CUDNN_STATUS_SUCCESS) return true;
+    if (s != CUDNN_STATUS_NOT_SUPPORTED) fail_cudnn(s, call, __FILE__, __LINE__);
+    // The heuristics may offer an algorithm that then refuses the shape: the next one.
+    dir.choices.erase(dir.choices.begin());
+  }
+  return false;
+}
+
+// The fallback when cuDNN has no algorithm for a convolution in the activation
+// type and layout (fp16/bf16 NHWC with C or K not a multiple of 8, e.g. the stem's
+// C = 3, may have none on some GPUs): run it in f32 NCHW. The existing layout
+// kernels convert the operands in and the result out, the f32 OIHW master weights
+// (and weight gradients) are used as they are, and f32 NCHW always has an
+// algorithm (IMPLICIT_GEMM). Chosen over padding C to 8, which would need padded
+// activations and weight copies per layer; here only the few layers without an
+// algorithm pay the conversions. The math stays the precision's (TF32 tensor
+// cores for fp16/bf16 runs: at least as precise as the reduced-precision storage).
+CudaBackend::ConvPlan& CudaBackend::f32_nchw_plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g,
+                                                  const char* op) {
+  RD_CHECK(x.nhwc || x.dtype != DType::F32,
+           op << ": cuDNN found no algorithm for input " << dims(x) << " weight " << w.shape.str());
+  kern::ActDesc f = x;
+  f.nhwc = false;
+  f.dtype = DType::F32;
+  return plan(f, w, g, op);
+}
+
+void CudaBackend::note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Tensor& w, const char* op) {
+  p.dir[d].nchw_f32 = true;
+  ++fallbacks_;
+  std::fprintf(stderr, "resnet_ddp: %s: cuDNN has no %s %s algorithm for input %s weight %s; running it in f32 NCHW\n",
+               op, dtype_name(x.dtype), x.nhwc ? "NHWC" : "NCHW", dims(x).c_str(), w.shape.str().c_str());
+}
+
 void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) {
-  const kern::ActDesc xd = act(x, "conv2d_forward", "x"), yd = act(y, "conv2d_forward", "y");
-  ConvPlan& p = plan(xd, w, g, "conv2d_forward");
+  const char* op = "conv2d_forward";
+  const kern::ActDesc xd = act(x, op, "x"), yd = act(y, op, "y");
+  ConvPlan& p = plan(xd, w, g, op);
   RD_CHECK(yd.n == xd.n && yd.c == w.shape[0] && yd.h == p.yh && yd.w == p.yw,
            "conv2d_forward: y is " << dims(yd) << ", expected [" << xd.n << ", " << w.shape[0] << ", "
                                    << p.yh << ", " << p.yw << "]");
-  if (!p.have_fwd) {
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    int n = 0;
-    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));  // search the precision's math
-    RD_CUDNN(cudnnFindConvolutionForwardAlgorithm(cudnn_, p.x, p.w, p.conv, p.y,
-                                                  static_cast<int>(perf.size()), &n, perf.data()));
-    p.fwd = choices(perf.data(), n, find_workspace_limit(), precision_);
-    RD_CHECK(!p.fwd.empty(), "conv2d_forward: cuDNN found no algorithm for input " << dims(xd) << " weight "
-                                                                                  << w.shape.str());
-    p.have_fwd = true;
+  if (!p.dir[kFwd].nchw_f32) {
+    const void* wp = staged_weight(w, /*from_forward=*/true);
+    if (run_conv(p, kFwd, x.data, wp, y.data, 0.f, op)) return;
+    note_fallback(p, kFwd, xd, w, op);
   }
-  const void* wp = staged_weight(w, /*from_forward=*/true);
-  void* ws = nullptr;
-  const ConvChoice c = affordable(p.fwd, ws, "conv2d_forward");
-  const float alpha = 1.f, beta = 0.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
-  RD_CUDNN(cudnnConvolutionForward(cudnn_, &alpha, p.x, x.data, p.w, wp, p.conv,
-                                   static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws, c.ws, &beta, p.y, y.data));
+  // Buffers before the plan runs: an out-of-memory retry in get() frees the workspace.
+  float* x32 = fallback_in_.as<float>(static_cast<size_t>(xd.count()), "f32 NCHW convolution input");
+  float* y32 = fallback_out_.as<float>(static_cast<size_t>(yd.count()), "f32 NCHW convolution output");
+  ConvPlan& f = f32_nchw_plan(xd, w, g, op);
+  kern::act_to_nchw_f32(xd, x.data, x32, compute_);
+  RD_CHECK(run_conv(f, kFwd, x32, w.f32(), y32, 0.f, op),
+           op << ": cuDNN found no algorithm for input " << dims(xd) << " weight " << w.shape.str());
+  kern::nchw_f32_to_act(y32, yd, y.data, compute_);
 }
 
 void CudaBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
                                        const ConvGeometry& g) {
-  const kern::ActDesc dyd = act(dy, "conv2d_backward_data", "dy");
-  const kern::ActDesc dxd = act(dx, "conv2d_backward_data", "dx");
-  ConvPlan& p = plan(dxd, w, g, "conv2d_backward_data");
+  const char* op = "conv2d_backward_data";
+  const kern::ActDesc dyd = act(dy, op, "dy");
+  const kern::ActDesc dxd = act(dx, op, "dx");
+  ConvPlan& p = plan(dxd, w, g, op);
   RD_CHECK(dyd.n == dxd.n && dyd.c == w.shape[0] && dyd.h == p.yh && dyd.w == p.yw,
            "conv2d_backward_data: dy is " << dims(dyd) << ", expected [" << dxd.n << ", "
                                           << w.shape[0] << ", " << p.yh << ", " << p.yw << "]");
-  if (!p.have_bwd_data) {
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-    int n = 0;
-    // The descriptor still carries the forward's chosen math type: search with the
-    // precision's own (review #4: else fp16/bf16 backward may miss tensor cores).
-    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));
-    RD_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(cudnn_, p.w, p.y, p.conv, p.x,
-                                                       static_cast<int>(perf.size()), &n, perf.data()));
-    p.bwd_data = choices(perf.data(), n, find_workspace_limit(), precision_);
-    RD_CHECK(!p.bwd_data.empty(), "conv2d_backward_data: cuDNN found no algorithm for dx "
-                                      << dims(dxd) << " weight " << w.shape.str());
-    p.have_bwd_data = true;
+  if (!p.dir[kBwdData].nchw_f32) {
+    const void* wp = staged_weight(w, /*from_forward=*/false);
+    if (run_conv(p, kBwdData, wp, dy.data, dx.data, 0.f, op)) return;
+    note_fallback(p, kBwdData, dxd, w, op);
   }
-  const void* wp = staged_weight(w, /*from_forward=*/false);
-  void* ws = nullptr;
-  const ConvChoice c = affordable(p.bwd_data, ws, "conv2d_backward_data");
-  const float alpha = 1.f, beta = 0.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
-  RD_CUDNN(cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, wp, p.y, dy.data, p.conv,
-                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, c.ws, &beta, p.x,
-                                        dx.data));
+  float* dy32 = fallback_in_.as<float>(static_cast<size_t>(dyd.count()), "f32 NCHW convolution gradient");
+  float* dx32 = fallback_out_.as<float>(static_cast<size_t>(dxd.count()), "f32 NCHW convolution input gradient");
+  ConvPlan& f = f32_nchw_plan(dxd, w, g, op);
+  kern::act_to_nchw_f32(dyd, dy.data, dy32, compute_);
+  RD_CHECK(run_conv(f, kBwdData, w.f32(), dy32, dx32, 0.f, op),
+           op << ": cuDNN found no algorithm for dx " << dims(dxd) << " weight " << w.shape.str());
+  kern::nchw_f32_to_act(dx32, dxd, dx.data, compute_);
 }
 
 void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
                                           const ConvGeometry& g, bool accumulate) {
-  const kern::ActDesc xd = act(x, "conv2d_backward_weights", "x");
-  const kern::ActDesc dyd = act(dy, "conv2d_backward_weights", "dy");
-  ConvPlan& p = plan(xd, dw, g, "conv2d_backward_weights");
+  const char* op = "conv2d_backward_weights";
+  const kern::ActDesc xd = act(x, op, "x");
+  const kern::ActDesc dyd = act(dy, op, "dy");
+  ConvPlan& p = plan(xd, dw, g, op);
   RD_CHECK(dyd.n == xd.n && dyd.c == dw.shape[0] && dyd.h == p.yh && dyd.w == p.yw,
            "conv2d_backward_weights: dy is " << dims(dyd) << ", expected [" << xd.n << ", "
                                              << dw.shape[0] << ", " << p.yh << ", " << p.yw << "]");
-  if (!p.have_bwd_filter) {
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    int n = 0;
-    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));  // review #4, as backward data
-    RD_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(cudnn_, p.x, p.y, p.conv, p.w,
-                                                         static_cast<int>(perf.size()), &n, perf.data()));
-    p.bwd_filter = choices(perf.data(), n, find_workspace_limit(), precision_);
-    RD_CHECK(!p.bwd_filter.empty(), "conv2d_backward_weights: cuDNN found no algorithm for x "
-                                        << dims(xd) << " dw " << dw.shape.str());
-    p.have_bwd_filter = true;
+  const float beta = accumulate ? 1.f : 0.f;
+  if (!p.dir[kBwdFilter].nchw_f32) {
+    if (!stages_weights()) {
+      if (run_conv(p, kBwdFilter, x.data, dy.data, dw.data, beta, op)) return;
+    } else {
+      // Gradient in the staged layout/type first, then back to the f32 OIHW arena.
+      // Taken before the workspace: an out-of-memory retry in get() frees the workspace.
+      void* tmp = staged_grad_.get(static_cast<size_t>(dw.numel()) * dtype_size(act_dtype_),
+                                   "staged conv weight gradient");
+      if (run_conv(p, kBwdFilter, x.data, dy.data, tmp, 0.f, op)) {
+        kern::unstage_conv_weight_grad(tmp, dw.shape[0], dw.shape[1], dw.shape[2], dw.shape[3],
+                                       layout_ == Layout::NHWC, act_dtype_, dw.f32(), accumulate, compute_);
+        return;
+      }
+    }
+    note_fallback(p, kBwdFilter, xd, dw, op);
   }
-  void* ws = nullptr;
-  const ConvChoice c = affordable(p.bwd_filter, ws, "conv2d_backward_weights");
-  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo);
-  const float alpha = 1.f;
-  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
-  if (!stages_weights()) {
-    const float beta = accumulate ? 1.f : 0.f;
-    RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv, algo, ws, c.ws,
-                                            &beta, p.w, dw.data));
-    return;
-  }
-  // Gradient in the staged layout/type first, then back to the f32 OIHW arena.
-  void* tmp = staged_grad_.get(static_cast<size_t>(dw.numel()) * dtype_size(act_dtype_),
-                               "staged conv weight gradient");
-  const float beta = 0.f;
-  RD_CUDNN(cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, x.data, p.y, dy.data, p.conv, algo, ws, c.ws,
-                                          &beta, p.w, tmp));
-  kern::unstage_conv_weight_grad(tmp, dw.shape[0], dw.shape[1], dw.shape[2], dw.shape[3],
-                                 layout_ == Layout::NHWC, act_dtype_, dw.f32(), accumulate, compute_);
+  float* x32 = fallback_in_.as<float>(static_cast<size_t>(xd.count()), "f32 NCHW convolution input");
+  float* dy32 = fallback_out_.as<float>(static_cast<size_t>(dyd.count()), "f32 NCHW convolution gradient");
+  ConvPlan& f = f32_nchw_plan(xd, dw, g, op);
+  kern::act_to_nchw_f32(xd, x.data, x32, compute_);
+  kern::act_to_nchw_f32(dyd, dy.data, dy32, compute_);
+  // The f32 NCHW filter is the OIHW gradient arena itself: accumulate through beta.
+  RD_CHECK(run_conv(f, kBwdFilter, x32, dy32, dw.data, beta, op),
+           op << ": cuDNN found no algorithm for x " << dims(xd) << " dw " << dw.shape.str());
 }
 
 // ---- batch norm ----------------------------------------------------------------------------------
@@ -858,6 +1049,9 @@ double CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* label
                      dlogits ? dlogits->f32() : nullptr, loss, amax, compute_);
   RD_CUDA(cudaMemcpyAsync(host + N * 4, loss, N * 4, cudaMemcpyDeviceToHost, compute_));
   RD_CUDA(cudaMemcpyAsync(host + N * 8, amax, N * 4, cudaMemcpyDeviceToHost, compute_));
+  // The one host wait a training micro-step needs: the loss (and the predictions)
+  // are returned to the caller now. It also makes reusing the pinned label buffer
+  // on the next call safe. Input uploads, backward and the optimizer do not wait.
   RD_CUDA(cudaStreamSynchronize(compute_));
   const float* row = reinterpret_cast<const float*>(host + N * 4);
   double total = 0.0;

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -52,9 +53,13 @@ class Scratch {
   void bind(cudaStream_t first, cudaStream_t second = nullptr) { streams_[0] = first, streams_[1] = second; }
   // Forgets the buffer without freeing it (its streams never finished).
   void abandon() { ptr_ = nullptr, bytes_ = 0; }
+  // get() calls this once when the device is out of memory, then retries if it
+  // returned true (it freed something: the backend's convolution workspace).
+  void on_oom(std::function<bool()> release_other) { on_oom_ = std::move(release_other); }
 
  private:
   bool pinned_;
+  std::function<bool()> on_oom_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
@@ -143,8 +148,12 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_stream() const { return compute_; }
   int device_index() const { return device_; }
   Precision precision() const { return precision_; }
-  // Distinct convolution shapes planned so far (each ran cudnnFind once).
+  // Distinct convolution shapes planned so far (each ran cudnnFind once; an f32
+  // NCHW fallback plan counts as one more).
   size_t conv_plans() const { return plans_.size(); }
+  // Convolution directions running in the f32 NCHW fallback (no cuDNN algorithm
+  // for the activation type and layout; see conv_fallback in the .cpp).
+  size_t conv_fallbacks() const { return fallbacks_; }
   size_t workspace_bytes() const { return workspace_.capacity(); }
 
   struct ConvKey {
@@ -184,6 +193,16 @@ class CudaBackend final : public Backend {
   ConvChoice affordable(std::vector<ConvChoice>& list, void*& ws, const char* op);
   size_t find_workspace_limit() const;
   cudnnMathType_t wanted_conv_math() const;
+  // Direction d (forward, backward data, backward filter) of a plan: its algorithms
+  // (cudnnFind, or the heuristics under RD_CUDNN_HEURISTICS=1), and running one.
+  std::vector<ConvChoice> search(ConvPlan& p, int d, const char* op);
+  cudnnStatus_t workspace_size(ConvPlan& p, int d, int algo, cudnnMathType_t math, size_t& ws);
+  bool run_conv(ConvPlan& p, int d, const void* a, const void* b, void* out, float beta, const char* op);
+  ConvPlan& f32_nchw_plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g, const char* op);
+  void note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Tensor& w, const char* op);
+  // Frees the convolution workspace after an out-of-memory error; true when there was one.
+  bool release_workspace_for_oom();
+  std::vector<Scratch*> scratch_buffers();
 
   int device_ = 0;
   cudaDeviceProp props_{};
@@ -196,6 +215,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t images_consumed_ = nullptr;  // compute stream: conversion read it
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  bool cudnn_heuristics_ = false;  // RD_CUDNN_HEURISTICS=1: no cudnnFind (compute-sanitizer)
+  size_t fallbacks_ = 0;
 
   std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans_;
   std::unordered_map<const void*, StagedWeight> staged_weights_;
@@ -205,6 +226,7 @@ class CudaBackend final : public Backend {
   Scratch staged_grad_;
   Scratch bn_sums_, bn_packed_, bn_scale_shift_, bn_means_;
   Scratch nchw_scratch_;
+  Scratch fallback_in_, fallback_out_;  // f32 NCHW operands of the convolution fallback
   Scratch images_device_, images_pinned_{true};
   Scratch labels_device_, row_loss_device_, argmax_device_, loss_host_{true};
   Scratch flag_device_, flag_host_{true};
