@@ -170,6 +170,29 @@ TEST_CASE("emu: only events order streams (a missing wait reads stale data)", "[
   cudaStreamDestroy(b);
 }
 
+TEST_CASE("emu: a wait needs the record it saw, not a later one on another stream", "[gpu_emu]") {
+  cudaStream_t a, b, c;
+  cudaEvent_t e;
+  for (cudaStream_t* s : {&a, &b, &c}) REQUIRE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+  const int64_t n = 64;
+  float* x = device_floats(n);
+  float* y = device_floats(n);
+  RD_LAUNCH(iota_kernel, 1, 64, 0, a)(x, n);
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  REQUIRE(cudaEventRecord(e, c) == cudaSuccess);  // re-recorded on an idle stream
+  RD_LAUNCH(add_one_kernel, 1, 64, 0, b)(x, y, n);
+  REQUIRE(cudaStreamSynchronize(c) == cudaSuccess);  // the newer record completes first
+  CHECK(cudaEventQuery(e) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(to_host(y, n)[7] == 8.f);
+  cudaFree(x);
+  cudaFree(y);
+  cudaEventDestroy(e);
+  for (cudaStream_t s : {a, b, c}) cudaStreamDestroy(s);
+}
+
 TEST_CASE("emu: blocks run as teams (shared memory, barriers, shuffles, votes)", "[gpu_emu]") {
   std::vector<float> in(200);
   double expect = 0;

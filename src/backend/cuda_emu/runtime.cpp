@@ -371,9 +371,19 @@ struct CUevent_st {
   uint32_t magic = rd::emu::kEventMagic;
   int id = 0;
   bool destroyed = false;
-  uint64_t recorded = 0;   // records enqueued so far
-  uint64_t completed = 0;  // newest record executed
+  uint64_t recorded = 0;  // records enqueued so far (generation of the newest)
+  // Records complete in any order when they sit on different streams; each wait
+  // needs its own record (CUDA: the one most recent at cudaStreamWaitEvent time).
+  uint64_t done_upto = 0;              // every generation <= this has completed
+  std::set<uint64_t> done_beyond;      // completed generations above done_upto
   std::chrono::steady_clock::time_point when{};
+  bool done(uint64_t generation) const {
+    return generation <= done_upto || done_beyond.count(generation) != 0;
+  }
+  void complete(uint64_t generation) {
+    done_beyond.insert(generation);
+    while (done_beyond.count(done_upto + 1)) done_beyond.erase(++done_upto);
+  }
 };
 
 namespace rd::emu {
@@ -447,10 +457,10 @@ bool step(CUstream_st* s) {
     std::fprintf(stderr, "cuda-emu: trace: stream #%d: %s\n", s->id, op.what.c_str());
   switch (op.kind) {
     case Op::Wait:
-      if (op.event->completed < op.generation) return false;
+      if (!op.event->done(op.generation)) return false;
       break;
     case Op::Record:
-      op.event->completed = std::max(op.event->completed, op.generation);
+      op.event->complete(op.generation);
       op.event->when = std::chrono::steady_clock::now();
       break;
     case Op::Run:
@@ -482,7 +492,7 @@ CUstream_st* blocker(CUstream_st* s) {
   std::set<CUstream_st*> seen;
   while (!s->queue.empty()) {
     const Op& head = s->queue.front();
-    if (head.kind != Op::Wait || head.event->completed >= head.generation) return s;
+    if (head.kind != Op::Wait || head.event->done(head.generation)) return s;
     if (!seen.insert(s).second) return nullptr;
     CUstream_st* holder = nullptr;
     for (CUstream_st* t : sched().streams)
@@ -515,7 +525,7 @@ template <class Pred> void run_until(Pred done, CUstream_st* focus, const char* 
       for (CUstream_st* t : S.streams)
         if (!t->queue.empty()) {
           const Op& h = t->queue.front();
-          if (h.kind != Op::Wait || h.event->completed >= h.generation) ready.push_back(t);
+          if (h.kind != Op::Wait || h.event->done(h.generation)) ready.push_back(t);
         }
       if (!ready.empty()) pick = ready[S.rng() % ready.size()];
     } else {
@@ -857,7 +867,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   Lock lock(api_lock());
   CUevent_st* ev = event_of(e, "cudaEventQuery");
   const uint64_t target = ev->recorded;
-  while (ev->completed < target) {
+  while (!ev->done(target)) {
     CUstream_st* holder = nullptr;
     for (CUstream_st* t : sched().streams)
       for (const Op& op : t->queue)
@@ -878,7 +888,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   for (CUstream_st* t : sched().streams)
     for (const Op& op : t->queue)
       if (op.kind == Op::Record && op.event == ev && op.generation == target) holder = t;
-  run_until([&] { return ev->completed >= target; }, holder, "cudaEventSynchronize");
+  run_until([&] { return ev->done(target); }, holder, "cudaEventSynchronize");
   return cudaSuccess;
 }
 
@@ -887,7 +897,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   CUevent_st* a = event_of(start, "cudaEventElapsedTime");
   CUevent_st* b = event_of(end, "cudaEventElapsedTime");
   if (!ms) return set_error(cudaErrorInvalidValue);
-  if (a->completed < a->recorded || b->completed < b->recorded) return cudaErrorNotReady;
+  if (!a->done(a->recorded) || !b->done(b->recorded)) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
   return cudaSuccess;
 }
