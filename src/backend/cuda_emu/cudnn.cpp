@@ -874,6 +874,8 @@ const char* CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t status) {
   }
 }
 
+// The calling thread's last error message, truncated to max_size - 1 characters.
+// Uncertain: whether cuDNN clears the message once read; it is kept here.
 void CUDNNWINAPI cudnnGetLastErrorString(char* message, size_t max_size) {
   if (!message || max_size == 0) return;
   const size_t n = std::min(max_size - 1, last_error.size());
