@@ -38,6 +38,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -98,6 +100,7 @@ struct CommState {
   ncclResult_t async_error = ncclSuccess;
   int outstanding = 0;  // operations created and not completed: MPI comm freed at 0
   bool noted_abort = false;
+  uint64_t posted_ops = 0;  // for RD_EMU_NCCL_TRACE
   std::deque<std::vector<char>> self_messages;  // send-to-self on a 1-rank communicator
 
   void release_mpi() {
@@ -257,6 +260,21 @@ void avg_postdivide(ncclDataType_t t, char* p, size_t count, int nranks) {
   });
 }
 
+// RD_EMU_NCCL_TRACE=1: one line per completed operation (rank, sequence number,
+// call, hashes of its input and output) to find where ranks part ways.
+bool trace() {
+  static const bool on = [] {
+    const char* e = std::getenv("RD_EMU_NCCL_TRACE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+uint64_t fnv(const std::vector<char>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : v) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
 // ---- operations ------------------------------------------------------------------------
 enum class Kind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Send, Recv };
 
@@ -273,6 +291,7 @@ struct Op {
   std::vector<char> in, out;
   MPI_Request req = MPI_REQUEST_NULL;
   bool posted = false, complete = false, failed = false;
+  uint64_t seq = 0, in_hash = 0;  // RD_EMU_NCCL_TRACE
 
   size_t elem() const { return type_size(type); }
   size_t send_bytes() const {
@@ -303,6 +322,7 @@ struct Op {
   // Stream order: stage the input, post the MPI operation (or do a 1-rank one now).
   void post() {
     posted = true;
+    seq = ++comm->posted_ops;
     check_buffers();  // again: a buffer freed since the call is a use after free
     const int n = comm->nranks, me = comm->rank;
     const size_t eb = elem();
@@ -317,6 +337,7 @@ struct Op {
     } else if (kind == Kind::Broadcast || kind == Kind::Recv) {
       in.resize(count * eb);
     }
+    if (trace()) in_hash = fnv(in);
     const bool reduction = kind == Kind::AllReduce || kind == Kind::Reduce || kind == Kind::ReduceScatter;
     if (reduction && op == ncclAvg) avg_prescale(type, in.data(), in.size() / eb, n);
 
@@ -422,6 +443,13 @@ struct Op {
     if (op == ncclAvg && (kind == Kind::AllReduce || kind == Kind::Reduce || kind == Kind::ReduceScatter) &&
         is_integer(type))
       avg_postdivide(type, out.data(), out.size() / elem(), comm->nranks);
+    if (trace()) {
+      char line[256];
+      std::snprintf(line, sizeof line, "nccl trace: rank %d op #%llu %s count %zu %s root/peer %d in %016llx out %016llx",
+                    comm->rank, static_cast<unsigned long long>(seq), call, count, type_name(type), root,
+                    static_cast<unsigned long long>(in_hash), static_cast<unsigned long long>(fnv(out)));
+      rd::emu::note(line);
+    }
     rd::emu::require_device(recvbuff, out.size(), call, "recvbuff");
     std::memcpy(recvbuff, out.data(), out.size());
   }
