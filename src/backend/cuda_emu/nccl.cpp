@@ -235,7 +235,8 @@ bool is_integer(ncclDataType_t t) {
 // element type) before a sum; integer types are summed in the type (wrapping) and
 // the sum divided by nranks with C division, i.e. truncated toward zero.
 // UNCERTAIN: the documentation only says "average"; the pre-scaling and the
-// truncation are our reading. For 1, 2 and 4 ranks and small values both
+// truncation are our reading (some NCCL kernels divide floating sums after the
+// sum instead). For 1, 2 and 4 ranks and exactly representable values both
 // readings of the floating case give identical, exact results.
 void avg_prescale(ncclDataType_t t, char* p, size_t count, int nranks) {
   with_type(t, [&](auto tag) {
