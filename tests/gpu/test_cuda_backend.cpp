@@ -329,3 +329,110 @@ TEST_CASE("cuda backend: bad arguments are clear errors", "[gpu]") {
   }
   CHECK(threw);
 }
+
+// ---- review defects (cuda_review.md, "New defects") that the emulated device shows ------------
+
+namespace {
+bool emulated_device() {
+  cudaDeviceProp p{};
+  return cudaGetDeviceProperties(&p, 0) == cudaSuccess && std::string(p.name).rfind("Emulated", 0) == 0;
+}
+}  // namespace
+
+// new-3: ~CudaBackend destroyed its streams first; its Scratch buffers and staged
+// weights then queried them (cudaStreamQuery on a destroyed stream: a fault on the
+// emulator, undefined on a GPU).
+TEST_CASE("cuda backend: destroyed after work it frees its buffers while its streams live", "[gpu]") {
+  skip_without_gpu();
+  // Both keep staged weights (NHWC, or a reduced precision) besides the workspace.
+  for (auto [precision, layout] : {std::pair{Precision::FP32, Layout::NHWC}, std::pair{Precision::FP16, Layout::NCHW}}) {
+    BackendOptions o;
+    o.layout = layout;
+    o.precision = precision;
+    auto be = std::make_unique<cuda::CudaBackend>(o);
+    const bool fp32 = precision == Precision::FP32;
+    check_conv2d(*be, ConvCase{2, 8, 6, 6, 8, 3, 1, 1}, fp32 ? Tol{1e-3, 1e-4} : Tol{2e-2, 1e-2}, false);
+    if (fp32) check_images_u8(*be, Dims{2, 3, 5, 7}, true);  // the copy stream's buffers too
+    check_softmax_xent(*be, 4, 3, 0.1f, 1.f);
+    be.reset();  // must neither fault nor hang
+    CHECK(cuda::registered_compute_stream(0) == nullptr);
+  }
+}
+
+// new-7: fp32 runs cuDNN with FMA math; Find's DEFAULT (TF32) entries of an algorithm
+// need another workspace than its FMA kernel (the emulator's cuDNN makes the TF32 one
+// smaller), so a relabelled entry with the TF32 size was refused (BAD_PARAM).
+TEST_CASE("cuda backend: fp32 convolutions run FMA math with the FMA kernel's workspace", "[gpu]") {
+  skip_without_gpu();
+  for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+    BackendOptions o;
+    o.layout = layout;
+    cuda::CudaBackend be(o);
+    for (const ConvCase& c : {ConvCase{2, 16, 8, 8, 16, 3, 1, 1}, ConvCase{2, 8, 9, 9, 12, 1, 1, 0},
+                              ConvCase{1, 4, 10, 10, 8, 5, 2, 2}})
+      check_conv2d(be, c, Tol{1e-3, 1e-4}, false);
+  }
+}
+
+// new-8: bf16 NHWC convolutions with C or K not a multiple of 8 may have no cuDNN
+// algorithm (RD_EMU_CUDNN_STRICT_BF16=1 makes the emulator's cuDNN refuse them): the
+// backend runs them in f32 NCHW instead of failing.
+TEST_CASE("cuda backend: bf16 NHWC convolutions without a cuDNN algorithm fall back to f32 NCHW", "[gpu]") {
+  skip_without_gpu();
+  if (compute_capability_major() < 8) return;  // no bf16 before sm_80
+  ::setenv("RD_EMU_CUDNN_STRICT_BF16", "1", 1);  // read per call by the emulator; ignored by a GPU
+  {
+    BackendOptions o;
+    o.precision = Precision::BF16;
+    o.layout = Layout::NHWC;
+    cuda::CudaBackend be(o);
+    for (const ConvCase& c : {ConvCase{2, 3, 9, 9, 8, 7, 2, 3}, ConvCase{1, 5, 9, 8, 6, 3, 2, 1},
+                              ConvCase{2, 17, 4, 5, 3, 3, 1, 0}, ConvCase{2, 8, 6, 6, 16, 1, 2, 0}})
+      check_conv2d(be, c, Tol{6e-2, 3e-2}, false);
+    // On the emulator the first three shapes have no algorithm in any direction; the
+    // last one (C, K multiples of 8) keeps cuDNN's bf16 kernels.
+    if (emulated_device()) CHECK(be.conv_fallbacks() == 9);
+  }
+  ::unsetenv("RD_EMU_CUDNN_STRICT_BF16");
+}
+
+// Review #5 leftover: a Scratch buffer that does not fit next to the convolution
+// workspace used to fail with out of memory; it now releases the workspace and
+// retries, as allocate() does. Hidden ([.]): it needs a small emulated device
+// (RD_EMU_MEMORY_MIB=64, ctest gpu_emu_backend_oom).
+TEST_CASE("cuda backend: a buffer that does not fit next to the workspace takes its memory", "[.][emu_oom]") {
+  skip_without_gpu();
+  size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  if (!emulated_device() || total_b > (size_t{256} << 20)) {
+    WARN("needs the emulated device with RD_EMU_MEMORY_MIB <= 256: not run");
+    return;
+  }
+  BackendOptions o;
+  o.layout = Layout::NCHW;  // NCHW 3x3: the emulator's fastest fp32 algorithm needs a workspace
+  cuda::CudaBackend be(o);
+  check_conv2d(be, ConvCase{4, 64, 32, 32, 64, 3, 1, 1}, Tol{1e-3, 1e-4}, false);
+  const size_t ws = be.workspace_bytes();
+  const Dims d{16, 3, 128, 128};  // a uint8 batch of 768 KiB for images_device_
+  const size_t batch_bytes = d.numel();
+  INFO("workspace " << ws << " B, image batch " << batch_bytes << " B");
+  REQUIRE(ws > 2 * batch_bytes);
+  Tensor x = be.activation(d.n, 3, d.h, d.w);
+  // Fill the device (plain cudaMalloc: allocate() would release the workspace itself),
+  // leaving less than the batch free but more than the batch once the workspace goes.
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  const size_t keep = batch_bytes / 2;
+  REQUIRE(free_b > keep);
+  void* filler = nullptr;
+  REQUIRE(cudaMalloc(&filler, free_b - keep) == cudaSuccess);
+  std::vector<uint8_t> img(batch_bytes);
+  for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+  be.images_u8_to_activation(img.data(), x, nullptr, nullptr);
+  const auto got = download_activation(be, x);
+  CHECK(got[0] == Approx(img[0] / 255.0));
+  CHECK(got[static_cast<size_t>(d.h * d.w)] == Approx(img[1] / 255.0));  // channel 1 of pixel 0
+  CHECK(be.workspace_bytes() == 0);  // given back
+  REQUIRE(cudaFree(filler) == cudaSuccess);
+  // Convolutions still run: the workspace grows again.
+  check_conv2d(be, ConvCase{4, 64, 32, 32, 64, 3, 1, 1}, Tol{1e-3, 1e-4}, false);
+}
