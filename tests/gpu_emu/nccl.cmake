@@ -3,6 +3,7 @@
 #   and 4 ranks; the emulator always has a device per rank, so a skip fails;
 # - test_emu_nccl: the NCCL stand-in itself (src/backend/cuda_emu/nccl.cpp), every
 #   operation, type and root, groups, non-blocking init, abort, caught misuses;
+# - a peer that never joins an all-reduce (NcclComm's deadline and abort), 2 ranks;
 # - message_passing --device cuda at 4 ranks (its emulator build).
 set(RD_EMU_NCCL_DEVICES RD_EMU_DEVICE_COUNT=4)  # one emulated GPU per rank at 4 ranks
 
@@ -18,6 +19,16 @@ if(TARGET rd_cuda_emu)
     # Exit 77 means "fewer GPUs than ranks": never true here, so it must fail, not skip.
     set_tests_properties(nccl_collective_emu_np${np} PROPERTIES SKIP_RETURN_CODE -1)
   endforeach()
+
+  # A peer that never joins: the deadline, ncclCommAbort with the operation pending,
+  # and a teardown that does not hang, through the project's NcclComm.
+  add_executable(nccl_timeout_test_emu ${CMAKE_CURRENT_LIST_DIR}/nccl_timeout_test.cpp)
+  target_link_libraries(nccl_timeout_test_emu PRIVATE rd_cuda_emu rd_dist)
+  target_compile_options(nccl_timeout_test_emu PRIVATE ${RD_WARNINGS})
+  rd_add_mpi_test(nccl_timeout_emu_np2 2 COMMAND $<TARGET_FILE:nccl_timeout_test_emu> LABELS gpu_emu TIMEOUT 120)
+  set_property(TEST nccl_timeout_emu_np2 APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES}
+               RD_COLLECTIVE_TIMEOUT_S=3)
+  set_tests_properties(nccl_timeout_emu_np2 PROPERTIES SKIP_RETURN_CODE -1)
 endif()
 
 if(TARGET rd_cuda_emu_runtime)

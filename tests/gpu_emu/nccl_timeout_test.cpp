@@ -1,0 +1,54 @@
+// The NCCL communicator (src/backend/cuda/nccl_comm.cpp) on the emulated device
+// when a peer never joins: rank 0's all-reduce must fail by the collective deadline
+// (RD_COLLECTIVE_TIMEOUT_S, set short by the test) with an error that names it,
+// abort the communicator with the operation still pending, and tear down without
+// hanging; the other ranks' communicators are destroyed normally. 2+ ranks.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/dist/comm.h"
+
+int main(int argc, char** argv) {
+  auto env = rd::dist::init_process(argc, argv);
+  int failed = 0;
+  {
+    rd::BackendOptions bo;
+    bo.device_index = env.local_rank;
+    auto be = rd::make_cuda_backend(bo);
+    auto mem = be->allocate(1024 * sizeof(float));
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      auto comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, env.local_rank);
+      if (env.rank == 0) {
+        try {
+          comm->allreduce(static_cast<float*>(mem.get()), 1024, rd::dist::ReduceOp::Sum);
+          std::fprintf(stderr, "rank 0: FAILED: an all-reduce without its peers returned\n");
+          failed = 1;
+        } catch (const std::exception& e) {
+          std::printf("rank 0: expected error: %s\n", e.what());
+          if (!std::strstr(e.what(), "timed out") || !std::strstr(e.what(), "aborted")) {
+            std::fprintf(stderr, "rank 0: FAILED: the error does not say 'timed out' and 'aborted'\n");
+            failed = 1;
+          }
+        }
+      }
+      // Plain MPI: the other ranks wait here, never joining the all-reduce (a
+      // Comm barrier would run out of the same short deadline).
+      MPI_Barrier(MPI_COMM_WORLD);
+    }  // rank 0 tears down an aborted communicator with a pending operation
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank %d: done after %.1f s\n", env.rank, s);
+    if (s > 60) {
+      std::fprintf(stderr, "rank %d: FAILED: took %.1f s\n", env.rank, s);
+      failed = 1;
+    }
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (env.rank == 0) std::printf("nccl_timeout_test: %s\n", any ? "FAILED" : "passed");
+  rd::dist::finalize_process();
+  return any;
+}
