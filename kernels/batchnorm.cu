@@ -113,14 +113,14 @@ template <class Terms> void launch_sums(const ActDesc& d, Terms t, double* sums,
     const unsigned gx = static_cast<unsigned>((d.c + 31) / 32);
     // At least ~16 rows per thread, and about 2048 blocks in all.
     int64_t gy = (rows + kRowsPerBlock * 16 - 1) / (kRowsPerBlock * 16);
-    const int64_t cap = std::max<int64_t>(1, 2048 / gx);
+    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(2048, kMaxGridBlocks) / gx);
     gy = std::max<int64_t>(1, std::min(gy, std::min<int64_t>(cap, 65535)));
     RD_LAUNCH(sums_nhwc_kernel<Terms>, dim3(gx, static_cast<unsigned>(gy)), dim3(32, kRowsPerBlock), 0, s)(
         t, rows, d.c, sums);
   } else {
     const int64_t per_channel = d.n * d.h * d.w;
     int64_t gy = (per_channel + kThreads * 16 - 1) / (kThreads * 16);
-    const int64_t cap = std::max<int64_t>(1, 2048 / d.c);
+    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(2048, kMaxGridBlocks) / d.c);
     gy = std::max<int64_t>(1, std::min(gy, std::min<int64_t>(cap, 65535)));
     RD_CHECK(d.c <= 2147483647, "bn: too many channels");
     RD_LAUNCH(sums_nchw_kernel<Terms>, dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(gy)), kThreads, 0, s)(

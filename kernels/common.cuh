@@ -89,10 +89,18 @@ inline constexpr int kThreads = 256;
 
 // Blocks for a grid-stride loop over `count` elements: enough to fill any GPU
 // (grid-stride loops cover the rest), never zero.
+// The emulated device (tests) caps grids at 64 blocks: every thread then strides,
+// the path large tensors take on a GPU, and a launch costs fibers per thread, not
+// per element.
+#ifdef RESNET_DDP_CUDA_EMU
+inline constexpr int64_t kMaxGridBlocks = 64;
+#else
+inline constexpr int64_t kMaxGridBlocks = 65535L * 8;
+#endif
 inline unsigned grid_for(int64_t count, int threads = kThreads) {
   int64_t blocks = (count + threads - 1) / threads;
   if (blocks < 1) blocks = 1;
-  if (blocks > 65535L * 8) blocks = 65535L * 8;
+  if (blocks > kMaxGridBlocks) blocks = kMaxGridBlocks;
   return static_cast<unsigned>(blocks);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 
 namespace rd::train {
@@ -44,7 +45,10 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
   if (!dlogits_.defined() || dlogits_.shape[0] != n) dlogits_ = backend_.matrix(n, classes);
   // Accumulated micro-batches average: each contributes 1/group of the gradient.
   const float scale = static_cast<float>(scaler_.scale() / group);
-  return backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
+  const double loss = backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
+  if (inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
+    backend_.fill(dlogits_.f32(), std::numeric_limits<float>::infinity(), 1);
+  return loss;
 }
 
 TrainStep::Seconds TrainStep::backward_and_reduce() {
@@ -84,7 +88,11 @@ void TrainStep::reduce_partial_group() {
 }
 
 bool TrainStep::update(bool any_nonfinite) {
-  if (!scaler_.unscale(backend_, model_.grads(), any_nonfinite)) return false;
+  ++updates_;
+  if (!scaler_.unscale(backend_, model_.grads(), any_nonfinite)) {
+    ++skipped_;
+    return false;
+  }
   optimizer_.step();
   return true;
 }

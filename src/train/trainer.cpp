@@ -156,6 +156,7 @@ class Trainer {
   std::unique_ptr<dist::GradientBucketer> bucketer_;
   std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<TrainStep> step_;
+  int64_t skipped_reported_ = 0;  // fp16 updates skipped and already reported
   std::vector<std::string> class_names_;
   const float* norm_mean_ = nullptr;
   const float* norm_std_ = nullptr;
@@ -490,6 +491,11 @@ void Trainer::setup_model() {
   bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
                                       o_.precision == Precision::FP16);
+  // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
+  if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
+    const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");
+    if (env_.rank == (r && *r ? std::atoi(r) : 0)) step_->inject_overflow_at(std::atoll(at));
+  }
 }
 
 void Trainer::check_output_space() {
@@ -973,6 +979,14 @@ void Trainer::train_epochs() {
                   1e3 * times.data / steps, 1e3 * times.forward / steps, 1e3 * times.backward / steps,
                   1e3 * times.comm / steps, 1e3 * times.optimizer / steps);
     say(buf);
+    if (step_->scaler().enabled()) {
+      // Every rank skips the same updates (the all-reduce spreads a non-finite value).
+      const int64_t skipped = step_->skipped_steps() - skipped_reported_;
+      skipped_reported_ = step_->skipped_steps();
+      if (skipped > 0)
+        say(tag + " fp16: " + std::to_string(skipped) + (skipped == 1 ? " step" : " steps") +
+            " skipped for non-finite gradients (loss scale now " + py_float(step_->scaler().scale()) + ")");
+    }
     say("");
     say("");
 

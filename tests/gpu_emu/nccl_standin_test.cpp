@@ -612,13 +612,9 @@ int main(int argc, char** argv) {
   check_allgather(comm, s1);
   check_reduce_scatter(comm, s1);
   check_group_ring(comm, s1);
-  // The runtime's default "lazy" schedule runs only what the awaited stream needs,
-  // also while it waits for a collective in flight: the two-stream cases would hang
-  // there although a GPU runs both streams (reported; emu.h promises that other
-  // streams progress meanwhile). RD_EMU_SCHEDULE=random runs them.
-  const char* schedule = std::getenv("RD_EMU_SCHEDULE");
-  if (schedule && std::strcmp(schedule, "random") == 0) check_streams(comm, comm2, s1, s2);
-  else if (g_rank == 0) std::printf("two-stream checks: only with RD_EMU_SCHEDULE=random\n");
+  // Two communicators on two streams waited for in opposite orders: both schedules
+  // must run the other stream while one waits for a collective in flight.
+  check_streams(comm, comm2, s1, s2);
   check_nonblocking(s1);
   check_errors(comm, s1);
   NCCL_OK(ncclCommDestroy(comm2));

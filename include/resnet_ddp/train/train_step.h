@@ -71,6 +71,12 @@ class TrainStep {
   bool update(bool any_nonfinite = false);
 
   LossScaler& scaler() { return scaler_; }
+  // Updates the loss scaler skipped so far (fp16: a non-finite gradient on some rank).
+  int64_t skipped_steps() const { return skipped_; }
+  // Test hook (RD_INJECT_OVERFLOW_STEP, tests/gpu_emu): this rank's loss gradient
+  // becomes inf at the given 1-based update, as an fp16 overflow would; the
+  // all-reduce spreads it, so every rank must skip that update.
+  void inject_overflow_at(int64_t update) { inject_at_ = update; }
 
  private:
   ResNet& model_;
@@ -82,6 +88,7 @@ class TrainStep {
   const Tensor* logits_ = nullptr;
   Tensor dlogits_;
   int micro_ = 0, group_ = 1;
+  int64_t updates_ = 0, skipped_ = 0, inject_at_ = 0;
 };
 
 }  // namespace rd::train

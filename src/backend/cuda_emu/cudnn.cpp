@@ -612,97 +612,118 @@ std::vector<double> load_filter(const void* p, const Problem& pr, Rounding r) {
   return out;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-// Output positions q whose input column q*v - pad + s*dil lies in [0, W).
-void q_range(const Problem& p, int s, int& lo, int& hi) {
-  const int64_t off = static_cast<int64_t>(s) * p.dil_w - p.pad_w;
-  lo = static_cast<int>(std::max<int64_t>(0, ceil_div(-off, p.v)));
-  hi = static_cast<int>(std::min<int64_t>(p.Q - 1, floor_div(p.W - 1 - off, p.v)));
+// The three convolutions as GEMMs over an image's column matrix
+// col[pq][crs] = x[n, c, p*u-pad+r*dil, q*v-pad+s*dil] (0 in the padding), with the
+// innermost loop over a channel dimension: late ResNet layers have 1x1..4x4 outputs,
+// where loops over pixels would be all overhead. Sums in double (the error model).
+namespace conv_gemm {
+
+void im2col(const Problem& p, const double* xn, std::vector<double>& col) {
+  const int64_t CRS = static_cast<int64_t>(p.C) * p.R * p.S;
+  col.assign(static_cast<size_t>(p.P) * p.Q * CRS, 0.0);
+  for (int op = 0; op < p.P; ++op)
+    for (int oq = 0; oq < p.Q; ++oq) {
+      double* row = &col[(static_cast<size_t>(op) * p.Q + oq) * CRS];
+      for (int c = 0; c < p.C; ++c)
+        for (int r = 0; r < p.R; ++r) {
+          const int64_t ih = static_cast<int64_t>(op) * p.u - p.pad_h + static_cast<int64_t>(r) * p.dil_h;
+          if (ih < 0 || ih >= p.H) continue;
+          for (int s = 0; s < p.S; ++s) {
+            const int64_t iw = static_cast<int64_t>(oq) * p.v - p.pad_w + static_cast<int64_t>(s) * p.dil_w;
+            if (iw < 0 || iw >= p.W) continue;
+            row[(static_cast<size_t>(c) * p.R + r) * p.S + s] = xn[(static_cast<size_t>(c) * p.H + ih) * p.W + iw];
+          }
+        }
+    }
 }
+
+// The reverse: dx += col (positions read twice get both contributions).
+void col2im_add(const Problem& p, const std::vector<double>& col, double* dxn) {
+  const int64_t CRS = static_cast<int64_t>(p.C) * p.R * p.S;
+  for (int op = 0; op < p.P; ++op)
+    for (int oq = 0; oq < p.Q; ++oq) {
+      const double* row = &col[(static_cast<size_t>(op) * p.Q + oq) * CRS];
+      for (int c = 0; c < p.C; ++c)
+        for (int r = 0; r < p.R; ++r) {
+          const int64_t ih = static_cast<int64_t>(op) * p.u - p.pad_h + static_cast<int64_t>(r) * p.dil_h;
+          if (ih < 0 || ih >= p.H) continue;
+          for (int s = 0; s < p.S; ++s) {
+            const int64_t iw = static_cast<int64_t>(oq) * p.v - p.pad_w + static_cast<int64_t>(s) * p.dil_w;
+            if (iw < 0 || iw >= p.W) continue;
+            dxn[(static_cast<size_t>(c) * p.H + ih) * p.W + iw] += row[(static_cast<size_t>(c) * p.R + r) * p.S + s];
+          }
+        }
+    }
+}
+
+}  // namespace conv_gemm
 
 // y[n,k,p,q] = sum_{c,r,s} x[n,c,p*u-pad+r*dil, q*v-pad+s*dil] * g[k,c,r,s]
 std::vector<double> conv_fwd(const Problem& p, const std::vector<double>& x, const std::vector<double>& g) {
-  std::vector<double> y(p.y_elems(), 0.0);
-  for (int n = 0; n < p.N; ++n)
-    for (int k = 0; k < p.K; ++k) {
-      double* yk = &y[(static_cast<size_t>(n) * p.K + k) * p.P * p.Q];
-      for (int c = 0; c < p.C; ++c) {
-        const double* xc = &x[(static_cast<size_t>(n) * p.C + c) * p.H * p.W];
-        for (int r = 0; r < p.R; ++r)
-          for (int s = 0; s < p.S; ++s) {
-            const double gv = g[((static_cast<size_t>(k) * p.C + c) * p.R + r) * p.S + s];
-            int lo, hi;
-            q_range(p, s, lo, hi);
-            for (int op = 0; op < p.P; ++op) {
-              const int64_t ih = static_cast<int64_t>(op) * p.u - p.pad_h + static_cast<int64_t>(r) * p.dil_h;
-              if (ih < 0 || ih >= p.H) continue;
-              const double* xr = xc + ih * p.W;
-              const int64_t col0 = static_cast<int64_t>(s) * p.dil_w - p.pad_w;
-              double* yr = yk + static_cast<size_t>(op) * p.Q;
-              for (int q = lo; q <= hi; ++q) yr[q] += gv * xr[col0 + static_cast<int64_t>(q) * p.v];
-            }
-          }
+  const size_t PQ = static_cast<size_t>(p.P) * p.Q, CRS = static_cast<size_t>(p.C) * p.R * p.S, K = p.K;
+  std::vector<double> y(p.y_elems(), 0.0), col, gt(CRS * K), t(PQ * K);
+  for (size_t k = 0; k < K; ++k)
+    for (size_t j = 0; j < CRS; ++j) gt[j * K + k] = g[k * CRS + j];
+  for (int n = 0; n < p.N; ++n) {
+    conv_gemm::im2col(p, &x[static_cast<size_t>(n) * p.C * p.H * p.W], col);
+    std::fill(t.begin(), t.end(), 0.0);
+    for (size_t i = 0; i < PQ; ++i) {
+      double* ti = &t[i * K];
+      for (size_t j = 0; j < CRS; ++j) {
+        const double a = col[i * CRS + j];
+        if (a == 0.0) continue;  // padding
+        const double* gj = &gt[j * K];
+        for (size_t k = 0; k < K; ++k) ti[k] += a * gj[k];
       }
     }
+    double* yn = &y[static_cast<size_t>(n) * K * PQ];
+    for (size_t i = 0; i < PQ; ++i)
+      for (size_t k = 0; k < K; ++k) yn[k * PQ + i] = t[i * K + k];
+  }
   return y;
 }
 
 // dx[n,c,ih,iw] = sum over the (k,r,s,p,q) that read it of g[k,c,r,s] * dy[n,k,p,q]
 std::vector<double> conv_bwd_data(const Problem& p, const std::vector<double>& dy,
                                   const std::vector<double>& g) {
-  std::vector<double> dx(p.x_elems(), 0.0);
-  for (int n = 0; n < p.N; ++n)
-    for (int c = 0; c < p.C; ++c) {
-      double* dxc = &dx[(static_cast<size_t>(n) * p.C + c) * p.H * p.W];
-      for (int k = 0; k < p.K; ++k) {
-        const double* dyk = &dy[(static_cast<size_t>(n) * p.K + k) * p.P * p.Q];
-        for (int r = 0; r < p.R; ++r)
-          for (int s = 0; s < p.S; ++s) {
-            const double gv = g[((static_cast<size_t>(k) * p.C + c) * p.R + r) * p.S + s];
-            int lo, hi;
-            q_range(p, s, lo, hi);
-            for (int op = 0; op < p.P; ++op) {
-              const int64_t ih = static_cast<int64_t>(op) * p.u - p.pad_h + static_cast<int64_t>(r) * p.dil_h;
-              if (ih < 0 || ih >= p.H) continue;
-              double* xr = dxc + ih * p.W;
-              const int64_t col0 = static_cast<int64_t>(s) * p.dil_w - p.pad_w;
-              const double* yr = dyk + static_cast<size_t>(op) * p.Q;
-              for (int q = lo; q <= hi; ++q) xr[col0 + static_cast<int64_t>(q) * p.v] += gv * yr[q];
-            }
-          }
+  const size_t PQ = static_cast<size_t>(p.P) * p.Q, CRS = static_cast<size_t>(p.C) * p.R * p.S, K = p.K;
+  std::vector<double> dx(p.x_elems(), 0.0), dcol(PQ * CRS);
+  for (int n = 0; n < p.N; ++n) {
+    const double* dyn = &dy[static_cast<size_t>(n) * K * PQ];
+    std::fill(dcol.begin(), dcol.end(), 0.0);
+    for (size_t i = 0; i < PQ; ++i) {
+      double* di = &dcol[i * CRS];
+      for (size_t k = 0; k < K; ++k) {
+        const double a = dyn[k * PQ + i];
+        if (a == 0.0) continue;
+        const double* gk = &g[k * CRS];
+        for (size_t j = 0; j < CRS; ++j) di[j] += a * gk[j];
       }
     }
+    conv_gemm::col2im_add(p, dcol, &dx[static_cast<size_t>(n) * p.C * p.H * p.W]);
+  }
   return dx;
 }
 
 // dg[k,c,r,s] = sum_{n,p,q} x[n,c,p*u-pad+r*dil, q*v-pad+s*dil] * dy[n,k,p,q]
 std::vector<double> conv_bwd_filter(const Problem& p, const std::vector<double>& x,
                                     const std::vector<double>& dy) {
-  std::vector<double> dg(p.w_elems(), 0.0);
-  for (int n = 0; n < p.N; ++n)
-    for (int k = 0; k < p.K; ++k) {
-      const double* dyk = &dy[(static_cast<size_t>(n) * p.K + k) * p.P * p.Q];
-      for (int c = 0; c < p.C; ++c) {
-        const double* xc = &x[(static_cast<size_t>(n) * p.C + c) * p.H * p.W];
-        for (int r = 0; r < p.R; ++r)
-          for (int s = 0; s < p.S; ++s) {
-            int lo, hi;
-            q_range(p, s, lo, hi);
-            double acc = 0.0;
-            for (int op = 0; op < p.P; ++op) {
-              const int64_t ih = static_cast<int64_t>(op) * p.u - p.pad_h + static_cast<int64_t>(r) * p.dil_h;
-              if (ih < 0 || ih >= p.H) continue;
-              const double* xr = xc + ih * p.W;
-              const int64_t col0 = static_cast<int64_t>(s) * p.dil_w - p.pad_w;
-              const double* yr = dyk + static_cast<size_t>(op) * p.Q;
-              for (int q = lo; q <= hi; ++q) acc += xr[col0 + static_cast<int64_t>(q) * p.v] * yr[q];
-            }
-            dg[((static_cast<size_t>(k) * p.C + c) * p.R + r) * p.S + s] += acc;
-          }
+  const size_t PQ = static_cast<size_t>(p.P) * p.Q, CRS = static_cast<size_t>(p.C) * p.R * p.S, K = p.K;
+  std::vector<double> dg(p.w_elems(), 0.0), col;
+  for (int n = 0; n < p.N; ++n) {
+    conv_gemm::im2col(p, &x[static_cast<size_t>(n) * p.C * p.H * p.W], col);
+    const double* dyn = &dy[static_cast<size_t>(n) * K * PQ];
+    for (size_t k = 0; k < K; ++k) {
+      double* dgk = &dg[k * CRS];
+      for (size_t i = 0; i < PQ; ++i) {
+        const double a = dyn[k * PQ + i];
+        if (a == 0.0) continue;
+        const double* ci = &col[i * CRS];
+        for (size_t j = 0; j < CRS; ++j) dgk[j] += a * ci[j];
       }
     }
+  }
   return dg;
 }
 

@@ -513,6 +513,18 @@ std::string pending_summary() {
   return out;
 }
 
+// One step on every stream but `except` whose head can run; true if any progressed.
+bool advance_others(CUstream_st* except) {
+  bool any = false;
+  for (CUstream_st* t : sched().streams) {
+    if (t == except || t->queue.empty()) continue;
+    const Op& h = t->queue.front();
+    if (h.kind == Op::Wait && !h.event->done(h.generation)) continue;
+    any = step(t) || any;
+  }
+  return any;
+}
+
 // Runs work until done() holds. `focus`: the stream the caller waits for (lazy mode
 // runs only what it depends on); null: any stream with work.
 template <class Pred> void run_until(Pred done, CUstream_st* focus, const char* call) {
@@ -543,7 +555,10 @@ template <class Pred> void run_until(Pred done, CUstream_st* focus, const char* 
     }
     if (!pick) fault(std::string(call) + ": waits for work that can never run:" + pending_summary());
     if (step(pick)) continue;
-    // Blocked on an operation in flight (a collective): let other processes progress.
+    // Blocked on an operation in flight (a collective). A GPU would run the other
+    // streams meanwhile, and a peer process may need one of their collectives to
+    // finish ours: advance every other stream that can run.
+    if (advance_others(pick)) continue;
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > S.hang_s)
       fault(std::string(call) + ": device hang: no progress for " + std::to_string(S.hang_s) +
             " s (RD_EMU_HANG_S):" + pending_summary());
@@ -564,7 +579,8 @@ void enqueue(cudaStream_t s, std::string what, std::function<void()> run) {
   op.kind = Op::Run;
   op.what = std::move(what);
   op.run = std::move(run);
-  push(stream_of(s, op.what.c_str()), std::move(op));
+  CUstream_st* st = stream_of(s, op.what.c_str());  // before op is moved from
+  push(st, std::move(op));
 }
 
 void enqueue_async(cudaStream_t s, std::string what, std::function<void()> start, std::function<bool()> done) {
@@ -574,7 +590,8 @@ void enqueue_async(cudaStream_t s, std::string what, std::function<void()> start
   op.what = std::move(what);
   op.run = std::move(start);
   op.done = std::move(done);
-  push(stream_of(s, op.what.c_str()), std::move(op));
+  CUstream_st* st = stream_of(s, op.what.c_str());  // before op is moved from
+  push(st, std::move(op));
 }
 
 void require_stream(cudaStream_t s, const char* call) {
@@ -809,7 +826,10 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   while (st->completed < target) {
     CUstream_st* pick = blocker(st);
     if (!pick) fault("cudaStreamQuery: streams wait for each other's events (deadlock):" + pending_summary());
-    if (!step(pick)) return cudaErrorNotReady;
+    if (!step(pick)) {
+      advance_others(pick);  // as run_until: the device does not idle while the host polls
+      return cudaErrorNotReady;
+    }
   }
   return cudaSuccess;
 }
@@ -875,7 +895,10 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!holder) break;
     CUstream_st* pick = blocker(holder);
     if (!pick) fault("cudaEventQuery: streams wait for each other's events (deadlock):" + pending_summary());
-    if (!step(pick)) return cudaErrorNotReady;
+    if (!step(pick)) {
+      advance_others(pick);
+      return cudaErrorNotReady;
+    }
   }
   return cudaSuccess;
 }
