@@ -29,6 +29,7 @@
 #              RD_GPU_CHECK_DIR the work folder (default build-gpu-check/),
 #              RD_GPU_CHECK_LAUNCHER a compiler launcher for the build (e.g. ccache),
 #              RD_GPU_CHECK_SLOWDOWN N multiplies every timeout and the deadline (slow CI),
+#              RD_GPU_CHECK_DEADLINE_S the hard deadline in seconds (default 540 x slowdown),
 #              RD_GPU_CHECK_BUILD_DIR a CMake build folder whose programs stand in for a
 #                bundle's (tests/gpu/gpu_check_run_test.sh runs the bundle plan so).
 set -uo pipefail
@@ -46,7 +47,7 @@ while (($#)); do
     --out) COPY_TO=${2:?--out needs a folder}; shift ;;
     --internal-build) INTERNAL=build ;;  # the build step, run by this script under its timeout
     --internal-host) INTERNAL=host ;;    # the host step (a function cannot run under `timeout`)
-    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -273,7 +274,8 @@ PLAN_BUNDLE=(
 # the shell to exit; kill-after (5 s per step) and the archive rewrites come out of
 # the deadline, not on top of it.
 CALL_LIMIT=570
-DEADLINE_S=$((540 * SLOW))
+DEADLINE_S=${RD_GPU_CHECK_DEADLINE_S:-$((540 * SLOW))}
+[[ $DEADLINE_S =~ ^[1-9][0-9]*$ ]] || die "RD_GPU_CHECK_DEADLINE_S='$DEADLINE_S': expected a positive integer"
 BUDGET_LIMIT=540  # the timeouts of a plan must add up to less than the deadline
 plan_sum() { local sum=0 line; for line in "$@"; do read -r _ t _ <<<"$line"; sum=$((sum + t)); done; echo "$sum"; }
 timeout_of() { local line n t; for line in "${PLAN[@]}"; do read -r n t _ <<<"$line"; [[ $n == "$1" ]] && { echo $((t * SLOW)); return; }; done; echo $((30 * SLOW)); }

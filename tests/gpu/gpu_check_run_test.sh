@@ -6,7 +6,9 @@
 #     reports "no device" (never a tooling error); overall exit 77;
 #  2. the bundle plan, with this CMake build folder standing in for the bundle's programs:
 #     host, bundle_env, mpi_coll (mpirun -np 2 collective_test) and synth run and pass,
-#     the device steps report "no device".
+#     the device steps report "no device";
+#  3. the bundle plan with programs that hang: the run still ends by its deadline
+#     (RD_GPU_CHECK_DEADLINE_S), the hung step is TIMEOUT, later ones "no time".
 # Each run leaves ONE archive under --out holding every step's log.
 #   gpu_check_run_test.sh BUILD_DIR
 # Part 1 needs the CUDA toolkit (nvcc, cuDNN, cuBLAS) and a Catch2 header; without nvcc
@@ -83,6 +85,28 @@ else
   check_run bundle "$rc" "$work/bundle_out" "$work/bundle" host bundle_env mpi_coll synth
   ran=1
 fi
+
+echo "== 3. a hanging program: the deadline holds and the archive keeps what ran"
+# A build folder whose programs never return: mpi_coll times out, the next steps get
+# no time, and the run still ends by its deadline with every step in the archive.
+fake=$work/hanging_build
+mkdir -p "$fake/tests/collective"
+printf '#!/bin/sh\nexec sleep 1000\n' > "$fake/resnet_ddp"
+cp "$fake/resnet_ddp" "$fake/tests/collective/collective_test"
+chmod +x "$fake/resnet_ddp" "$fake/tests/collective/collective_test"
+deadline=45
+t=$(date +%s)
+RD_GPU_CHECK_DIR=$work/hang RD_GPU_CHECK_BUILD_DIR=$fake RD_GPU_CHECK_SLOWDOWN=1 RD_GPU_CHECK_DEADLINE_S=$deadline \
+  "$repo/tools/gpu_check.sh" --out "$work/hang_out"
+rc=$?
+took=$(( $(date +%s) - t ))
+echo "-- hanging programs: exit $rc in ${took}s (deadline ${deadline}s)"
+[[ $rc == 1 ]] || fail "hang: exit $rc, expected 1"
+((took <= deadline + 10)) || fail "hang: took ${took}s, past the ${deadline}s deadline"
+grep -q '^mpi_coll .*TIMEOUT' "$work/hang/progress.txt" 2>/dev/null || fail "hang: mpi_coll is not TIMEOUT"
+grep -q '^synth .*no time' "$work/hang/progress.txt" 2>/dev/null || fail "hang: synth is not 'no time'"
+tar -tzf "$work/hang_out/gpu_check.tar.gz" 2>/dev/null | grep -qx 'steps/mpi_coll.log' ||
+  fail "hang: the archive lacks the timed-out step's log"
 
 if ((fails)); then
   echo "$fails check(s) failed"
