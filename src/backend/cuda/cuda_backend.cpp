@@ -653,6 +653,9 @@ std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, con
     if (freed) s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, false, found);
     if (find_out_of_memory(s, found)) s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, true, found);
   }
+  // A cudaMalloc that failed inside cudnnFind leaves its (non-sticky) error as the last
+  // one, where the next kernel launch's check would report it as its own.
+  if (cudaPeekAtLastError() == cudaErrorMemoryAllocation) cudaGetLastError();
   // NOT_SUPPORTED: no algorithm at all for this data type and layout (e.g. bf16 NHWC
   // with 3 channels on some GPUs): an empty list, the caller runs the fallback.
   if (s != CUDNN_STATUS_SUCCESS && s != CUDNN_STATUS_NOT_SUPPORTED) {
