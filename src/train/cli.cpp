@@ -87,6 +87,8 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
   fs.enumeration("--precision", &o.precision, precision_names(),
             "compute precision (fp16 uses dynamic loss scaling)");
+  fs.real("--loss-scale", &o.loss_scale, 0.0, true,
+          "fp16: initial dynamic loss scale, halved on each overflow (PyTorch GradScaler's init_scale)");
   fs.boolean("--amp", &o.amp, "mixed precision for the device: --precision bf16 on the CPU, fp16 on a GPU");
   fs.on_set("--precision", [&o] { o.amp = false; });  // of --amp and --precision, the later wins
   fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(),

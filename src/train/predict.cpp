@@ -134,6 +134,8 @@ int predict_main(const PredictOptions& o) {
       bo.layout = default_cpu_layout(bo.precision);
       backend = make_cpu_backend(bo);
     }
+    // On stderr, so --json output stays one document: which device answered.
+    std::fprintf(stderr, "predict: device %s\n", backend->name().c_str());
 
     ResNetConfig mc;
     mc.arch = m.arch;

@@ -29,13 +29,13 @@ bool LossScaler::unscale(Backend& backend, Arena& grads, bool any_nonfinite) {
 }
 
 TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
-                     bool loss_scaling)
+                     bool loss_scaling, double initial_loss_scale)
     : model_(model),
       backend_(model.backend()),
       optimizer_(optimizer),
       reducer_(reducer),
       label_smoothing_(label_smoothing),
-      scaler_(loss_scaling) {}
+      scaler_(loss_scaling, initial_loss_scale) {}
 
 double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions) {
   micro_ = micro;

@@ -490,7 +490,7 @@ void Trainer::setup_model() {
   bo.progress_thread = o_.progress_thread;
   bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
-                                      o_.precision == Precision::FP16);
+                                      o_.precision == Precision::FP16, o_.loss_scale);
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
   if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
     const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");

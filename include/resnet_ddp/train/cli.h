@@ -49,6 +49,7 @@ struct TrainOptions {
   // on 2 ranks x 1 thread), and polling between layers already overlaps most of it.
   bool progress_thread = false;
   int accum_steps = 1;
+  double loss_scale = 65536.0;  // fp16: the dynamic loss scale to start from
   std::string device = "auto";       // auto | cpu | cuda
   Precision precision = Precision::FP32;
   // --amp: the mixed precision that suits the device, chosen once it is known (bf16 on

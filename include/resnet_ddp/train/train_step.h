@@ -29,7 +29,7 @@ namespace rd::train {
 // 2000 good steps in a row. Disabled, the scale is 1 and nothing is checked.
 class LossScaler {
  public:
-  explicit LossScaler(bool enabled) : enabled_(enabled) {}
+  explicit LossScaler(bool enabled, double initial = 65536.0) : enabled_(enabled), scale_(initial) {}
   bool enabled() const { return enabled_; }
   double scale() const { return enabled_ ? scale_ : 1.0; }
   // Divides the scale out of `grads` and checks them in one pass; false: the step
@@ -47,7 +47,7 @@ class TrainStep {
   // `reducer` (dist::GradientBucketer) null: one process, no communication.
   // `loss_scaling`: fp16.
   TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
-            bool loss_scaling = false);
+            bool loss_scaling = false, double initial_loss_scale = 65536.0);
 
   // Forward and label-smoothed cross-entropy of micro-batch `micro` of `group`.
   // Returns the batch's summed (unscaled) loss; `predictions` (optional) receives each
