@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/commands.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
@@ -31,7 +32,10 @@ int run(int argc, char** argv) {
       if (speaker) std::fputs(pc.help_text.c_str(), stdout);
       return 0;
     case Command::Version:
-      if (speaker) std::printf("resnet_ddp %s\n", RESNET_DDP_VERSION);
+      // The backends line lets a login-node pre-flight see whether GPUs can be used.
+      if (speaker)
+        std::printf("resnet_ddp %s\nbackends: cpu, cuda %s\n", RESNET_DDP_VERSION,
+                    rd::cuda_backend_built() ? "(built)" : "(not built)");
       return 0;
     case Command::Synth:
     case Command::Pack: {

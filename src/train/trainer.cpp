@@ -217,11 +217,26 @@ void Trainer::setup_device() {
   ctrl_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   std::string device = o_.device;
   if (device == "auto") {
-    if (cuda_backend_available()) {
-      device = "cuda";
-    } else {
-      device = "cpu";
-      notice("no CUDA device available (or CUDA backend not built); using the CPU backend");
+    // One choice for all ranks: CUDA only where every rank has a GPU (mixed devices
+    // would start NCCL on some ranks and MPI on others). A GPU job that lands on the
+    // CPU is hours slower, so it is said loudly, once, with each node's reason.
+    int64_t no_gpu = cuda_backend_available() ? 0 : 1;
+    ctrl_->allreduce(&no_gpu, 1, dist::ReduceOp::Sum);
+    device = no_gpu == 0 ? "cuda" : "cpu";
+    if (no_gpu > 0) {
+      const std::string reason = cuda_backend_available() ? std::string() : cuda_unavailable_reason();
+      std::vector<char> mine(512, 0), all(512 * static_cast<size_t>(env_.world), 0);
+      std::snprintf(mine.data(), mine.size(), "%s", reason.empty() ? "" : (env_.node + ": " + reason).c_str());
+      ctrl_->allgather(mine.data(), all.data(), mine.size());
+      if (rank0()) {
+        std::string first;
+        for (int r = 0; r < env_.world && first.empty(); ++r) first = all.data() + 512 * static_cast<size_t>(r);
+        std::fprintf(stderr,
+                     "resnet_ddp: WARNING: --device auto: training on the CPU backend, not a GPU (%lld of %d ranks "
+                     "have no usable GPU; %s). Pass --device cuda to make this an error.\n",
+                     static_cast<long long>(no_gpu), env_.world, first.c_str());
+        std::fflush(stderr);
+      }
     }
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
@@ -232,10 +247,7 @@ void Trainer::setup_device() {
     if (o_.precision == Precision::FP16 && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
     if (device == "cuda" && !cuda_backend_available())
-      throw UsageError("--device cuda: no usable CUDA device (" +
-                       std::string(cuda_device_count() == 0 ? "none visible, or the CUDA backend is not built"
-                                                             : "backend unavailable") +
-                       "); use --device cpu or auto");
+      throw UsageError("--device cuda on node " + env_.node + ": " + cuda_unavailable_reason());
     if (o_.deterministic && device != "cpu")
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;

@@ -3,7 +3,7 @@
 # against the same run on the CPU backend: the loss and accuracy of every step and
 # the epoch's validation agree within the error model below.
 #   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp, $3 = mpiexec, $4 = repo root,
-#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export
+#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export | device_choice
 #
 # Error model (per step, on the running mean printed by --log-every 1, 4 decimals):
 #   fp32: cuDNN/cuBLAS stand-ins sum in float64, the CPU backend in float32 with its
@@ -152,6 +152,36 @@ case "$CASE" in
     "$EMU_BIN" export --checkpoint "$WORK/out/best_model.h5" --out "$WORK/out/model.safetensors" >"$WORK/export.log" 2>&1 ||
       { cat "$WORK/export.log"; fail "export failed"; }
     [ -s "$WORK/out/model.safetensors" ] || fail "no safetensors file"
+    ;;
+  device_choice)
+    # Which GPU each rank takes, said in its start-up line (review ecosystem D2, D15).
+    args=(--arch resnet_tiny --epochs 1 --max-steps 1)
+    note "all of the node's GPUs visible: local rank i takes GPU i"
+    run 2 "$EMU_BIN" "$WORK/all.log" "${args[@]}" --device auto --output-dir "$WORK/all"
+    grep -q "^rank 0/2: .* device cuda:0 (Emulated .*, PCI 0000:10:00" "$WORK/all.log" || { cat "$WORK/all.log"; fail "rank 0's GPU"; }
+    grep -q "^rank 1/2: .* device cuda:1 (Emulated .*, PCI 0000:11:00" "$WORK/all.log" || { cat "$WORK/all.log"; fail "rank 1's GPU"; }
+    note "one GPU per rank (Slurm --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per task)"
+    cat >"$WORK/per_task.sh" <<'WRAP'
+#!/bin/bash
+export CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK
+exec "$@"
+WRAP
+    chmod +x "$WORK/per_task.sh"
+    "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$WORK/per_task.sh" "$EMU_BIN" "${COMMON[@]}" "${args[@]}" \
+      --device cuda --output-dir "$WORK/one" >"$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "one GPU per rank"; }
+    grep -q "^rank 0/2: .* device cuda:0 (Emulated .*, PCI 0000:10:00" "$WORK/one.log" || { cat "$WORK/one.log"; fail "rank 0 under one GPU per task"; }
+    grep -q "^rank 1/2: .* device cuda:0 (Emulated .*, PCI 0000:11:00" "$WORK/one.log" || { cat "$WORK/one.log"; fail "rank 1 under one GPU per task"; }
+    grep -q "^(Epoch 1/1) Val loss" "$WORK/one.log" || fail "one GPU per rank did not train"
+    note "more ranks than visible GPUs: refused at start"
+    rc=0
+    "$RD_MPIEXEC" --oversubscribe --bind-to none -np 4 "$EMU_BIN" "${COMMON[@]}" "${args[@]}" --device cuda \
+      --output-dir "$WORK/four" >"$WORK/four.log" 2>&1 || rc=$?
+    [ "$rc" = 2 ] || { cat "$WORK/four.log"; fail "4 ranks on 2 GPUs exited $rc, expected 2"; }
+    grep -q "4 ranks on node .* but 2 GPUs visible" "$WORK/four.log" || { cat "$WORK/four.log"; fail "the reason"; }
+    note "no GPU visible: --device auto warns once and uses the CPU"
+    CUDA_VISIBLE_DEVICES= run 2 "$EMU_BIN" "$WORK/none.log" "${args[@]}" --device auto --output-dir "$WORK/none"
+    [ "$(grep -c 'WARNING: --device auto: training on the CPU backend' "$WORK/none.log")" = 1 ] || { cat "$WORK/none.log"; fail "one warning"; }
+    grep -q "no CUDA device visible (cudaGetDeviceCount: no CUDA-capable device is detected" "$WORK/none.log" || fail "the warning's reason"
     ;;
   *) fail "unknown case $CASE" ;;
 esac

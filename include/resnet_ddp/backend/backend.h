@@ -295,6 +295,10 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts = {});
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts = {});
 bool cuda_backend_available();  // built in and at least one device visible
 int cuda_device_count();        // 0 when not built or no driver
+bool cuda_backend_built();      // compiled in (a GPU may still be missing)
+// Why no CUDA device is usable here, for messages: "the CUDA backend is not built ..."
+// or "no CUDA device visible (<the runtime's reason>)". Empty when one is.
+std::string cuda_unavailable_reason();
 
 // The CUDA device index a rank uses: local_rank % visible. Under Slurm's
 // --gpus-per-task=1 (or --gpu-bind=single:1) every rank sees exactly one GPU,

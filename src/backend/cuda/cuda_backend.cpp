@@ -458,7 +458,10 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::name() const {
   const size_t v = cudnnGetVersion();
   std::ostringstream os;
-  os << "cuda:" << device_ << " (" << props_.name << ", cc " << props_.major << "." << props_.minor << ", cuDNN "
+  // The PCI address tells GPUs apart when each rank sees one as cuda:0 (--gpus-per-task=1).
+  char pci[32];
+  std::snprintf(pci, sizeof pci, "PCI %04x:%02x:%02x", props_.pciDomainID, props_.pciBusID, props_.pciDeviceID);
+  os << "cuda:" << device_ << " (" << props_.name << ", " << pci << ", cc " << props_.major << "." << props_.minor << ", cuDNN "
      << v / 10000 << "." << (v % 10000) / 100 << "." << v % 100 << ", " << precision_name(precision_)
      << ", " << layout_name(layout_) << ")";
   return os.str();
@@ -1135,6 +1138,23 @@ int cuda_device_count() {
 }
 
 bool cuda_backend_available() { return cuda_device_count() > 0; }
+
+bool cuda_backend_built() { return true; }
+
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device visible (cudaGetDeviceCount: ") + cudaGetErrorString(e) +
+           "; on a cluster: was the job given GPUs, e.g. a GPU partition or --gpus-per-node?)";
+  }
+  if (n == 0)
+    return "no CUDA device visible (0 devices; CUDA_VISIBLE_DEVICES='" +
+           std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)") +
+           "'; was the job given GPUs?)";
+  return "";
+}
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) {
   return std::make_unique<cuda::CudaBackend>(opts);

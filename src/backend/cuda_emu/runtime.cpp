@@ -107,10 +107,35 @@ const DeviceSpec& device_spec() {
   return spec;
 }
 
-int device_count() {
-  static const int n = static_cast<int>(env_double("RD_EMU_DEVICE_COUNT", 1));
-  return n;
+// The node's emulated GPUs (RD_EMU_DEVICE_COUNT) filtered by CUDA_VISIBLE_DEVICES as
+// the driver does: the listed physical indices in order, up to the first invalid one.
+const std::vector<int>& visible_devices() {
+  static const std::vector<int> v = [] {
+    const int physical = static_cast<int>(env_double("RD_EMU_DEVICE_COUNT", 1));
+    std::vector<int> out;
+    const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) {
+      for (int i = 0; i < physical; ++i) out.push_back(i);
+      return out;
+    }
+    std::string list = env;
+    size_t pos = 0;
+    while (pos <= list.size() && !list.empty()) {
+      const size_t comma = list.find(',', pos);
+      const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      char* end = nullptr;
+      const long idx = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end || idx < 0 || idx >= physical) break;
+      out.push_back(static_cast<int>(idx));
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    return out;
+  }();
+  return v;
 }
+
+int device_count() { return static_cast<int>(visible_devices().size()); }
 
 namespace {
 thread_local int t_device = 0;
@@ -650,7 +675,7 @@ extern "C" {
 cudaError_t cudaGetDeviceCount(int* count) {
   if (!count) return set_error(cudaErrorInvalidValue);
   *count = device_count();
-  return cudaSuccess;
+  return *count == 0 ? set_error(cudaErrorNoDevice) : cudaSuccess;  // as the runtime answers
 }
 
 cudaError_t cudaSetDevice(int device) {
@@ -680,6 +705,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->minor = s.minor;
   prop->multiProcessorCount = s.multiprocessors;
   prop->unifiedAddressing = 1;
+  // Distinct per physical GPU, so a rank's start-up line shows which one it got.
+  prop->pciBusID = 0x10 + visible_devices()[static_cast<size_t>(device)];
   prop->canMapHostMemory = 1;
   return cudaSuccess;
 }
@@ -712,6 +739,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
     default: return "cudaError(emulated)";
@@ -726,6 +754,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
     default: return "error (emulated device)";
