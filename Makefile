@@ -17,7 +17,7 @@ FUZZ_SECONDS ?= 60
 SAN_LABELS   ?= $(if $(filter thread,$(SANITIZE)),collective|data|e2e,backend|data|train|collective|e2e)
 SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 # Only what those labels run (tests of other labels show up as *_NOT_BUILT, unlabelled).
-SAN_TARGETS   = rd_keep_dso resnet_ddp message_passing test_data data_probe collective_test peer_loss \
+SAN_TARGETS   = rd_keep_dso rd_no_flock resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_backend_reference test_backend_cpu test_backend_faults \
                   test_backend_cpu_bf16 test_backend_winograd train_step_bench test_train test_tensorboard fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors)

@@ -40,13 +40,24 @@ std::string holder_record() {
 
 }  // namespace
 
-OutputLock OutputLock::acquire(const std::string& dir, std::string* stale) {
+OutputLock OutputLock::acquire(const std::string& dir, std::string* stale, std::string* unguarded) {
   const std::string path = (std::filesystem::path(dir) / "resnet_ddp.lock").string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw UsageError("--output-dir: cannot create the lock file '" + path + "': " + std::strerror(errno));
   int rc;
   do rc = ::flock(fd, LOCK_EX | LOCK_NB);
   while (rc != 0 && errno == EINTR);
+  if (rc != 0 && (errno == ENOSYS || errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL)) {
+    // The file system cannot lock: refusing to train would leave such clusters no way to
+    // use the default output folder; run unguarded and say so. The record is still
+    // written, so a crash is still reported to the next run.
+    const int err = errno;
+    if (unguarded)
+      *unguarded = "the file system of '" + dir + "' does not support flock (" + std::strerror(err) +
+                   "; e.g. Lustre mounted without -o flock): this run is not protected against a second run "
+                   "in the same folder";
+    rc = 0;
+  }
   if (rc != 0) {
     // Not ours: close without touching the holder's record.
     const int err = errno;

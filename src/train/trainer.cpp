@@ -290,7 +290,9 @@ void Trainer::setup_device() {
 void Trainer::lock_output() {
   if (o_.eval_only) return;  // reads only
   std::string stale;
-  agree([&] { lock_ = OutputLock::acquire(o_.output_dir, &stale); }, rank0());
+  std::string unguarded;
+  agree([&] { lock_ = OutputLock::acquire(o_.output_dir, &stale, &unguarded); }, rank0());
+  if (!unguarded.empty() && rank0()) std::fprintf(stderr, "resnet_ddp: warning: --output-dir: %s\n", unguarded.c_str());
   if (!stale.empty())
     notice("the previous run in " + o_.output_dir + " (" + stale +
            ") ended without releasing it (crashed or killed); this run holds it now");

@@ -16,7 +16,10 @@ class OutputLock {
   OutputLock() = default;
   // Takes the lock or throws rd::UsageError naming the folder and the holder.
   // `stale` receives the record of a holder that ended without releasing (crash).
-  static OutputLock acquire(const std::string& dir, std::string* stale = nullptr);
+  // On a file system without flock (Lustre mounted without -o flock, some NFS) the run
+  // goes on unguarded: `unguarded` (when given) receives why, for a warning.
+  static OutputLock acquire(const std::string& dir, std::string* stale = nullptr,
+                            std::string* unguarded = nullptr);
   ~OutputLock();
   OutputLock(OutputLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
   OutputLock& operator=(OutputLock&& o) noexcept;
