@@ -1,7 +1,10 @@
 // CudaBackend: rd::Backend on one GPU. Convolutions through cuDNN (algorithms
-// chosen once per shape with cudnnFind*, one shared workspace grown on
-// demand), linear layers through cuBLAS, everything else through kernels/
-// whose per-element math is include/resnet_ddp/math/*.h.
+// chosen once per shape with cudnnFind*, or cuDNN's heuristics under
+// RD_CUDNN_HEURISTICS=1; one shared workspace grown on demand and given back when
+// another allocation runs out of memory; a shape with no algorithm in the
+// activation type and layout runs in f32 NCHW), linear layers through cuBLAS,
+// everything else through kernels/ whose per-element math is
+// include/resnet_ddp/math/*.h.
 //
 // Streams: all work runs in order on one compute stream; input images go
 // host -> pinned -> device on a copy stream (event-ordered); NcclComm runs
