@@ -125,11 +125,15 @@ case "$CASE" in
       if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then rank0=$p; fi
     done
     [ -n "$rank0" ] || { cat "$WORK/part1.log"; fail "cannot find rank 0"; }
-    kill -TERM "$rank0"
+    kill -TERM "$rank0" || true  # reported below if the run had already ended
     wait "$pid" || { cat "$WORK/part1.log"; fail "preempted run exited non-zero"; }
-    grep -q "^Preempted at epoch 1 step" "$WORK/part1.log" || { cat "$WORK/part1.log"; fail "no preemption"; }
+    # The signal is honoured at the next step boundary: epoch 1 or, on a slow
+    # machine that reached the end of epoch 1 first, epoch 2.
+    grep -q -E "^Preempted at epoch [12] step" "$WORK/part1.log" ||
+      { cat "$WORK/part1.log"; fail "no preemption (SIGTERM to rank 0 after step 2 of 8)"; }
     run 2 "$EMU_BIN" "$WORK/part2.log" "${args[@]}" --output-dir "$WORK/part"
-    grep -q "^Resuming from $WORK/part/last.h5 at epoch 1 step" "$WORK/part2.log" || { cat "$WORK/part2.log"; fail "did not resume"; }
+    grep -q -E "^Resuming from $WORK/part/last.h5 at epoch [12]( step|$)" "$WORK/part2.log" ||
+      { cat "$WORK/part2.log"; fail "did not resume"; }
     a=$(val_loss "$WORK/full.log")
     b=$(val_loss "$WORK/part2.log")
     note "final val loss: uninterrupted $a, preempted + resumed $b"
