@@ -157,6 +157,7 @@ class Trainer {
   std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<TrainStep> step_;
   std::vector<std::string> class_names_;
+  std::vector<std::string> checkpoint_classes_;  // --eval-only: the evaluated checkpoint's
   const float* norm_mean_ = nullptr;
   const float* norm_std_ = nullptr;
   RunState run_;
@@ -181,7 +182,7 @@ Precision amp_precision(bool cuda) { return cuda ? Precision::FP16 : Precision::
 // Flags that do not describe the run (where it reads and writes, how it resumes).
 bool resume_ignores(const std::string& flag) {
   for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
-                        "--tensorboard", "--eval-only"})
+                        "--tensorboard", "--eval-only", "--skip-unreadable"})
     if (flag == f) return true;
   return false;
 }
@@ -310,6 +311,8 @@ void Trainer::resolve_resume() {
         }
         const CheckpointReader& ck = *reader;
         const CheckpointMeta& m = ck.meta();
+        // Evaluation takes the class names from the model: no Train folder needed.
+        if (o_.eval_only) checkpoint_classes_ = m.class_names;
         auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
           if (theirs.empty() || value == theirs) return;
           if (o_.was_given(flag))
@@ -413,6 +416,19 @@ void Trainer::resolve_resume() {
   o_.normalize = f.at(3);
   honour_lr_ = f.at(4)[0] == '1';
   epochs_changed_ = f.at(4)[1] == '1';
+  if (o_.eval_only) {
+    // NUL-separated: a class name may hold any other byte.
+    std::string names;
+    if (rank0())
+      for (const auto& c : checkpoint_classes_) names += c + '\0';
+    int64_t len = static_cast<int64_t>(names.size());
+    ctrl_->broadcast(&len, sizeof len, 0);
+    names.resize(static_cast<size_t>(len));
+    ctrl_->broadcast(names.data(), names.size(), 0);
+    checkpoint_classes_.clear();
+    for (size_t at = 0, nul; (nul = names.find('\0', at)) != std::string::npos; at = nul + 1)
+      checkpoint_classes_.push_back(names.substr(at, nul - at));
+  }
 }
 
 void Trainer::setup_data() {
@@ -428,11 +444,24 @@ void Trainer::setup_data() {
   if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   scan.folders.train = o_.train_split;
   scan.folders.validation = o_.val_split;
+  if (o_.eval_only) {
+    // Scoring reads only Validation, with the checkpoint's classes, and every image
+    // decoded first: an unreadable one is an error (or, --skip-unreadable, a counted
+    // skip), never a black stand-in that gets classified.
+    scan.class_names = checkpoint_classes_;
+    scan.require_every_class = false;
+    scan.verify = data::ScanOptions::Verify::Full;
+    scan.strict = !o_.skip_unreadable;
+    if (!o_.strict_data) {
+      scan.strict_flag = "--eval-only";
+      scan.strict_hint = " (unreadable images are never scored; --skip-unreadable skips them)";
+    }
+  }
   agree([&] {
-    train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
+    if (!o_.eval_only) train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
     val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
   });
-  class_names_ = train_set_->class_names();
+  class_names_ = train_set_ ? train_set_->class_names() : val_set_->class_names();
   data::TransformConfig tc;
   tc.image_size = o_.image_size;
   tc.augment = data::parse_augment(o_.augment);
@@ -444,15 +473,17 @@ void Trainer::setup_data() {
     norm_mean_ = data::kImagenetMean;
     norm_std_ = data::kImagenetStd;
   }
-  sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
-                                                        static_cast<uint64_t>(o_.seed), false);
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
   lo.workers = o_.workers;
   lo.seed = static_cast<uint64_t>(o_.seed);
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
-  train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  if (train_set_) {
+    sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+                                                          static_cast<uint64_t>(o_.seed), false);
+    train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  }
   data::LoaderOptions vo = lo;
   vo.batch_size = o_.effective_val_batch();
   vo.workers = o_.workers;
@@ -1038,8 +1069,11 @@ int Trainer::run() {
   lock_output();
   resolve_resume();
   setup_data();
-  say("Train set size: " + std::to_string(train_set_->size()) +
-      ", Validation set size: " + std::to_string(val_set_->size()));
+  if (train_set_)
+    say("Train set size: " + std::to_string(train_set_->size()) +
+        ", Validation set size: " + std::to_string(val_set_->size()));
+  else
+    say("Validation set size: " + std::to_string(val_set_->size()));
   setup_model();
   check_output_space();
   load_start_state();
@@ -1047,8 +1081,10 @@ int Trainer::run() {
     double loss = 0, acc = 0;
     validate(loss, acc);
     say("");
+    const size_t unreadable = val_set_->unreadable_files();
     say("Evaluated " + resume_path_ + (resume_path_.empty() ? o_.init : "") + " on " +
-        std::to_string(val_set_->size()) + " validation images");
+        std::to_string(val_set_->size()) + " validation images" +
+        (unreadable ? " (" + std::to_string(unreadable) + " unreadable file(s) skipped, not scored)" : ""));
     say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
     return 0;
   }
