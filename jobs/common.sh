@@ -26,6 +26,7 @@ RD_PREEMPT_SIGNAL=""
 RD_REQUEUE=0
 RD_LAUNCH=()
 RD_PREFLIGHT=0
+RD_RESUME_HINT="resubmit the same command"
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
 rd_die() {
@@ -160,7 +161,7 @@ rd_on_exit() {
     # Last: Slurm ends this script as it requeues the job.
     rd_note "requeueing job $SLURM_JOB_ID (scontrol requeue); it resumes from its last.h5"
     if ! timeout 60 scontrol requeue "$SLURM_JOB_ID"; then
-      rd_note "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? #SBATCH --requeue); resubmit the same command to resume"
+      rd_note "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? #SBATCH --requeue); $RD_RESUME_HINT to resume"
     fi
   fi
   rd_note "exit status $rc"
@@ -221,7 +222,7 @@ rd_run_command() {
     RD_REQUEUE=1
     rd_note "training stopped after SIGUSR1 and saved its last.h5; the job requeues itself when it ends"
   elif [[ -n $RD_PREEMPT_SIGNAL ]]; then
-    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; resubmit the same command to resume from its last.h5"
+    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; $RD_RESUME_HINT to resume from its last.h5"
   fi
   return "$status"
 }
@@ -262,11 +263,14 @@ rd_train() {
   if ((!RD_PREFLIGHT)) && ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
   fi
-  # One folder per job name (sbatch -J; per task of a job array), so jobs submitted from
-  # one folder do not continue each other's last.h5; a requeued or resubmitted job of
-  # that name resumes.
+  # One folder per submission (job name and id; per task of a job array), so two
+  # submissions never continue each other's last.h5. A requeued job keeps its id and
+  # resumes; a new submission resumes only when given that folder's --output-dir.
   if ! rd_has_flag "--output-dir --output" "$@"; then
-    defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}")
+    local out="output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}_${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-JOBID}}"
+    out+=${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}
+    defaults+=(--output-dir "$out")
+    RD_RESUME_HINT="resubmit with --output-dir $out"
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"

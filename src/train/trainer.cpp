@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -185,6 +186,32 @@ bool resume_ignores(const std::string& flag) {
                         "--tensorboard", "--eval-only", "--skip-unreadable"})
     if (flag == f) return true;
   return false;
+}
+
+// Flags that change how a run executes, not what it computes: a rerun that changes only
+// these is the same experiment.
+bool describes_execution(const std::string& flag) {
+  for (const char* f : {"--workers", "--threads", "--log-every", "--progress", "--bucket-mb", "--progress-thread",
+                        "--checkpoint-every", "--verify-data", "--val-batch-size", "--device"})
+    if (flag == f) return true;
+  return false;
+}
+
+// Auto-resume is for continuing a run (a requeue, a rerun after a stop). Outside Slurm a
+// command whose settings differ from the run in its output folder is more likely a new
+// experiment that would otherwise silently continue the old one (or train nothing):
+// refused, listing the differences, unless --resume was given. Under Slurm a requeued
+// job resumes unasked, and the job scripts give each submission its own folder.
+void refuse_new_experiment(const TrainOptions& o, const std::string& path, const CheckpointMeta& m,
+                           const std::vector<std::string>& differences) {
+  if (differences.empty() || o.resume != "auto" || o.was_given("--resume")) return;
+  if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;
+  std::string msg = "--output-dir " + o.output_dir + " holds another run (" + path + ", " +
+                    std::to_string(m.epoch) + " epoch(s) done) whose settings differ from this command's:";
+  for (const auto& d : differences) msg += "\n  " + d;
+  msg += "\nTo continue that run with these settings add --resume auto; to start a new experiment use another "
+         "--output-dir (or --resume none to start over in this one)";
+  throw UsageError(msg);
 }
 
 template <class F>
@@ -382,7 +409,13 @@ void Trainer::resolve_resume() {
           return "";
         };
         const auto mine = train_flag_values(o_);
+        std::vector<std::string> differences;  // of the experiment, for refuse_new_experiment
         for (const auto& [flag, value] : mine) {
+          if (flag == "--data") {
+            const std::string was = old_value(flag);
+            if (!was.empty() && fs::path(was).lexically_normal() != fs::path(value).lexically_normal())
+              differences.push_back(flag + " " + value + " (that run: " + was + ")");
+          }
           if (resume_ignores(flag) || flag == "--amp") continue;  // --amp is compared as its --precision
           const std::string was = old_value(flag);
           if (was.empty() || was == value) continue;
@@ -395,7 +428,10 @@ void Trainer::resolve_resume() {
           resume_changes_.push_back("Resume: " + flag + " " + value + (given ? "" : " (default)") +
                                     " instead of the checkpoint's " + was +
                                     (flag == "--lr" ? " (the learning rate restarts from it)" : ""));
+          if (!describes_execution(flag))
+            differences.push_back(flag + " " + value + (given ? "" : " (default)") + " (that run: " + was + ")");
         }
+        refuse_new_experiment(o_, path, m, differences);
       },
       rank0());
   if (rank0()) {
@@ -1098,10 +1134,12 @@ int Trainer::run() {
                   py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);
   }
-  if (run_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(run_.epoch) +
-                                        " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
+  const bool nothing_to_train = run_.epoch >= o_.epochs;
+  if (nothing_to_train) notice("the checkpoint already completed " + std::to_string(run_.epoch) +
+                                " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
   train_epochs();
-  evaluate_best();
+  // "Best model ... has been saved" would claim this run produced it.
+  if (!nothing_to_train) evaluate_best();
   return 0;
 }
 

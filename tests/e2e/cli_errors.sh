@@ -78,7 +78,7 @@ note "a write that fails part-way (file-size limit, like a full disk) keeps the 
 # would hit the limit too.
 rc=0
 OMPI_MCA_btl=self,tcp "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 bash -c \
-  'ulimit -f 1000 && exec "$0" "$@"' "$RD_BIN" "${small[@]}" --output-dir "$OUT" --epochs 2 \
+  'ulimit -f 1000 && exec "$0" "$@"' "$RD_BIN" "${small[@]}" --output-dir "$OUT" --epochs 2 --resume auto \
   >"$WORK/log" 2>&1 || rc=$?
 [ "$rc" != 0 ] || { cat "$WORK/log"; fail "a failed checkpoint write was not reported"; }
 grep -q -F "cannot write checkpoint '$OUT/" "$WORK/log" || { cat "$WORK/log"; fail "write failure message"; }

@@ -15,7 +15,7 @@ out=$RD_SLURM_DIR/out
 
 # Pre-flight outside any job (as on a login node): checks and prints, starts nothing.
 preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --epochs 1 2>&1) || rd_fail "pre-flight failed: $preflight"
-[[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --output-dir output_model/cpu --epochs 1"* &&
+[[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --output-dir output_model/cpu_JOBID --epochs 1"* &&
   $preflight == *"set-up looks complete; submit it with: sbatch $RD_REPO/jobs/cpu.slurm"* ]] ||
   rd_fail "unexpected pre-flight output: $preflight"
 # The per-job --output-dir default goes on the command line, which resnet_ddp lets win
