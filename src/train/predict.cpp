@@ -12,6 +12,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/data/transforms.h"
+#include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
@@ -157,6 +158,14 @@ int predict_main(const PredictOptions& o) {
 
     BackendOptions bo;
     bo.threads = o.threads;
+    // More compute threads than cores only contend (see Trainer::resolve_threads).
+    if (const int cores = dist::affinity_cpus(); o.threads > cores) {
+      std::fprintf(stderr,
+                   "resnet_ddp: warning: --threads %d: more threads than the %d core(s) this process may use (its "
+                   "CPU affinity); clamped to %d\n",
+                   o.threads, cores, cores);
+      bo.threads = cores;
+    }
     std::unique_ptr<Backend> backend;
     if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
       backend = make_cuda_backend(bo);

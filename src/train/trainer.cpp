@@ -117,6 +117,7 @@ class Trainer {
   void agree(F&& fn, bool participate = true);
 
   void setup_device();
+  int resolve_threads();
   void lock_output();
   void resolve_resume();
   void setup_data();
@@ -252,6 +253,7 @@ void Trainer::setup_device() {
     }
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
+  const int threads = resolve_threads();
   if (o_.amp) o_.precision = amp_precision(device == "cuda");
   const std::string amp_note =
       o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
@@ -266,7 +268,7 @@ void Trainer::setup_device() {
     if (o_.deterministic && device != "cpu")
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;
-    bo.threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+    bo.threads = threads;
     bo.precision = o_.precision;
     bo.conv_algo = o_.conv_algo;
     if (device == "cuda") {
@@ -300,6 +302,57 @@ void Trainer::setup_device() {
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   dist::print_startup_lines(env_, backend_->name());
+}
+
+// Compute threads beyond the cores a rank may use (its CPU affinity) only contend: a
+// --threads 999 made 1005 threads that did not finish a step in 10 minutes. Each rank
+// clamps to its cores; the ranks that share one set of cores (no binding) must fit in it
+// together, or every SyncBatchNorm waits for the slowest: one warning line for the job.
+int Trainer::resolve_threads() {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+  const std::string source = o_.threads > 0                     ? "--threads " + std::to_string(o_.threads)
+                             : omp && std::atoi(omp) >= 1 ? std::string("OMP_NUM_THREADS=") + omp
+                                                                : std::string();
+  const int asked = threads;
+  if (threads > env_.cpus_available) threads = env_.cpus_available;
+  const bool oversubscribed = static_cast<int64_t>(threads) * env_.mask_sharers > env_.cpus_available;
+  // Per rank: asked, cores, sharers, oversubscribed (summed: each rank fills its slot).
+  std::vector<int64_t> all(static_cast<size_t>(env_.world) * 4, 0);
+  int64_t* mine = all.data() + static_cast<size_t>(env_.rank) * 4;
+  mine[0] = asked;
+  mine[1] = env_.cpus_available;
+  mine[2] = env_.mask_sharers;
+  mine[3] = oversubscribed ? 1 : 0;
+  ctrl_->allreduce(all.data(), all.size(), dist::ReduceOp::Sum);
+  if (!rank0()) return threads;
+  int clamped = 0, over = 0, first_clamped = -1, first_over = -1;
+  for (int r = 0; r < env_.world; ++r) {
+    const int64_t* v = all.data() + static_cast<size_t>(r) * 4;
+    if (v[0] > v[1] && clamped++ == 0) first_clamped = r;
+    if (v[3] && over++ == 0) first_over = r;
+  }
+  if (clamped) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_clamped) * 4;
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %s: more threads than the %lld core(s) rank %d may use (its CPU affinity); "
+                 "clamped to %lld%s\n",
+                 source.empty() ? ("--threads " + std::to_string(v[0])).c_str() : source.c_str(),
+                 static_cast<long long>(v[1]), first_clamped, static_cast<long long>(v[1]),
+                 clamped > 1 ? (" (and on " + std::to_string(clamped - 1) + " more rank(s))").c_str() : "");
+  }
+  if (over) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_over) * 4;
+    const long long t = std::min(v[0], v[1]);
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %lld rank(s) x %lld thread(s) share the %lld core(s) of rank %d's node: "
+                 "oversubscribed, every rank will wait for the slowest (use --threads %lld, or fewer ranks per "
+                 "node)\n",
+                 static_cast<long long>(v[2]), t, static_cast<long long>(v[1]), first_over,
+                 std::max<long long>(1, v[1] / std::max<int64_t>(1, v[2])));
+  }
+  std::fflush(stderr);
+  return threads;
 }
 
 void Trainer::lock_output() {
@@ -472,7 +525,7 @@ void Trainer::setup_data() {
   scan.strict = o_.strict_data;
   scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
   scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
-  scan.threads = std::max(1, dist::default_threads_per_rank(env_));
+  scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.
   scan.shard = env_.rank;
   scan.shards = env_.world;
