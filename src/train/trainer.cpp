@@ -30,6 +30,7 @@
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"
 #include "resnet_ddp/train/train_step.h"
+#include "train/resume_plan.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -173,47 +174,6 @@ class Trainer {
   bool honour_lr_ = false;                   // --lr differs from the checkpoint's: restart from it
   bool epochs_changed_ = false;
 };
-
-const char* const kStartFresh = "; to start fresh instead use --resume none or another --output-dir";
-
-// --amp as timm and torch.autocast mean it on each device: fp16 on a GPU (every GPU
-// with tensor cores has it; loss scaling is on), bf16 on the CPU (oneDNN's only
-// reduced-precision training type).
-Precision amp_precision(bool cuda) { return cuda ? Precision::FP16 : Precision::BF16; }
-
-// Flags that do not describe the run (where it reads and writes, how it resumes).
-bool resume_ignores(const std::string& flag) {
-  for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
-                        "--tensorboard", "--eval-only", "--skip-unreadable"})
-    if (flag == f) return true;
-  return false;
-}
-
-// Flags that change how a run executes, not what it computes: a rerun that changes only
-// these is the same experiment.
-bool describes_execution(const std::string& flag) {
-  for (const char* f : {"--workers", "--threads", "--log-every", "--progress", "--bucket-mb", "--progress-thread",
-                        "--checkpoint-every", "--verify-data", "--val-batch-size", "--device"})
-    if (flag == f) return true;
-  return false;
-}
-
-// Auto-resume is for continuing a run (a requeue, a rerun after a stop). Outside Slurm a
-// command whose settings differ from the run in its output folder is more likely a new
-// experiment that would otherwise silently continue the old one (or train nothing):
-// refused, listing the differences, unless --resume was given. Under Slurm a requeued
-// job resumes unasked, and the job scripts give each submission its own folder.
-void refuse_new_experiment(const TrainOptions& o, const std::string& path, const CheckpointMeta& m,
-                           const std::vector<std::string>& differences) {
-  if (differences.empty() || o.resume != "auto" || o.was_given("--resume")) return;
-  if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;
-  std::string msg = "--output-dir " + o.output_dir + " holds another run (" + path + ", " +
-                    std::to_string(m.epoch) + " epoch(s) done) whose settings differ from this command's:";
-  for (const auto& d : differences) msg += "\n  " + d;
-  msg += "\nTo continue that run with these settings add --resume auto; to start a new experiment use another "
-         "--output-dir (or --resume none to start over in this one)";
-  throw UsageError(msg);
-}
 
 template <class F>
 void Trainer::agree(F&& fn, bool participate) {
@@ -393,98 +353,12 @@ void Trainer::resolve_resume() {
         const CheckpointMeta& m = ck.meta();
         // Evaluation takes the class names from the model: no Train folder needed.
         if (o_.eval_only) checkpoint_classes_ = m.class_names;
-        auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
-          if (theirs.empty() || value == theirs) return;
-          if (o_.was_given(flag))
-            throw UsageError(flag + " " + value + ": checkpoint '" + path + "' does not match this run: it was trained with " +
-                             flag + " " + theirs +
-                             (o_.eval_only ? std::string("; leave the flag out to evaluate it as trained")
-                                           : "; resuming cannot change it" + std::string(kStartFresh)));
-          value = theirs;
-        };
-        std::string image = std::to_string(o_.image_size);
-        fixed("--arch", o_.arch, m.arch);
-        std::string head = head_name(o_.head);
-        fixed("--head", head, m.head);
-        o_.head = parse_head(head);
-        fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
-        o_.image_size = std::stoi(image);
-        fixed("--normalize", o_.normalize, m.normalize);
-        // Say what the checkpoint decided that the command line did not.
-        const TrainOptions defaults;
-        std::string inherited;
-        if (!o_.was_given("--arch") && o_.arch != defaults.arch) inherited += " --arch " + o_.arch;
-        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += std::string(" --head ") + head_name(o_.head);
-        if (!o_.was_given("--image-size") && o_.image_size != defaults.image_size)
-          inherited += " --image-size " + std::to_string(o_.image_size);
-        if (!o_.was_given("--normalize") && o_.normalize != defaults.normalize)
-          inherited += " --normalize " + o_.normalize;
-        if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
-        if (o_.eval_only) return;
-        const OptimizerMeta& os = m.optimizer;
-        const std::string optimizer = name_of(optimizer_names(), o_.optimizer);
-        if (os.present && os.config.type != o_.optimizer)
-          throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
-                           "' does not match this run: it holds --optimizer " + name_of(optimizer_names(), os.config.type) +
-                           " state; resuming cannot change it" + kStartFresh);
-        // The previous run's flags, read back from the command line it recorded (a
-        // checkpoint from another version may not parse: then only its metadata counts).
-        std::vector<std::pair<std::string, std::string>> theirs;
-        try {
-          std::vector<std::string> words = split_command_line(m.args);
-          std::vector<char*> argv;
-          for (auto& w : words) argv.push_back(w.data());
-          if (argv.size() > 1) {
-            ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
-            // --amp ran as the device's reduced precision (setup_device); compare that,
-            // taking this run's device where the old one was "auto".
-            if (pc.train.amp) {
-              const bool cuda = pc.train.device == "cuda" ||
-                                (pc.train.device == "auto" && backend_->device() == DeviceKind::CUDA);
-              pc.train.precision = amp_precision(cuda);
-            }
-            if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
-          }
-        } catch (const std::exception&) {
-          theirs.clear();
-        }
-        auto old_value = [&](const std::string& flag) -> std::string {
-          if (flag == "--batch-size" && m.batch_size > 0) return std::to_string(m.batch_size);
-          if (flag == "--accum-steps" && m.accum_steps > 0) return std::to_string(m.accum_steps);
-          if (flag == "--lr" && os.present) {
-            TrainOptions t;
-            t.lr = os.config.lr;
-            for (auto& [f, v] : train_flag_values(t))
-              if (f == "--lr") return v;
-          }
-          for (auto& [f, v] : theirs)
-            if (f == flag) return v;
-          return "";
-        };
-        const auto mine = train_flag_values(o_);
-        std::vector<std::string> differences;  // of the experiment, for refuse_new_experiment
-        for (const auto& [flag, value] : mine) {
-          if (flag == "--data") {
-            const std::string was = old_value(flag);
-            if (!was.empty() && fs::path(was).lexically_normal() != fs::path(value).lexically_normal())
-              differences.push_back(flag + " " + value + " (that run: " + was + ")");
-          }
-          if (resume_ignores(flag) || flag == "--amp") continue;  // --amp is compared as its --precision
-          const std::string was = old_value(flag);
-          if (was.empty() || was == value) continue;
-          // Batch shape and length always count (they move the position in the epoch);
-          // other defaults the user did not type keep the resumed run's state.
-          const bool given = o_.was_given(flag) || (flag == "--sync-bn" && o_.was_given("--no-sync-bn"));
-          if (!given && flag != "--batch-size" && flag != "--accum-steps" && flag != "--epochs") continue;
-          if (flag == "--lr") honour_lr_ = true;
-          if (flag == "--epochs") epochs_changed_ = true;
-          resume_changes_.push_back("Resume: " + flag + " " + value + (given ? "" : " (default)") +
-                                    " instead of the checkpoint's " + was +
-                                    (flag == "--lr" ? " (the learning rate restarts from it)" : ""));
-          if (!describes_execution(flag))
-            differences.push_back(flag + " " + value + (given ? "" : " (default)") + " (that run: " + was + ")");
-        }
-        refuse_new_experiment(o_, path, m, differences);
+        ResumePlan plan = plan_resume(o_, path, m, [&] { return backend_->device() == DeviceKind::CUDA; });
+        honour_lr_ = plan.honour_lr;
+        epochs_changed_ = plan.epochs_changed;
+        if (!plan.model_settings.empty()) say(plan.model_settings);
+        resume_changes_ = std::move(plan.changes);
+        if (!o_.eval_only) refuse_new_experiment(o_, path, m, plan.differences);
       },
       rank0());
   if (rank0()) {
