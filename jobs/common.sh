@@ -293,6 +293,14 @@ rd_train() {
       program=("$RD_JOBS_DIR/on_node.sh" "$bin")
     fi
   fi
+  if ((RD_PREFLIGHT)); then
+    # The program's own dry run: every flag and the config file, the dataset's headers
+    # (on shared storage; an archive is checked when staged), the output folder, the
+    # device and a checkpoint a resume would read. A typo costs seconds here.
+    rd_note "resnet_ddp --check (validates the flags, config, data, output folder and device):"
+    "$bin" --check --data "$src" ${defaults[@]+"${defaults[@]}"} "$@" ||
+      rd_die "resnet_ddp --check found the problem above (exit $?); fix it before submitting"
+  fi
   # ${a[@]+...}: bash before 4.4 (CentOS 7 login nodes) calls an empty array unbound.
   rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" ${defaults[@]+"${defaults[@]}"} "$@"
 }

@@ -115,6 +115,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
              "photos; pixels differ from torchvision's full decode)");
   fs.choice("--verify-data", &o.verify_data, {"full", "header"},
             "scan check: decode every image before training (full) or read headers only");
+  fs.boolean("--check", &o.check,
+             "dry run: validate the flags, config file, paths, output folder, device, checkpoint, dataset "
+             "(headers) and launcher, then exit (0 = ready, 2 = the problem) without training");
   fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
              "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
              std::numeric_limits<int64_t>::max());

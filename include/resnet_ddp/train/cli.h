@@ -69,6 +69,7 @@ struct TrainOptions {
   bool jpeg_draft = false;           // DCT-domain JPEG downscaling to >= image_size (ScanOptions::jpeg_draft)
   std::string verify_data = "full";  // full | header
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
+  bool check = false;                // dry run: validate everything, train nothing (check_main)
 
   // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
   // these may override what the checkpoint records.
