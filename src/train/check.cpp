@@ -19,6 +19,7 @@
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/output_lock.h"
+#include "train/dataset_warnings.h"
 #include "train/resume_plan.h"
 
 namespace fs = std::filesystem;
@@ -171,6 +172,9 @@ int check_main(const TrainOptions& opts) {
       const auto& names = train ? train->class_names() : val->class_names();
       if (!classes.empty() && names != classes)
         throw UsageError("--data " + o.data + ": its classes differ from those of " + resume_path + kStartFresh);
+      if (speaker)
+        for (const auto& w : dataset_warnings(train ? *train : *val, o.image_size))
+          std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
       say("data", (train ? std::to_string(train->size()) + " training + " : std::string()) +
                       std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
                       " classes (headers read)");

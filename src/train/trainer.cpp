@@ -30,6 +30,7 @@
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"
 #include "resnet_ddp/train/train_step.h"
+#include "train/dataset_warnings.h"
 #include "train/resume_plan.h"
 
 namespace fs = std::filesystem;
@@ -425,6 +426,9 @@ void Trainer::setup_data() {
     val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
   });
   class_names_ = train_set_ ? train_set_->class_names() : val_set_->class_names();
+  if (rank0())
+    for (const auto& w : dataset_warnings(train_set_ ? *train_set_ : *val_set_, o_.image_size))
+      std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
   data::TransformConfig tc;
   tc.image_size = o_.image_size;
   tc.augment = data::parse_augment(o_.augment);
