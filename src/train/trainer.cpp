@@ -161,7 +161,8 @@ class Trainer {
   std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<TrainStep> step_;
   std::vector<std::string> class_names_;
-  std::vector<std::string> checkpoint_classes_;  // --eval-only: the evaluated checkpoint's
+  std::vector<std::string> checkpoint_classes_;
+  std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's  // --eval-only: the evaluated checkpoint's
   const float* norm_mean_ = nullptr;
   const float* norm_std_ = nullptr;
   RunState run_;
@@ -521,6 +522,7 @@ CheckpointMeta Trainer::base_meta() const {
   m.accum_steps = o_.accum_steps;
   m.seed = o_.seed;
   m.args = o_.command_line;
+  m.args_history = args_history_;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
   m.normalize = o_.normalize;
   m.class_names = class_names_;
@@ -582,6 +584,8 @@ void Trainer::load_start_state() {
           }
           resume_path_ = path;
           loaded = true;
+          args_history_ = m.args_history.empty() && !m.args.empty() ? std::vector<std::string>{m.args}
+                                                                     : m.args_history;
           if (!o_.init.empty()) notice("resuming from " + path + "; --init " + o_.init + " is ignored");
         } catch (const UsageError& e) {
           // A checkpoint that does not fit this run (classes, tensors, optimizer state).
@@ -607,6 +611,7 @@ void Trainer::load_start_state() {
       },
       rank0());
   broadcast_start_state(loaded);
+  args_history_.push_back(o_.command_line);
 }
 
 void Trainer::broadcast_start_state(bool rank0_loaded) {

@@ -58,4 +58,14 @@ note "under Slurm (a requeued job) auto-resume continues unasked"
 expect_rc 0 "$WORK/r6" env SLURM_JOB_ID=4242 "$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2
 grep -q -x -F "Resume: --epochs 3 instead of the checkpoint's 2" "$WORK/r6" || { cat "$WORK/r6"; fail "Slurm: no resume"; }
 grep -q '^(Epoch 3/3) Val loss' "$WORK/r6" || fail "Slurm: epoch 3 not trained"
+
+note "info: the first run's command line and each resume's"
+"$RD_BIN" info "$OUT/last.h5" >"$WORK/info" || fail "info"
+cat "$WORK/info"
+grep -q -E "^first run: +.*resnet_ddp .*--epochs 1 --lr 1e-4\$" "$WORK/info" || fail "info: no first run"
+grep -q -E "^resume 1: +.*resnet_ddp .*--epochs 2 --lr 1e-2 --resume auto\$" "$WORK/info" || fail "info: no resume 1"
+grep -q -E "^resume 2: +.*resnet_ddp .*--epochs 3 --lr 1e-2\$" "$WORK/info" || fail "info: no resume 2"
+[ "$(grep -c '^resume [0-9]*:' "$WORK/info")" = 2 ] || fail "info: the refused and untrained runs are not resumes"
+"$RD_BIN" info --json "$OUT/last.h5" | grep -q '"args_history": \[.*--epochs 1 --lr 1e-4.*, .*, .*--epochs 3' ||
+  fail "info --json: no args_history"
 note "ok"
