@@ -770,7 +770,9 @@ void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
   if (r.st)
     r.bad("holds weights only (a safetensors file has no optimizer state), so training cannot resume from it; "
           "to train from these weights use --init " + r.path);
-  if (!o.present) r.bad("has no /optimizer state to resume from");
+  if (!o.present)
+    r.bad("has no /optimizer state to resume from (a best_model.h5 holds the weights only; its run's optimizer "
+          "state is in that run's last.h5): resume from last.h5, or train from these weights with --init " + r.path);
   if (type != opt.config().type)
     r.bad("optimizer state is for --optimizer " + name_of(optimizer_names(), type) +
           ", this run uses --optimizer " + opt.type_name());

@@ -701,6 +701,9 @@ void Trainer::log_step(const StepSums& s, const StepTimes& t, double seconds) {
 
 void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
                    double partial_loss, int64_t partial_correct, int64_t partial_count) {
+  // best_model.h5 is for using the model: the weights only (Adam's state would triple
+  // it); training resumes from last.h5, which keeps the optimizer and scheduler state.
+  const bool weights_only = path == best_path_;
   agree(
       [&] {
         CheckpointMeta m = base_meta();
@@ -714,7 +717,8 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_train_loss_sum = partial_loss;
         m.partial_train_correct = partial_correct;
         m.partial_train_count = partial_count;
-        write_checkpoint(path, *model_, opt_.get(), sched_.get(), m);  // straight from the arenas
+        write_checkpoint(path, *model_, weights_only ? nullptr : opt_.get(), weights_only ? nullptr : sched_.get(),
+                         m);  // straight from the arenas
       },
       rank0());
 }
