@@ -229,8 +229,9 @@ rd_run_command() {
 
 # rd_has_flag "FLAG [ALIAS...]" ARGS...: whether ARGS set FLAG in one of its spellings
 # (as "FLAG VALUE" or "FLAG=VALUE"), or the `--config FILE` among ARGS does (lines
-# "--flag value" or "flag = value"). The defaults rd_train adds go on the command line,
-# which resnet_ddp lets win over the file: they must not be added when the file has them.
+# "--flag value", "flag = value" or YAML's "flag: value"). The defaults rd_train adds go
+# on the command line, which resnet_ddp lets win over the file: they must not be added
+# when the file has them.
 rd_has_flag() {
   local flags=$1 arg f key prev="" cfg=""
   shift
@@ -247,7 +248,7 @@ rd_has_flag() {
     key=${f#-}
     key=${key#-}
     key=${key//-/[-_]}
-    grep -Eq "^[[:space:]]*-{0,2}${key}([[:space:]]|=|\$)" "$cfg" && return 0
+    grep -Eq "^[[:space:]]*-{0,2}${key}([[:space:]]|=|:|\$)" "$cfg" && return 0
   done
   return 1
 }
