@@ -59,17 +59,29 @@ bool is_directory(const std::string& path) {
 }
 
 // Sorted names of the sub-directories of `dir` (symlinks to directories included).
-std::vector<std::string> sorted_subdirs(const std::string& dir, size_t* files_here) {
+// The extension of a file name in lower case, with the dot ("" when it has none).
+std::string lower_extension(const std::string& name) {
+  const size_t dot = name.find_last_of('.');
+  if (dot == std::string::npos || dot == 0) return "";
+  std::string ext = name.substr(dot);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
+}
+
+std::vector<std::string> sorted_subdirs(const std::string& dir, size_t* files_here,
+                                        std::map<std::string, size_t>* by_extension = nullptr) {
   std::vector<std::string> names;
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
   if (ec) throw UsageError(dir + ": cannot list directory (" + ec.message() + ")");
   for (const auto& e : it) {
     const std::string name = e.path().filename().string();
-    if (is_directory(e.path().string()))
+    if (is_directory(e.path().string())) {
       names.push_back(name);
-    else if (files_here)
-      ++*files_here;
+    } else {
+      if (files_here) ++*files_here;
+      if (by_extension) ++(*by_extension)[lower_extension(name)];
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -175,7 +187,7 @@ void list_folder_split(const std::string& root, Split split, const ScanOptions& 
   const std::string split_dir = root + "/" + name;
   if (!is_directory(split_dir)) missing_split(root, split, folders, opts.data_flag);
   size_t loose_files = 0;
-  const auto split_classes = sorted_subdirs(split_dir, &loose_files);
+  const auto split_classes = sorted_subdirs(split_dir, &loose_files, &scan.ignored_by_extension);
   if ((split != Split::Train || !opts.class_names.empty()) && split_classes != scan.class_names) {
     std::vector<std::string> missing, extra;
     std::set_difference(scan.class_names.begin(), scan.class_names.end(), split_classes.begin(),
@@ -198,6 +210,7 @@ void list_folder_split(const std::string& root, Split split, const ScanOptions& 
       for (const auto& f : files) {
         if (!has_image_extension(f)) {
           ++scan.ignored;
+          ++scan.ignored_by_extension[lower_extension(f)];
           continue;
         }
         FolderEntry e;
@@ -316,12 +329,27 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
     throw UsageError(msg);
   }
   for (const auto& p : problems) log("warning: skipping " + p);
+  // Which extensions were passed over, most frequent first: a dataset of a format this
+  // program does not read says so instead of only "no usable image".
+  std::string by_ext;
+  {
+    std::vector<std::pair<size_t, std::string>> v;
+    for (const auto& [ext, n] : scan.ignored_by_extension) v.emplace_back(n, ext);
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = 0; i < v.size() && i < 5; ++i)
+      by_ext += (i ? ", " : ": ") + std::to_string(v[i].first) + " " + (v[i].second.empty() ? "without extension" : v[i].second);
+    if (v.size() > 5) by_ext += ", ...";
+  }
   if (scan.entries.empty())
-    throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split");
+    throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split" +
+                     (scan.skipped ? " (" + std::to_string(scan.skipped) + " unreadable)" : std::string()) +
+                     (scan.ignored ? "; " + std::to_string(scan.ignored) + " file(s) skipped for their extension" +
+                                         by_ext + " (read: .jpg .jpeg .png .bmp .tga .gif .ppm .pgm .tif .tiff .webp)"
+                                   : std::string()));
   log(std::string(split_name(split)) + ": " + std::to_string(scan.entries.size()) + " images in " +
       std::to_string(scan.class_names.size()) + " classes from " + split_dir + " (" +
       std::to_string(scan.skipped) + " skipped, " + std::to_string(scan.ignored) +
-      " non-image files ignored)");
+      " non-image files ignored" + by_ext + ")");
   return scan;
 }
 
