@@ -165,6 +165,10 @@ std::vector<uint8_t> read_raster(Tiff& t, const std::string& what, size_t row_by
   if (tw == 0 || th == 0) fail("no tile size");
   const tmsize_t tile_size = TIFFTileSize(tif);
   if (tile_size <= 0) fail("no tile size");
+  // Tiles need not fit the image: a 100-byte file may claim 65536 x 65536 tiles.
+  if (tw > 4 * static_cast<uint64_t>(t.width) + 256 || th > 4 * static_cast<uint64_t>(t.height) + 256)
+    fail("tiles of " + std::to_string(tw) + "x" + std::to_string(th) + " for a " + std::to_string(t.width) + "x" +
+         std::to_string(t.height) + " image");
   const size_t pixel_bytes = row_bytes / t.width;  // 8-bit samples only (bilevel tiles refused)
   const size_t tile_row = static_cast<size_t>(tw) * pixel_bytes;
   std::vector<uint8_t> tile(static_cast<size_t>(tile_size));
