@@ -3,8 +3,8 @@
 # environment variable, so one script adapts to another cluster without editing it:
 #
 #   RESNET_DDP_MODULES    modules to `module load` (empty: none); used only if `module` exists
-#   RESNET_DDP_LAUNCHER   how ranks start: "mpirun -np $SLURM_NTASKS" (default), "ibrun",
-#                         "srun --mpi=pmix", ...
+#   RESNET_DDP_LAUNCHER   how ranks start: 'mpirun -np $SLURM_NTASKS' (default), "ibrun",
+#                         "srun --mpi=pmix", ...; $VAR / ${VAR} are read when the job runs
 #   RESNET_DDP_BIN        the resnet_ddp program (default: next to jobs/, install prefix, PATH)
 #   RESNET_DDP_MESSAGE_PASSING_BIN  the same for message_passing
 #   RESNET_DDP_DATA_SRC   the dataset on shared storage: .tar.gz, folder or packed .h5
@@ -83,11 +83,45 @@ rd_find_program() {
   echo "$candidate"
 }
 
+# rd_expand_vars TEXT: $VAR and ${VAR} replaced by this environment's values, nothing
+# else interpreted (no eval: quotes, globs and $(...) stay text). RESNET_DDP_LAUNCHER is
+# written in single quotes (docs/slurm.md) so that Slurm's variables are read when the
+# job runs; a variable unset then is an error naming it, except on the login node,
+# where the job's variables do not exist yet and the text is kept.
+rd_expand_vars() {
+  local rest=$1 out="" name
+  local re='^([^$]*)[$](\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$'
+  while [[ $rest =~ $re ]]; do
+    out+=${BASH_REMATCH[1]}
+    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
+    rest=${BASH_REMATCH[5]}
+    if [[ -n ${!name:-} ]]; then
+      out+=${!name}
+    elif ((RD_PREFLIGHT)); then
+      out+="\$$name"
+    else
+      rd_die "RESNET_DDP_LAUNCHER uses \$$name, which is not set in this job"
+    fi
+  done
+  echo "$out$rest"
+}
+
 # Fills RD_LAUNCH from RESNET_DDP_LAUNCHER (default: mpirun with one rank per Slurm task).
 rd_set_launcher() {
-  local spec=${RESNET_DDP_LAUNCHER:-mpirun -np ${SLURM_NTASKS:-NTASKS}}
+  local raw=${RESNET_DDP_LAUNCHER:-mpirun -np ${SLURM_NTASKS:-NTASKS}} spec i word next
+  spec=$(rd_expand_vars "$raw") || exit 1
   read -r -a RD_LAUNCH <<<"$spec"
   ((${#RD_LAUNCH[@]} > 0)) || rd_die "RESNET_DDP_LAUNCHER is blank"
+  # A rank count that vanished: "mpirun -np $SLURM_NTASKS ..." in double quotes was
+  # expanded where the job was submitted, where SLURM_NTASKS is empty.
+  for ((i = 0; i < ${#RD_LAUNCH[@]}; i++)); do
+    word=${RD_LAUNCH[i]}
+    [[ $word == -np || $word == -n || $word == --np || $word == --ntasks ]] || continue
+    next=${RD_LAUNCH[i + 1]:-}
+    [[ $next =~ ^[1-9][0-9]*$ ]] && continue
+    ((RD_PREFLIGHT)) && [[ $next == \$* || $next == NTASKS ]] && continue
+    rd_die "RESNET_DDP_LAUNCHER=\"$raw\": '$word' is followed by '${next:-nothing}', not a number of ranks; a variable such as \$SLURM_NTASKS expanded to nothing where the job was submitted? Write it in single quotes, RESNET_DDP_LAUNCHER='mpirun -np \$SLURM_NTASKS ...', so that it is read when the job runs"
+  done
   if ! command -v "${RD_LAUNCH[0]}" >/dev/null 2>&1; then
     local problem="launcher '${RD_LAUNCH[0]}' not found (RESNET_DDP_LAUNCHER=\"$spec\"); load the MPI module or choose e.g. \"srun --mpi=pmix\""
     # On a login node the MPI module may simply not be loaded yet.
