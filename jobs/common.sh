@@ -135,6 +135,11 @@ rd_set_launcher() {
   export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-5}
   export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-2}
   export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}
+  # scancel (or Ctrl-C on mpirun) makes mpirun send SIGTERM to the ranks after this many
+  # seconds and SIGKILL as many later; Open MPI's 1 s leaves no time to finish the step
+  # and write last.h5 (Slurm signals the ranks itself at once). Not more: mpirun also
+  # waits this long twice whenever a rank fails, which delays the end of a failed job.
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-10}
 }
 
 # Threads per rank from what Slurm granted on this node, unless RESNET_DDP_THREADS says.
