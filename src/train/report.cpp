@@ -81,7 +81,9 @@ void install_preemption_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking reads/MPI polls continue; the loop checks the flag
-  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+  // SIGHUP too: mpirun closes the pseudo-terminals it gave the ranks while it ends a job,
+  // and a hangup must stop the run as the other signals do, not kill it unsaved.
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   // A file-size limit must fail the write (reported, previous checkpoint kept),
   // not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
