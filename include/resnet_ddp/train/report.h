@@ -19,7 +19,7 @@ std::string py_float(double x);
 std::string json_string(const std::string& s);
 
 // ---- preemption signals ------------------------------------------------------------
-// SIGTERM, SIGUSR1 and SIGINT: the first sets a flag the training loop polls (every
+// SIGTERM, SIGUSR1, SIGINT and SIGHUP: the first sets a flag the training loop polls (every
 // rank agrees through a small all-reduce each step); a second one ends the process
 // at once with status 128 + signal.
 void install_preemption_handlers();
