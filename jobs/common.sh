@@ -3,8 +3,8 @@
 # environment variable, so one script adapts to another cluster without editing it:
 #
 #   RESNET_DDP_MODULES    modules to `module load` (empty: none); used only if `module` exists
-#   RESNET_DDP_LAUNCHER   how ranks start: "mpirun -np $SLURM_NTASKS" (default), "ibrun",
-#                         "srun --mpi=pmix", ...
+#   RESNET_DDP_LAUNCHER   how ranks start: 'mpirun -np $SLURM_NTASKS' (default), "ibrun",
+#                         "srun --mpi=pmix", ...; $VAR / ${VAR} are read when the job runs
 #   RESNET_DDP_BIN        the resnet_ddp program (default: next to jobs/, install prefix, PATH)
 #   RESNET_DDP_MESSAGE_PASSING_BIN  the same for message_passing
 #   RESNET_DDP_DATA_SRC   the dataset on shared storage: .tar.gz, folder or packed .h5
@@ -26,6 +26,7 @@ RD_PREEMPT_SIGNAL=""
 RD_REQUEUE=0
 RD_LAUNCH=()
 RD_PREFLIGHT=0
+RD_RESUME_HINT="resubmit the same command"
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
 rd_die() {
@@ -82,11 +83,45 @@ rd_find_program() {
   echo "$candidate"
 }
 
+# rd_expand_vars TEXT: $VAR and ${VAR} replaced by this environment's values, nothing
+# else interpreted (no eval: quotes, globs and $(...) stay text). RESNET_DDP_LAUNCHER is
+# written in single quotes (docs/slurm.md) so that Slurm's variables are read when the
+# job runs; a variable unset then is an error naming it, except on the login node,
+# where the job's variables do not exist yet and the text is kept.
+rd_expand_vars() {
+  local rest=$1 out="" name
+  local re='^([^$]*)[$](\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$'
+  while [[ $rest =~ $re ]]; do
+    out+=${BASH_REMATCH[1]}
+    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
+    rest=${BASH_REMATCH[5]}
+    if [[ -n ${!name:-} ]]; then
+      out+=${!name}
+    elif ((RD_PREFLIGHT)); then
+      out+="\$$name"
+    else
+      rd_die "RESNET_DDP_LAUNCHER uses \$$name, which is not set in this job"
+    fi
+  done
+  echo "$out$rest"
+}
+
 # Fills RD_LAUNCH from RESNET_DDP_LAUNCHER (default: mpirun with one rank per Slurm task).
 rd_set_launcher() {
-  local spec=${RESNET_DDP_LAUNCHER:-mpirun -np ${SLURM_NTASKS:-NTASKS}}
+  local raw=${RESNET_DDP_LAUNCHER:-mpirun -np ${SLURM_NTASKS:-NTASKS}} spec i word next
+  spec=$(rd_expand_vars "$raw") || exit 1
   read -r -a RD_LAUNCH <<<"$spec"
   ((${#RD_LAUNCH[@]} > 0)) || rd_die "RESNET_DDP_LAUNCHER is blank"
+  # A rank count that vanished: "mpirun -np $SLURM_NTASKS ..." in double quotes was
+  # expanded where the job was submitted, where SLURM_NTASKS is empty.
+  for ((i = 0; i < ${#RD_LAUNCH[@]}; i++)); do
+    word=${RD_LAUNCH[i]}
+    [[ $word == -np || $word == -n || $word == --np || $word == --ntasks ]] || continue
+    next=${RD_LAUNCH[i + 1]:-}
+    [[ $next =~ ^[1-9][0-9]*$ ]] && continue
+    ((RD_PREFLIGHT)) && [[ $next == \$* || $next == NTASKS ]] && continue
+    rd_die "RESNET_DDP_LAUNCHER=\"$raw\": '$word' is followed by '${next:-nothing}', not a number of ranks; a variable such as \$SLURM_NTASKS expanded to nothing where the job was submitted? Write it in single quotes, RESNET_DDP_LAUNCHER='mpirun -np \$SLURM_NTASKS ...', so that it is read when the job runs"
+  done
   if ! command -v "${RD_LAUNCH[0]}" >/dev/null 2>&1; then
     local problem="launcher '${RD_LAUNCH[0]}' not found (RESNET_DDP_LAUNCHER=\"$spec\"); load the MPI module or choose e.g. \"srun --mpi=pmix\""
     # On a login node the MPI module may simply not be loaded yet.
@@ -100,6 +135,11 @@ rd_set_launcher() {
   export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-5}
   export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-2}
   export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}
+  # scancel (or Ctrl-C on mpirun) makes mpirun send SIGTERM to the ranks after this many
+  # seconds and SIGKILL as many later; Open MPI's 1 s leaves no time to finish the step
+  # and write last.h5 (Slurm signals the ranks itself at once). Not more: mpirun also
+  # waits this long twice whenever a rank fails, which delays the end of a failed job.
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-10}
 }
 
 # Threads per rank from what Slurm granted on this node, unless RESNET_DDP_THREADS says.
@@ -160,7 +200,7 @@ rd_on_exit() {
     # Last: Slurm ends this script as it requeues the job.
     rd_note "requeueing job $SLURM_JOB_ID (scontrol requeue); it resumes from its last.h5"
     if ! timeout 60 scontrol requeue "$SLURM_JOB_ID"; then
-      rd_note "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? #SBATCH --requeue); resubmit the same command to resume"
+      rd_note "scontrol requeue $SLURM_JOB_ID failed (is the job requeueable? #SBATCH --requeue); $RD_RESUME_HINT to resume"
     fi
   fi
   rd_note "exit status $rc"
@@ -221,15 +261,16 @@ rd_run_command() {
     RD_REQUEUE=1
     rd_note "training stopped after SIGUSR1 and saved its last.h5; the job requeues itself when it ends"
   elif [[ -n $RD_PREEMPT_SIGNAL ]]; then
-    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; resubmit the same command to resume from its last.h5"
+    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; $RD_RESUME_HINT to resume from its last.h5"
   fi
   return "$status"
 }
 
 # rd_has_flag "FLAG [ALIAS...]" ARGS...: whether ARGS set FLAG in one of its spellings
 # (as "FLAG VALUE" or "FLAG=VALUE"), or the `--config FILE` among ARGS does (lines
-# "--flag value" or "flag = value"). The defaults rd_train adds go on the command line,
-# which resnet_ddp lets win over the file: they must not be added when the file has them.
+# "--flag value", "flag = value" or YAML's "flag: value"). The defaults rd_train adds go
+# on the command line, which resnet_ddp lets win over the file: they must not be added
+# when the file has them.
 rd_has_flag() {
   local flags=$1 arg f key prev="" cfg=""
   shift
@@ -246,7 +287,7 @@ rd_has_flag() {
     key=${f#-}
     key=${key#-}
     key=${key//-/[-_]}
-    grep -Eq "^[[:space:]]*-{0,2}${key}([[:space:]]|=|\$)" "$cfg" && return 0
+    grep -Eq "^[[:space:]]*-{0,2}${key}([[:space:]]|=|:|\$)" "$cfg" && return 0
   done
   return 1
 }
@@ -262,11 +303,14 @@ rd_train() {
   if ((!RD_PREFLIGHT)) && ! rd_has_flag --threads "$@"; then
     defaults=(--threads "$OMP_NUM_THREADS")
   fi
-  # One folder per job name (sbatch -J; per task of a job array), so jobs submitted from
-  # one folder do not continue each other's last.h5; a requeued or resubmitted job of
-  # that name resumes.
+  # One folder per submission (job name and id; per task of a job array), so two
+  # submissions never continue each other's last.h5. A requeued job keeps its id and
+  # resumes; a new submission resumes only when given that folder's --output-dir.
   if ! rd_has_flag "--output-dir --output" "$@"; then
-    defaults+=(--output-dir "output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}")
+    local out="output_model/${SLURM_JOB_NAME:-${RD_SCRIPT_NAME%.slurm}}_${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-JOBID}}"
+    out+=${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}
+    defaults+=(--output-dir "$out")
+    RD_RESUME_HINT="resubmit with --output-dir $out"
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
@@ -288,6 +332,14 @@ rd_train() {
       data=${dest}/$(basename "$data")
       program=("$RD_JOBS_DIR/on_node.sh" "$bin")
     fi
+  fi
+  if ((RD_PREFLIGHT)); then
+    # The program's own dry run: every flag and the config file, the dataset's headers
+    # (on shared storage; an archive is checked when staged), the output folder, the
+    # device and a checkpoint a resume would read. A typo costs seconds here.
+    rd_note "resnet_ddp --check (validates the flags, config, data, output folder and device):"
+    "$bin" --check --data "$src" ${defaults[@]+"${defaults[@]}"} "$@" ||
+      rd_die "resnet_ddp --check found the problem above (exit $?); fix it before submitting"
   fi
   # ${a[@]+...}: bash before 4.4 (CentOS 7 login nodes) calls an empty array unbound.
   rd_run_command "${RD_LAUNCH[@]}" "${program[@]}" --data "$data" ${defaults[@]+"${defaults[@]}"} "$@"

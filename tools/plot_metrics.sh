@@ -20,20 +20,25 @@ rows=$(($(wc -l <"$csv") - 1))
 
 first=$(awk -F, 'NR == 2 { print $1 }' "$csv")
 last=$(tail -n 1 "$csv" | cut -d, -f1)
+# At most ~15 labelled epochs: one per epoch runs the numbers into each other.
+xstep=$(((last - first) / 15 + 1))
 
 # pngcairo draws nicer lines; plain png (libgd) is the fallback.
 term=png
 gnuplot -e 'set terminal pngcairo' 2>/dev/null && term=pngcairo
 
 gnuplot <<GP
-set terminal $term size 1100,450 noenhanced
+set terminal $term size 1200,500 noenhanced
 set output '$out'
 set datafile separator ','
 set key autotitle columnhead
+# The legend goes under each plot, never on the curves (accuracy rises into the top
+# right corner where gnuplot puts it by default).
+set key outside below center horizontal samplen 1.5 width -1
 set multiplot layout 1,2 title 'resnet_ddp: $(basename "$csv") ($rows epochs)'
 set xlabel 'epoch'
 set grid
-set xtics 1
+set xtics $xstep
 set xrange [$first - 0.5:$last + 0.5]
 set title 'loss'
 plot '$csv' using 1:3 with linespoints title 'train loss', '' using 1:5 with linespoints title 'val loss'

@@ -104,6 +104,13 @@ class FlagSet {
   Flag* find(const std::string& name);
   // Applies the config file's lines (see config()).
   void apply_file(const std::string& path, std::vector<std::string>* given, std::vector<std::string>* applied);
+  // A .yaml/.yml config file: one mapping of flag names (timm's args.yaml).
+  void apply_yaml(const std::string& path, const std::string& text, std::vector<std::string>* given,
+                  std::vector<std::string>* applied);
+  // One setting from a config file: `name` as a flag spelling, a switch's value empty
+  // or true/yes/on/1.
+  void apply_entry(const std::string& name, const std::string& value, bool has_value, std::vector<std::string>* given,
+                   std::vector<std::string>* applied);
   std::string unknown_message(const std::string& name) const;
   std::string see_help() const;
 

@@ -58,6 +58,7 @@ int run(int argc, char** argv) {
       }
       return predict_main(pc.predict);
     case Command::Train:
+      if (pc.train.check) return check_main(pc.train);
       try {
         check_train_paths(pc.train, speaker);
       } catch (const rd::UsageError& e) {

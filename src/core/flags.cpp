@@ -12,6 +12,8 @@
 
 #include <sys/stat.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include "resnet_ddp/errors.h"
 
 namespace rd {
@@ -258,6 +260,15 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
       throw UsageError(flag + " " + path + ": larger than 1 MiB; expected a short text file of flags");
   }
   if (in.bad()) throw UsageError(flag + " " + path + ": read error");
+  const auto ends_with = [&](const char* ext) {
+    const std::string e(ext);
+    return path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  if (ends_with(".yaml") || ends_with(".yml") || ends_with(".YAML") || ends_with(".YML")) {
+    if (text.find('\0') != std::string::npos) throw UsageError(flag + " " + path + ": not a text file (NUL byte)");
+    apply_yaml(path, text, given, applied);
+    return;
+  }
 
   size_t line_no = 0;
   size_t at = 0;
@@ -317,26 +328,74 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
           has_value = true;
         }
       }
-      value = unquote(value);
-      if (name == "--help" || name == "-h") throw UsageError(name + ": not valid in a config file");
+      apply_entry(name, unquote(value), has_value, given, applied);
+    } catch (const UsageError& e) {
+      throw UsageError(where + e.what() +
+                       (line.find(": ") != std::string::npos && line[0] != '-'
+                            ? " (a YAML file needs the extension .yaml or .yml)"
+                            : ""));
+    }
+  }
+}
+
+void FlagSet::apply_entry(const std::string& name, const std::string& value, bool has_value,
+                          std::vector<std::string>* given, std::vector<std::string>* applied) {
+  if (name == "--help" || name == "-h") throw UsageError(name + ": not valid in a config file");
+  Flag* f = find(name);
+  if (!f) throw UsageError(unknown_message(name));
+  if (f->name == config_) throw UsageError(name + ": a config file cannot read another one");
+  if (f->is_bool) {
+    if (has_value && value != "true" && value != "yes" && value != "on" && value != "1")
+      throw UsageError(name + ": a switch, turned on by naming it (or '= true'); to keep it off, leave the "
+                              "line out (got '" + value + "')");
+    f->set(name, "");
+    if (applied) applied->push_back(f->name);
+  } else {
+    if (!has_value) throw UsageError(name + ": missing value (" + f->metavar + ")");
+    f->set(name, value);
+    if (applied) {
+      applied->push_back(f->name);
+      applied->push_back(value);
+    }
+  }
+  if (given) given->push_back(f->name);
+}
+
+void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::vector<std::string>* given,
+                         std::vector<std::string>* applied) {
+  const auto at = [&](const YAML::Mark& m) { return path + ":" + std::to_string(m.line + 1) + ": "; };
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw UsageError(at(e.mark) + "not valid YAML: " + e.msg);
+  }
+  if (root.IsNull()) return;  // an empty file sets nothing
+  if (!root.IsMap())
+    throw UsageError(path + ": expected a YAML mapping of flags ('batch_size: 32', as timm's args.yaml)");
+  for (const auto& kv : root) {
+    const std::string where = at(kv.first.Mark());
+    try {
+      if (!kv.first.IsScalar()) throw UsageError("expected a flag name as the key");
+      std::string key = kv.first.Scalar();
+      // timm and Python spell flags with underscores; a key may also be written --flag.
+      while (!key.empty() && key[0] == '-') key.erase(0, 1);
+      std::replace(key.begin(), key.end(), '_', '-');
+      const std::string name = (key.size() == 1 ? "-" : "--") + key;
+      const YAML::Node& v = kv.second;
       Flag* f = find(name);
       if (!f) throw UsageError(unknown_message(name));
-      if (f->name == config_) throw UsageError(name + ": a config file cannot read another one");
-      if (f->is_bool) {
-        if (has_value && value != "true" && value != "yes" && value != "on" && value != "1")
-          throw UsageError(name + ": a switch, turned on by naming it (or '= true'); to keep it off, leave the "
-                                  "line out (got '" + value + "')");
-        f->set(name, "");
-        if (applied) applied->push_back(f->name);
-      } else {
-        if (!has_value) throw UsageError(name + ": missing value (" + f->metavar + ")");
-        f->set(name, value);
-        if (applied) {
-          applied->push_back(f->name);
-          applied->push_back(value);
-        }
+      // `key: null` (timm's "not set") or `key:` alone: the default stays.
+      if (v.IsNull()) continue;
+      if (!v.IsScalar()) throw UsageError(name + ": expected one value, got a " + (v.IsSequence() ? "list" : "mapping"));
+      const std::string value = v.Scalar();
+      if (f->is_bool && (value == "false" || value == "no" || value == "off" || value == "0")) {
+        // A switch set false: its negation where one exists (sync_bn: false), else the
+        // switch simply stays off.
+        if (find("--no-" + key)) apply_entry("--no-" + key, "", false, given, applied);
+        continue;
       }
-      if (given) given->push_back(f->name);
+      apply_entry(name, value, true, given, applied);
     } catch (const UsageError& e) {
       throw UsageError(where + e.what());
     }

@@ -59,17 +59,29 @@ bool is_directory(const std::string& path) {
 }
 
 // Sorted names of the sub-directories of `dir` (symlinks to directories included).
-std::vector<std::string> sorted_subdirs(const std::string& dir, size_t* files_here) {
+// The extension of a file name in lower case, with the dot ("" when it has none).
+std::string lower_extension(const std::string& name) {
+  const size_t dot = name.find_last_of('.');
+  if (dot == std::string::npos || dot == 0) return "";
+  std::string ext = name.substr(dot);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
+}
+
+std::vector<std::string> sorted_subdirs(const std::string& dir, size_t* files_here,
+                                        std::map<std::string, size_t>* by_extension = nullptr) {
   std::vector<std::string> names;
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
   if (ec) throw UsageError(dir + ": cannot list directory (" + ec.message() + ")");
   for (const auto& e : it) {
     const std::string name = e.path().filename().string();
-    if (is_directory(e.path().string()))
+    if (is_directory(e.path().string())) {
       names.push_back(name);
-    else if (files_here)
-      ++*files_here;
+    } else {
+      if (files_here) ++*files_here;
+      if (by_extension) ++(*by_extension)[lower_extension(name)];
+    }
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -127,10 +139,11 @@ const char* split_flag(Split s) {
 
 // A missing split folder: what is there instead, and the flag to use when one of
 // those is the usual name of the split (ImageNet's train/ and val/, for instance).
-[[noreturn]] void missing_split(const std::string& root, Split split, const SplitFolders& folders) {
+[[noreturn]] void missing_split(const std::string& root, Split split, const SplitFolders& folders,
+                                const std::string& data_flag) {
   const std::vector<std::string> found = sorted_subdirs(root, nullptr);
   const std::string flag = split_flag(split);
-  std::string msg = "--data " + root + ": no folder '" + folders[split] + "' for the " + split_name(split) +
+  std::string msg = data_flag + " " + root + ": no folder '" + folders[split] + "' for the " + split_name(split) +
                     " split" + (flag.empty() ? "" : " (" + flag + ")") + "; folders there: " + join(found);
   static const std::vector<std::string> usual[2] = {{"train", "training"},
                                                     {"val", "valid", "validation", "eval", "dev"}};
@@ -152,28 +165,36 @@ const char* split_flag(Split s) {
 }
 
 // The class folders and candidate files of one split (no image is opened yet).
-void list_folder_split(const std::string& root, Split split, const SplitFolders& folders, FolderScan& scan,
+void list_folder_split(const std::string& root, Split split, const ScanOptions& opts, FolderScan& scan,
                        std::vector<std::string>& problems) {
+  const SplitFolders& folders = opts.folders;
   if (!is_directory(root))
-    throw UsageError("--data " + root + ": not a directory or .h5 file");
-  // Class names come from the training split, whichever split is read.
-  const std::string train_dir = root + "/" + folders.train;
-  if (!is_directory(train_dir)) missing_split(root, Split::Train, folders);
-  scan.class_names = sorted_subdirs(train_dir, nullptr);
-  if (scan.class_names.empty()) throw UsageError(train_dir + ": no class folders");
+    throw UsageError(opts.data_flag + " " + root + ": not a directory or .h5 file");
+  // Class names come from the training split, whichever split is read, unless the
+  // caller knows them (a checkpoint's): then no Train folder is needed.
+  std::string names_from = folders.train;
+  if (!opts.class_names.empty()) {
+    scan.class_names = opts.class_names;
+    names_from = "the checkpoint's classes";
+  } else {
+    const std::string train_dir = root + "/" + folders.train;
+    if (!is_directory(train_dir)) missing_split(root, Split::Train, folders, opts.data_flag);
+    scan.class_names = sorted_subdirs(train_dir, nullptr);
+    if (scan.class_names.empty()) throw UsageError(train_dir + ": no class folders");
+  }
 
   const std::string& name = folders[split];
   const std::string split_dir = root + "/" + name;
-  if (!is_directory(split_dir)) missing_split(root, split, folders);
+  if (!is_directory(split_dir)) missing_split(root, split, folders, opts.data_flag);
   size_t loose_files = 0;
-  const auto split_classes = sorted_subdirs(split_dir, &loose_files);
-  if (split != Split::Train && split_classes != scan.class_names) {
+  const auto split_classes = sorted_subdirs(split_dir, &loose_files, &scan.ignored_by_extension);
+  if ((split != Split::Train || !opts.class_names.empty()) && split_classes != scan.class_names) {
     std::vector<std::string> missing, extra;
     std::set_difference(scan.class_names.begin(), scan.class_names.end(), split_classes.begin(),
                         split_classes.end(), std::back_inserter(missing));
     std::set_difference(split_classes.begin(), split_classes.end(), scan.class_names.begin(),
                         scan.class_names.end(), std::back_inserter(extra));
-    throw UsageError(split_dir + ": class folders differ from " + folders.train + ": missing in " + name + ": " +
+    throw UsageError(split_dir + ": class folders differ from " + names_from + ": missing in " + name + ": " +
                      join(missing) + "; only in " + name + ": " + join(extra));
   }
   scan.ignored += loose_files;
@@ -189,6 +210,7 @@ void list_folder_split(const std::string& root, Split split, const SplitFolders&
       for (const auto& f : files) {
         if (!has_image_extension(f)) {
           ++scan.ignored;
+          ++scan.ignored_by_extension[lower_extension(f)];
           continue;
         }
         FolderEntry e;
@@ -240,7 +262,7 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
   std::vector<std::string> problems;
   std::exception_ptr failed;
   try {
-    list_folder_split(root, split, opts.folders, scan, problems);
+    list_folder_split(root, split, opts, scan, problems);
   } catch (...) {
     if (!sharded(opts)) throw;
     failed = std::current_exception();
@@ -294,25 +316,40 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
 
   std::vector<size_t> counts(scan.class_names.size(), 0);
   for (const auto& e : scan.entries) ++counts[static_cast<size_t>(e.label)];
-  for (size_t k = 0; k < counts.size(); ++k)
+  for (size_t k = 0; k < counts.size() && opts.require_every_class; ++k)
     if (counts[k] == 0)
       problems.push_back(split_dir + "/" + scan.class_names[k] + ": class folder has no usable image");
 
   if (opts.strict && !problems.empty()) {
-    std::string msg = "--strict-data: " + std::to_string(problems.size()) +
-                      " problem(s) in " + split_dir + ":";
+    std::string msg = opts.strict_flag + ": " + std::to_string(problems.size()) + " problem(s) in " + split_dir +
+                      opts.strict_hint + ":";
     const size_t shown = std::min<size_t>(problems.size(), 20);
     for (size_t i = 0; i < shown; ++i) msg += "\n  " + problems[i];
     if (shown < problems.size()) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
     throw UsageError(msg);
   }
   for (const auto& p : problems) log("warning: skipping " + p);
+  // Which extensions were passed over, most frequent first: a dataset of a format this
+  // program does not read says so instead of only "no usable image".
+  std::string by_ext;
+  {
+    std::vector<std::pair<size_t, std::string>> v;
+    for (const auto& [ext, n] : scan.ignored_by_extension) v.emplace_back(n, ext);
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = 0; i < v.size() && i < 5; ++i)
+      by_ext += (i ? ", " : ": ") + std::to_string(v[i].first) + " " + (v[i].second.empty() ? "without extension" : v[i].second);
+    if (v.size() > 5) by_ext += ", ...";
+  }
   if (scan.entries.empty())
-    throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split");
+    throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split" +
+                     (scan.skipped ? " (" + std::to_string(scan.skipped) + " unreadable)" : std::string()) +
+                     (scan.ignored ? "; " + std::to_string(scan.ignored) + " file(s) skipped for their extension" +
+                                         by_ext + " (read: .jpg .jpeg .png .bmp .tga .gif .ppm .pgm .tif .tiff .webp)"
+                                   : std::string()));
   log(std::string(split_name(split)) + ": " + std::to_string(scan.entries.size()) + " images in " +
       std::to_string(scan.class_names.size()) + " classes from " + split_dir + " (" +
       std::to_string(scan.skipped) + " skipped, " + std::to_string(scan.ignored) +
-      " non-image files ignored)");
+      " non-image files ignored" + by_ext + ")");
   return scan;
 }
 
@@ -328,6 +365,7 @@ class FolderDataset final : public Dataset {
   std::string source(size_t i) const override { return scan_.entries.at(i).path; }
   std::string description() const override { return "ImageFolder " + dir_; }
   size_t skipped_files() const override { return scan_.skipped + scan_.ignored; }
+  size_t unreadable_files() const override { return scan_.skipped; }
   void load(size_t i, Image& out) const override {
     decode_image_file(scan_.entries.at(i).path, out, max_pixels_, jpeg_draft_);
   }
@@ -344,17 +382,17 @@ class FolderDataset final : public Dataset {
 namespace {
 
 // The checks before a folder scan; returns the packed dataset when `path` is one.
-std::unique_ptr<Dataset> open_packed_or_check_folder(const std::string& path, Split split) {
-  if (is_hdf5_file(path)) return open_packed_dataset(path, split);
+std::unique_ptr<Dataset> open_packed_or_check_folder(const std::string& path, Split split, const std::string& flag) {
+  if (is_hdf5_file(path)) return open_packed_dataset(path, split, flag);
   struct stat st{};
   if (::stat(path.c_str(), &st) != 0)
-    throw UsageError("--data " + path + ": does not exist");
+    throw UsageError(flag + " " + path + ": does not exist");
   const auto dot = path.find_last_of('.');
   const std::string ext = dot == std::string::npos ? "" : path.substr(dot);
   if (!S_ISDIR(st.st_mode) && (ext == ".h5" || ext == ".hdf5"))
-    throw UsageError("--data " + path + ": not an HDF5 file (bad signature; truncated, or not written by `resnet_ddp pack`)");
+    throw UsageError(flag + " " + path + ": not an HDF5 file (bad signature; truncated, or not written by `resnet_ddp pack`)");
   if (!S_ISDIR(st.st_mode))
-    throw UsageError("--data " + path + ": neither an ImageFolder directory nor an HDF5 file (.h5)");
+    throw UsageError(flag + " " + path + ": neither an ImageFolder directory nor an HDF5 file (.h5)");
   return nullptr;
 }
 
@@ -364,7 +402,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, Split split, cons
   std::unique_ptr<Dataset> packed;
   std::exception_ptr failed;
   try {
-    packed = open_packed_or_check_folder(path, split);
+    packed = open_packed_or_check_folder(path, split, opts.data_flag);
   } catch (...) {
     if (!sharded(opts)) throw;
     failed = std::current_exception();

@@ -1,5 +1,6 @@
-// Image file decoding: JPEG with libjpeg-turbo as PIL does it (jpeg_io.cpp), the
-// other formats with stb_image (Debian libstb-dev). This is the one translation
+// Image file decoding: JPEG with libjpeg-turbo as PIL does it (jpeg_io.cpp), TIFF and
+// WebP with libtiff / libwebp (tiff_webp_io.cpp), the other formats with stb_image
+// (Debian libstb-dev). This is the one translation
 // unit that compiles the stb_image implementation; it is static so that it cannot
 // clash with another copy linked into the same program.
 #define STB_IMAGE_IMPLEMENTATION
@@ -27,8 +28,10 @@
 namespace rd::data {
 
 bool has_image_extension(const std::string& filename) {
-  static const char* const kExtensions[] = {".jpg", ".jpeg", ".png", ".bmp",
-                                            ".tga", ".gif", ".ppm", ".pgm"};
+  // torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp), and
+  // what stb reads besides.
+  static const char* const kExtensions[] = {".jpg", ".jpeg", ".png", ".bmp", ".tga", ".gif",
+                                            ".ppm", ".pgm", ".tif", ".tiff", ".webp"};
   const size_t dot = filename.find_last_of('.');
   if (dot == std::string::npos) return false;
   std::string ext = filename.substr(dot);
@@ -185,6 +188,10 @@ ImageHeader probe_image_memory(const uint8_t* bytes, size_t size, const std::str
     h = pnm_header(bytes, size, what).h;
   } else if (is_jpeg(bytes, size)) {
     h = probe_jpeg_memory(bytes, size, what);
+  } else if (is_tiff(bytes, size)) {
+    h = probe_tiff_memory(bytes, size, what, max_pixels);
+  } else if (is_webp(bytes, size)) {
+    h = probe_webp_memory(bytes, size, what);
   } else if (!stbi_info_from_memory(bytes, static_cast<int>(size), &h.width, &h.height, &h.channels)) {
     throw Error(what + ": not a decodable image (" + stbi_failure_reason() + ")");
   }
@@ -198,6 +205,8 @@ void decode_image_memory(const uint8_t* bytes, size_t size, const std::string& w
   if (size > static_cast<size_t>(INT32_MAX)) throw Error(what + ": file larger than 2 GiB");
   if (is_binary_pnm(bytes, size)) return decode_pnm(bytes, size, what, out, max_pixels);
   if (is_jpeg(bytes, size)) return decode_jpeg_memory(bytes, size, what, out, max_pixels, jpeg_draft);
+  if (is_tiff(bytes, size)) return decode_tiff_memory(bytes, size, what, out, max_pixels);
+  if (is_webp(bytes, size)) return decode_webp_memory(bytes, size, what, out, max_pixels);
   const ImageHeader h = probe_image_memory(bytes, size, what, max_pixels);
   if (is_png(bytes, size)) check_png_chunks(bytes, size, what);
   int w = 0, hh = 0, channels = 0;
@@ -229,9 +238,17 @@ ImageHeader probe_image_file(const std::string& path, int64_t max_pixels) {
   // Headers sit in the first few KiB for every supported format; stb and libjpeg
   // read the file as needed.
   ImageHeader h;
-  unsigned char magic[3] = {0, 0, 0};
-  const size_t got = std::fread(magic, 1, 3, f.get());
+  unsigned char magic[12] = {};
+  const size_t got = std::fread(magic, 1, sizeof magic, f.get());
   std::rewind(f.get());
+  if (is_tiff(magic, got) || is_webp(magic, got)) {
+    // A TIFF's directory may sit anywhere in the file: read it whole (WebP's header is
+    // at the start, but the file is small next to the decode that follows anyway).
+    f.reset();
+    std::vector<uint8_t> bytes;
+    read_file_bytes(path, bytes);
+    return probe_image_memory(bytes.data(), bytes.size(), path, max_pixels);
+  }
   if (is_binary_pnm(magic, got)) {
     // Our own PNM parser (see decode_pnm); a header longer than 4 KiB is not a sane PNM.
     std::vector<uint8_t> head(4096);

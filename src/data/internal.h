@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ ImageHeader probe_jpeg_file(std::FILE* f, const std::string& what);  // reads fr
 void decode_jpeg_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out,
                         int64_t max_pixels, int draft_size);
 
+// TIFF (libtiff) and WebP (libwebp) as PIL decodes them (tiff_webp_io.cpp); errors name `what`.
+bool is_tiff(const uint8_t* bytes, size_t size);  // II*\0 or MM\0* (or BigTIFF)
+bool is_webp(const uint8_t* bytes, size_t size);  // RIFF....WEBP
+ImageHeader probe_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, int64_t max_pixels);
+ImageHeader probe_webp_memory(const uint8_t* bytes, size_t size, const std::string& what);
+void decode_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels);
+void decode_webp_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels);
+
 // Runs fn(i) for i in [0, n) on `threads` threads (0 = hardware concurrency).
 // The first exception is rethrown after all threads finish.
 void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn);
@@ -50,6 +59,7 @@ struct FolderScan {
   std::vector<FolderEntry> entries;
   size_t skipped = 0;  // unusable files
   size_t ignored = 0;  // unknown extensions
+  std::map<std::string, size_t> ignored_by_extension;  // ".txt" -> count ("" = none)
 };
 
 bool packed_has_split(const std::string& path, Split split);

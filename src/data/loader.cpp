@@ -165,6 +165,10 @@ void Loader::worker_loop() {
         const size_t n = ++failed_;
         if (opts_.log && n <= 100)
           opts_.log(std::string("warning: ") + e.what() + " (replaced by a black image)");
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          failures_.emplace_back(index, e.what());
+        }
         scratch.decoded.resize(s, s);
         std::memset(scratch.decoded.data(), 0, scratch.decoded.bytes());
       }
@@ -187,6 +191,11 @@ void Loader::worker_loop() {
     }
     if (in_flight_ == 0) idle_cv_.notify_all();
   }
+}
+
+std::vector<std::pair<int64_t, std::string>> Loader::failures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failures_;
 }
 
 bool Loader::next(Batch& batch) {

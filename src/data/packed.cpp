@@ -62,11 +62,11 @@ bool read_strings(hid_t parent, const char* name, std::vector<std::string>& out)
 
 class PackedDataset final : public Dataset {
  public:
-  PackedDataset(const std::string& path, Split split) : path_(path), split_(split) {
+  PackedDataset(const std::string& path, Split split, const std::string& flag) : path_(path), split_(split) {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     QuietHdf5 quiet;
     const auto bad = [&](const std::string& why) {
-      return UsageError("--data " + path + ": " + why);
+      return UsageError(flag + " " + path + ": " + why);
     };
     file_ = Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file_.ok()) throw bad("cannot be opened as HDF5 (truncated or not an HDF5 file)");
@@ -219,8 +219,8 @@ bool is_hdf5_file(const std::string& path) {
   return std::fread(head, 1, 8, f.get()) == 8 && std::memcmp(head, kSignature, 8) == 0;
 }
 
-std::unique_ptr<Dataset> open_packed_dataset(const std::string& path, Split split) {
-  return std::make_unique<PackedDataset>(path, split);
+std::unique_ptr<Dataset> open_packed_dataset(const std::string& path, Split split, const std::string& flag) {
+  return std::make_unique<PackedDataset>(path, split, flag);
 }
 
 bool packed_has_split(const std::string& path, Split split) {

@@ -258,6 +258,8 @@ ProcessEnv init_process(int& argc, char**& argv) {
                       "MPI_Allgather(affinity masks)");
     const long sharing = std::count(hashes.begin(), hashes.end(), mask_hash);
     env.cpus_per_rank = std::max(1, static_cast<int>(cpus / std::max(1L, sharing)));
+    env.cpus_available = cpus;
+    env.mask_sharers = static_cast<int>(std::max(1L, sharing));
   }
   MPI_Comm_free(&local);
   char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -331,6 +333,13 @@ void print_startup_lines(const ProcessEnv& env, const std::string& device) {
     for (int r = 0; r < env.world; ++r) std::printf("%s\n", all.data() + r * sizeof line);
     std::fflush(stdout);
   }
+}
+
+int affinity_cpus() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0) return CPU_COUNT(&mask);
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 int default_threads_per_rank(const ProcessEnv& env) {

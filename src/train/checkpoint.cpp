@@ -180,6 +180,8 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const Optimizer* opt, con
     w.i64(f, "partial_train_count", m.partial_train_count);
   }
   if (!h5::write_strings(f, "class_names", m.class_names)) w.failed("dataset class_names");
+  if (!m.args_history.empty() && !h5::write_strings(f, "args_history", m.args_history))
+    w.failed("dataset args_history");
 
   const Arena& params = model.params();
   {
@@ -558,6 +560,8 @@ void CheckpointReader::Impl::read_meta(bool weights_only) {
   if (!weights_only && static_cast<int64_t>(m.class_names.size()) != m.num_classes)
     bad("has " + std::to_string(m.class_names.size()) + " class names but num_classes = " +
         std::to_string(m.num_classes));
+  // Informational only: a damaged history never blocks a resume.
+  if (h5::read_strings(f, "args_history", m.args_history) != h5::Status::Ok) m.args_history.clear();
   if (m.epoch < 0 || m.global_step < 0 || m.step_in_epoch < 0) bad("negative epoch or step counters");
   if (!h5::has_link(f, "state_dict")) bad("no /state_dict group");
   H5G_info_t info{};
@@ -766,7 +770,9 @@ void CheckpointReader::load_optimizer(ResNet& model, Optimizer& opt) {
   if (r.st)
     r.bad("holds weights only (a safetensors file has no optimizer state), so training cannot resume from it; "
           "to train from these weights use --init " + r.path);
-  if (!o.present) r.bad("has no /optimizer state to resume from");
+  if (!o.present)
+    r.bad("has no /optimizer state to resume from (a best_model.h5 holds the weights only; its run's optimizer "
+          "state is in that run's last.h5): resume from last.h5, or train from these weights with --init " + r.path);
   if (type != opt.config().type)
     r.bad("optimizer state is for --optimizer " + name_of(optimizer_names(), type) +
           ", this run uses --optimizer " + opt.type_name());

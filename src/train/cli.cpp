@@ -110,11 +110,16 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.choice("--normalize", &o.normalize, {"none", "imagenet"},
             "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
+  fs.boolean("--skip-unreadable", &o.skip_unreadable,
+             "with --eval-only: skip unreadable validation images (counted, not scored) instead of failing");
   fs.boolean("--jpeg-draft", &o.jpeg_draft,
              "decode JPEGs scaled down by 1/2-1/8 in the DCT domain to >= --image-size (faster for large "
              "photos; pixels differ from torchvision's full decode)");
   fs.choice("--verify-data", &o.verify_data, {"full", "header"},
             "scan check: decode every image before training (full) or read headers only");
+  fs.boolean("--check", &o.check,
+             "dry run: validate the flags, config file, paths, output folder, device, checkpoint, dataset "
+             "(headers) and launcher, then exit (0 = ready, 2 = the problem) without training");
   fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
              "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
              std::numeric_limits<int64_t>::max());
@@ -148,6 +153,9 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.integer("--workers", &o.workers, 1, "image decoding threads", 256);
   fs.text("--train-split", &o.train_split, "NAME", "folder of the training split in a dataset root");
   fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split in a dataset root");
+  fs.boolean("--skip-unreadable", &o.skip_unreadable,
+             "skip inputs that cannot be read as images (counted in the summary, not in the accuracy) "
+             "instead of failing on them");
   fs.alias("-b", "--batch-size");
   fs.alias("-j", "--workers");
 }
@@ -172,7 +180,9 @@ const char* kPredictUsage =
     "Classifies images with a trained checkpoint (one process). For each image prints the\n"
     "predicted class and the class probabilities. Over a labelled ImageFolder (DIR/<class>/...,\n"
     "or a dataset root / packed .h5 with --split) it also prints accuracy and the confusion\n"
-    "matrix.\n\nFlags:\n";
+    "matrix. The class names come from the checkpoint: a dataset root needs only the split\n"
+    "it reads. An input that cannot be read as an image is an error (exit 2) unless\n"
+    "--skip-unreadable.\n\nFlags:\n";
 const char* kInfoUsage =
     "Usage: resnet_ddp info [flags] FILE.h5\n\n"
     "Prints a checkpoint's metadata: format, arch, head, classes, epoch, step, best\n"
@@ -292,6 +302,11 @@ ParsedCommand parse_command_line(int argc, char** argv) {
       if (t.resume.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
       if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
       if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
+      if (t.skip_unreadable && !t.eval_only)
+        throw UsageError("--skip-unreadable: only with --eval-only (training skips unreadable images unless "
+                         "--strict-data)");
+      if (t.skip_unreadable && t.strict_data)
+        throw UsageError("--skip-unreadable: contradicts --strict-data");
       if (t.eval_only && t.resume == "none" && t.init.empty())
         throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
       if (t.precision == Precision::FP16 && t.device == "cpu")

@@ -75,7 +75,9 @@ int info_main(const InfoOptions& o) {
         << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? name_of(optimizer_names(), m.optimizer.config.type) : "")
         << ",\n  \"optimizer_step\": " << m.optimizer.step << ",\n  \"lr\": " << json_number(m.optimizer.lr)
         << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
-        << ",\n  \"args\": " << json_string(m.args) << ",\n  \"created_by\": " << json_string(m.created_by);
+        << ",\n  \"args\": " << json_string(m.args) << ",\n  \"args_history\": [";
+    for (size_t i = 0; i < m.args_history.size(); ++i) out << (i ? ", " : "") << json_string(m.args_history[i]);
+    out << "],\n  \"created_by\": " << json_string(m.created_by);
     if (o.tensors) {
       out << ",\n  \"state_dict\": {";
       for (size_t i = 0; i < s.state_dict.size(); ++i) {
@@ -122,6 +124,12 @@ int info_main(const InfoOptions& o) {
         out << "\n";
       }
       out << "command line:    " << m.args << "\n";
+      // How the run came to be: its first command and every resume (flags may change).
+      if (m.args_history.size() > 1)
+        for (size_t i = 0; i < m.args_history.size(); ++i) {
+          const std::string label = i == 0 ? "first run:" : "resume " + std::to_string(i) + ":";
+          out << label << std::string(label.size() < 17 ? 17 - label.size() : 1, ' ') << m.args_history[i] << "\n";
+        }
     }
     if (o.tensors) {
       out << "tensors:\n";

@@ -12,6 +12,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/data/transforms.h"
+#include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
@@ -45,23 +46,30 @@ class FileListDataset : public data::Dataset {
 };
 
 
-std::vector<std::string> sorted_images_in(const fs::path& dir) {
+// Files without an image extension are ignored, as torchvision's ImageFolder does, and
+// counted in `ignored` for the summary.
+std::vector<std::string> sorted_images_in(const fs::path& dir, size_t& ignored) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && data::has_image_extension(e.path().filename().string())) out.push_back(e.path().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    if (data::has_image_extension(e.path().filename().string()))
+      out.push_back(e.path().string());
+    else
+      ++ignored;
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
 
 // A directory is either labelled (sub-folders named after classes) or a flat set.
 void collect_directory(const fs::path& dir, const std::vector<std::string>& classes, std::vector<std::string>& paths,
-                       std::vector<int32_t>& labels) {
+                       std::vector<int32_t>& labels, size_t& ignored) {
   std::vector<fs::path> subdirs;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_directory()) subdirs.push_back(e.path());
   std::sort(subdirs.begin(), subdirs.end());
   if (subdirs.empty()) {
-    for (auto& p : sorted_images_in(dir)) {
+    for (auto& p : sorted_images_in(dir, ignored)) {
       paths.push_back(p);
       labels.push_back(-1);
     }
@@ -80,7 +88,7 @@ void collect_directory(const fs::path& dir, const std::vector<std::string>& clas
                                      "names give them with --train-split NAME --val-split NAME"
                                    : ""));
     }
-    for (auto& p : sorted_images_in(sd)) {
+    for (auto& p : sorted_images_in(sd, ignored)) {
       paths.push_back(p);
       labels.push_back(static_cast<int32_t>(it - classes.begin()));
     }
@@ -105,28 +113,59 @@ int predict_main(const PredictOptions& o) {
     data::ScanOptions scan;
     scan.folders.train = o.train_split;
     scan.folders.validation = o.val_split;
-    if (o.inputs.size() == 1 &&
-        (data::is_hdf5_file(o.inputs[0]) || data::has_split(o.inputs[0], split, scan.folders))) {
+    // The checkpoint names the classes: the split read is all that must exist.
+    scan.class_names = classes;
+    scan.require_every_class = false;
+    scan.data_flag = "input";
+    scan.strict = !o.skip_unreadable;
+    scan.strict_flag = "predict";
+    scan.strict_hint = " (files that cannot be read are never classified; --skip-unreadable skips them)";
+    scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+    size_t unreadable = 0, ignored = 0;
+    // A root with any split folder is a dataset root: a missing split is then an error
+    // naming it, not a class folder that does not match.
+    auto is_root = [&](const std::string& in) {
+      if (data::is_hdf5_file(in)) return true;
+      for (data::Split s : {data::Split::Train, data::Split::Validation, data::Split::Test})
+        if (data::has_split(in, s, scan.folders)) return true;
+      return false;
+    };
+    if (o.inputs.size() == 1 && is_root(o.inputs[0])) {
       dataset = data::open_dataset(o.inputs[0], split, scan);
       if (dataset->class_names() != classes)
         throw UsageError("predict: the classes of '" + o.inputs[0] + "' differ from the checkpoint's");
       for (size_t i = 0; i < dataset->size(); ++i) truth.push_back(dataset->label(i));
+      unreadable = dataset->unreadable_files();
+      ignored = dataset->skipped_files() - unreadable;
     } else {
       std::vector<std::string> paths;
       for (const auto& in : o.inputs) {
         if (fs::is_directory(in)) {
-          collect_directory(in, classes, paths, truth);
+          collect_directory(in, classes, paths, truth, ignored);
         } else {
+          // A file named explicitly is decoded by its content, whatever its extension;
+          // one that is not an image fails below like any unreadable file.
           paths.push_back(in);
           truth.push_back(-1);
         }
       }
-      if (paths.empty()) throw UsageError("predict: no image files found in the given inputs");
+      if (paths.empty())
+        throw UsageError("predict: no image files found in the given inputs" +
+                         (ignored ? " (" + std::to_string(ignored) + " files without an image extension ignored)"
+                                  : std::string()));
       dataset = std::make_unique<FileListDataset>(paths, truth, classes);
     }
 
     BackendOptions bo;
     bo.threads = o.threads;
+    // More compute threads than cores only contend (see Trainer::resolve_threads).
+    if (const int cores = dist::affinity_cpus(); o.threads > cores) {
+      std::fprintf(stderr,
+                   "resnet_ddp: warning: --threads %d: more threads than the %d core(s) this process may use (its "
+                   "CPU affinity); clamped to %d\n",
+                   o.threads, cores, cores);
+      bo.threads = cores;
+    }
     std::unique_ptr<Backend> backend;
     if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
       backend = make_cuda_backend(bo);
@@ -164,7 +203,20 @@ int predict_main(const PredictOptions& o) {
     std::vector<int> predicted(dataset->size());
     data::Batch batch;
     std::vector<float> logits_host;
+    // The loader stands in a black image for a file it cannot decode; such a sample is
+    // an error here (stop at the first batch that has one) or, with --skip-unreadable,
+    // left out of the table and the accuracy.
+    auto refuse_unreadable = [&] {
+      auto failures = loader.failures();
+      std::sort(failures.begin(), failures.end());
+      std::string msg = "predict: " + std::to_string(failures.size()) +
+                        " input(s) could not be read as an image (none is classified; --skip-unreadable skips them):";
+      for (size_t i = 0; i < failures.size() && i < 20; ++i) msg += "\n  " + failures[i].second;
+      if (failures.size() > 20) msg += "\n  ... and " + std::to_string(failures.size() - 20) + " more";
+      throw UsageError(msg);
+    };
     while (loader.next(batch)) {
+      if (!o.skip_unreadable && loader.failed_samples() > 0) refuse_unreadable();
       Tensor& input = model.input_buffer(batch.n, batch.h, batch.w);
       backend->images_u8_to_activation(batch.images, input, mean, stdv);
       const Tensor& logits = model.forward(input);
@@ -182,10 +234,27 @@ int predict_main(const PredictOptions& o) {
       }
     }
 
+    if (!o.skip_unreadable && loader.failed_samples() > 0) refuse_unreadable();
+    std::vector<char> excluded(dataset->size(), 0);
+    {
+      auto failures = loader.failures();
+      std::sort(failures.begin(), failures.end());
+      for (const auto& [index, what] : failures) {
+        excluded[static_cast<size_t>(index)] = 1;
+        std::fprintf(stderr, "warning: skipping %s\n", what.c_str());
+      }
+      unreadable += failures.size();
+    }
+    size_t shown = 0;
+    for (char x : excluded) shown += x == 0;
+    if (shown == 0)
+      throw UsageError("predict: none of the inputs could be read as an image (" + std::to_string(unreadable) +
+                       " skipped)");
+
     size_t labelled = 0, correct = 0;
     std::vector<std::vector<int64_t>> confusion(K, std::vector<int64_t>(K, 0));
     for (size_t i = 0; i < truth.size(); ++i) {
-      if (truth[i] < 0) continue;
+      if (truth[i] < 0 || excluded[i]) continue;
       ++labelled;
       correct += predicted[i] == truth[i];
       ++confusion[static_cast<size_t>(truth[i])][static_cast<size_t>(predicted[i])];
@@ -197,15 +266,17 @@ int predict_main(const PredictOptions& o) {
       out << "{\n  \"checkpoint\": " << json_string(o.checkpoint) << ",\n  \"classes\": [";
       for (size_t k = 0; k < K; ++k) out << (k ? ", " : "") << json_string(classes[k]);
       out << "],\n  \"predictions\": [\n";
+      size_t written = 0;
       for (size_t i = 0; i < dataset->size(); ++i) {
+        if (excluded[i]) continue;
         out << "    {\"image\": " << json_string(dataset->source(i)) << ", \"class\": "
             << json_string(classes[static_cast<size_t>(predicted[i])]);
         if (truth[i] >= 0) out << ", \"label\": " << json_string(classes[static_cast<size_t>(truth[i])]);
         out << ", \"probabilities\": {";
         for (size_t k = 0; k < K; ++k) out << (k ? ", " : "") << json_string(classes[k]) << ": " << py_float(probs[i][k]);
-        out << "}}" << (i + 1 < dataset->size() ? "," : "") << "\n";
+        out << "}}" << (++written < shown ? "," : "") << "\n";
       }
-      out << "  ]";
+      out << "  ],\n  \"skipped_unreadable\": " << unreadable << ",\n  \"ignored_non_image\": " << ignored;
       if (labelled) {
         out << ",\n  \"labelled\": " << labelled << ",\n  \"correct\": " << correct << ",\n  \"accuracy\": "
             << py_float(accuracy) << ",\n  \"confusion_matrix\": [";
@@ -229,6 +300,7 @@ int predict_main(const PredictOptions& o) {
       out << "\n";
       char buf[32];
       for (size_t i = 0; i < dataset->size(); ++i) {
+        if (excluded[i]) continue;
         out << pad(dataset->source(i), name_w) << "  " << pad(classes[static_cast<size_t>(predicted[i])], class_w);
         if (labelled) out << "  " << pad(truth[i] >= 0 ? classes[static_cast<size_t>(truth[i])] : "-", class_w);
         for (size_t k = 0; k < K; ++k) {
@@ -237,6 +309,11 @@ int predict_main(const PredictOptions& o) {
         }
         out << "\n";
       }
+      if (unreadable)
+        out << "\nSkipped " << unreadable
+            << " file(s) that could not be read as an image (--skip-unreadable): not classified, not in the "
+               "accuracy; each is named on stderr\n";
+      if (ignored) out << (unreadable ? "" : "\n") << "Ignored " << ignored << " file(s) without an image extension\n";
       if (labelled) {
         out << "\nAccuracy: " << py_float(accuracy) << " (" << correct << "/" << labelled << ")\n";
         out << "Confusion matrix (rows: true class, columns: predicted class)\n";

@@ -1,8 +1,12 @@
 #include <cstdio>
 #include "resnet_ddp/train/report.h"
 
+#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <csignal>
@@ -77,13 +81,45 @@ void install_preemption_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking reads/MPI polls continue; the loop checks the flag
-  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+  // SIGHUP too: mpirun closes the pseudo-terminals it gave the ranks while it ends a job,
+  // and a hangup must stop the run as the other signals do, not kill it unsaved.
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   // A file-size limit must fail the write (reported, previous checkpoint kept),
   // not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Nor a closed output pipe: mpirun closes the ranks' output while it terminates a job,
+  // and the step must still finish and save (write_out sees EPIPE and goes on).
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 int preemption_signal() { return g_signal; }
+
+void write_out(std::FILE* f, const std::string& text) {
+  std::fflush(f);
+  const int fd = ::fileno(f);
+  size_t done = 0;
+  while (done < text.size()) {
+    pollfd p{fd, POLLOUT, 0};
+    const int r = ::poll(&p, 1, 200);
+    if (r < 0 && errno != EINTR) return;
+    if (r <= 0) {
+      if (preemption_signal() != 0) return;  // the reader is gone or stalled: the stop comes first
+      continue;
+    }
+    if (p.revents & (POLLERR | POLLNVAL)) return;
+    // POLLOUT promises room for some bytes, not for any write: PIPE_BUF on a pipe, one
+    // byte on a terminal (mpirun's pty); a regular file never blocks.
+    struct stat st {};
+    const size_t chunk = ::fstat(fd, &st) != 0 ? 1 : S_ISREG(st.st_mode) ? text.size() : S_ISFIFO(st.st_mode) ? 512 : 1;
+    const size_t n = std::min(text.size() - done, chunk);
+    const ssize_t w = ::write(fd, text.data() + done, n);
+    if (w < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return;
+    }
+    done += static_cast<size_t>(w);
+  }
+}
 void reset_preemption() {
   g_signal = 0;
   g_count = 0;
@@ -190,8 +226,7 @@ void Progress::step(int64_t step, double avg_loss, double avg_acc, double images
     std::snprintf(line, sizeof line, "(Epoch %lld/%lld) step %lld/%lld loss %.4f acc %.4f %.1f img/s\n",
                   static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
                   static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
-    std::fputs(line, stdout);
-    std::fflush(stdout);
+    write_out(stdout, line);
     return;
   }
   // Redraw at most 10 times a second, and always at the end.
@@ -207,14 +242,12 @@ void Progress::step(int64_t step, double avg_loss, double avg_acc, double images
   std::snprintf(line, sizeof line, "\r(Epoch %lld/%lld) [%s] %lld/%lld loss %.4f acc %.4f %.1f img/s\033[K",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
                 static_cast<long long>(step), static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
-  std::fputs(line, stdout);
-  std::fflush(stdout);
+  write_out(stdout, line);
 }
 
 void Progress::end_epoch() {
   if (mode_ == Mode::Bar && drawn_) {
-    std::fputs("\r\033[K", stdout);
-    std::fflush(stdout);
+    write_out(stdout, "\r\033[K");
   }
   drawn_ = false;
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -29,6 +30,8 @@
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"
 #include "resnet_ddp/train/train_step.h"
+#include "train/dataset_warnings.h"
+#include "train/resume_plan.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -103,9 +106,7 @@ class Trainer {
   bool rank0() const { return env_.rank == 0; }
   void say(const std::string& line) const {
     if (!rank0()) return;
-    std::fputs(line.c_str(), stdout);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    write_out(stdout, line + "\n");
   }
   void notice(const std::string& line) const { say("Notice: " + line); }
 
@@ -116,6 +117,7 @@ class Trainer {
   void agree(F&& fn, bool participate = true);
 
   void setup_device();
+  int resolve_threads();
   void lock_output();
   void resolve_resume();
   void setup_data();
@@ -158,6 +160,8 @@ class Trainer {
   std::unique_ptr<TrainStep> step_;
   int64_t skipped_reported_ = 0;  // fp16 updates skipped and already reported
   std::vector<std::string> class_names_;
+  std::vector<std::string> checkpoint_classes_;
+  std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's  // --eval-only: the evaluated checkpoint's
   const float* norm_mean_ = nullptr;
   const float* norm_std_ = nullptr;
   RunState run_;
@@ -171,21 +175,6 @@ class Trainer {
   bool honour_lr_ = false;                   // --lr differs from the checkpoint's: restart from it
   bool epochs_changed_ = false;
 };
-
-const char* const kStartFresh = "; to start fresh instead use --resume none or another --output-dir";
-
-// --amp as timm and torch.autocast mean it on each device: fp16 on a GPU (every GPU
-// with tensor cores has it; loss scaling is on), bf16 on the CPU (oneDNN's only
-// reduced-precision training type).
-Precision amp_precision(bool cuda) { return cuda ? Precision::FP16 : Precision::BF16; }
-
-// Flags that do not describe the run (where it reads and writes, how it resumes).
-bool resume_ignores(const std::string& flag) {
-  for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
-                        "--tensorboard", "--eval-only"})
-    if (flag == f) return true;
-  return false;
-}
 
 template <class F>
 void Trainer::agree(F&& fn, bool participate) {
@@ -240,6 +229,7 @@ void Trainer::setup_device() {
     }
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
+  const int threads = resolve_threads();
   if (o_.amp) o_.precision = amp_precision(device == "cuda");
   const std::string amp_note =
       o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
@@ -251,7 +241,7 @@ void Trainer::setup_device() {
     if (o_.deterministic && device != "cpu")
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;
-    bo.threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+    bo.threads = threads;
     bo.precision = o_.precision;
     bo.conv_algo = o_.conv_algo;
     if (device == "cuda") {
@@ -285,6 +275,68 @@ void Trainer::setup_device() {
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   dist::print_startup_lines(env_, backend_->name());
+  // Open MPI's mpirun answers Ctrl-C or a SIGTERM with SIGTERM to the ranks after
+  // odls_base_sigkill_timeout seconds and SIGKILL as many seconds later: at its default
+  // of 1 s no rank finishes a step and saves. The job scripts raise it; say so here.
+  if (env_.world > 1 && std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    const char* set = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    const int grace = set && *set ? std::atoi(set) : 1;
+    if (grace <= 1)
+      notice("Ctrl-C or a SIGTERM to mpirun kills the ranks " + std::to_string(grace) +
+             " s later, before they can save last.h5; export OMPI_MCA_odls_base_sigkill_timeout=10 (as the job "
+             "scripts do) so that they checkpoint at the next step and stop");
+  }
+}
+
+// Compute threads beyond the cores a rank may use (its CPU affinity) only contend: a
+// --threads 999 made 1005 threads that did not finish a step in 10 minutes. Each rank
+// clamps to its cores; the ranks that share one set of cores (no binding) must fit in it
+// together, or every SyncBatchNorm waits for the slowest: one warning line for the job.
+int Trainer::resolve_threads() {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+  const std::string source = o_.threads > 0                     ? "--threads " + std::to_string(o_.threads)
+                             : omp && std::atoi(omp) >= 1 ? std::string("OMP_NUM_THREADS=") + omp
+                                                                : std::string();
+  const int asked = threads;
+  if (threads > env_.cpus_available) threads = env_.cpus_available;
+  const bool oversubscribed = static_cast<int64_t>(threads) * env_.mask_sharers > env_.cpus_available;
+  // Per rank: asked, cores, sharers, oversubscribed (summed: each rank fills its slot).
+  std::vector<int64_t> all(static_cast<size_t>(env_.world) * 4, 0);
+  int64_t* mine = all.data() + static_cast<size_t>(env_.rank) * 4;
+  mine[0] = asked;
+  mine[1] = env_.cpus_available;
+  mine[2] = env_.mask_sharers;
+  mine[3] = oversubscribed ? 1 : 0;
+  ctrl_->allreduce(all.data(), all.size(), dist::ReduceOp::Sum);
+  if (!rank0()) return threads;
+  int clamped = 0, over = 0, first_clamped = -1, first_over = -1;
+  for (int r = 0; r < env_.world; ++r) {
+    const int64_t* v = all.data() + static_cast<size_t>(r) * 4;
+    if (v[0] > v[1] && clamped++ == 0) first_clamped = r;
+    if (v[3] && over++ == 0) first_over = r;
+  }
+  if (clamped) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_clamped) * 4;
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %s: more threads than the %lld core(s) rank %d may use (its CPU affinity); "
+                 "clamped to %lld%s\n",
+                 source.empty() ? ("--threads " + std::to_string(v[0])).c_str() : source.c_str(),
+                 static_cast<long long>(v[1]), first_clamped, static_cast<long long>(v[1]),
+                 clamped > 1 ? (" (and on " + std::to_string(clamped - 1) + " more rank(s))").c_str() : "");
+  }
+  if (over) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_over) * 4;
+    const long long t = std::min(v[0], v[1]);
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %lld rank(s) x %lld thread(s) share the %lld core(s) of rank %d's node: "
+                 "oversubscribed, every rank will wait for the slowest (use --threads %lld, or fewer ranks per "
+                 "node)\n",
+                 static_cast<long long>(v[2]), t, static_cast<long long>(v[1]), first_over,
+                 std::max<long long>(1, v[1] / std::max<int64_t>(1, v[2])));
+  }
+  std::fflush(stderr);
+  return threads;
 }
 
 void Trainer::lock_output() {
@@ -325,89 +377,14 @@ void Trainer::resolve_resume() {
         }
         const CheckpointReader& ck = *reader;
         const CheckpointMeta& m = ck.meta();
-        auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
-          if (theirs.empty() || value == theirs) return;
-          if (o_.was_given(flag))
-            throw UsageError(flag + " " + value + ": checkpoint '" + path + "' does not match this run: it was trained with " +
-                             flag + " " + theirs +
-                             (o_.eval_only ? std::string("; leave the flag out to evaluate it as trained")
-                                           : "; resuming cannot change it" + std::string(kStartFresh)));
-          value = theirs;
-        };
-        std::string image = std::to_string(o_.image_size);
-        fixed("--arch", o_.arch, m.arch);
-        std::string head = head_name(o_.head);
-        fixed("--head", head, m.head);
-        o_.head = parse_head(head);
-        fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
-        o_.image_size = std::stoi(image);
-        fixed("--normalize", o_.normalize, m.normalize);
-        // Say what the checkpoint decided that the command line did not.
-        const TrainOptions defaults;
-        std::string inherited;
-        if (!o_.was_given("--arch") && o_.arch != defaults.arch) inherited += " --arch " + o_.arch;
-        if (!o_.was_given("--head") && o_.head != defaults.head) inherited += std::string(" --head ") + head_name(o_.head);
-        if (!o_.was_given("--image-size") && o_.image_size != defaults.image_size)
-          inherited += " --image-size " + std::to_string(o_.image_size);
-        if (!o_.was_given("--normalize") && o_.normalize != defaults.normalize)
-          inherited += " --normalize " + o_.normalize;
-        if (!inherited.empty()) say("Model settings from " + path + ":" + inherited);
-        if (o_.eval_only) return;
-        const OptimizerMeta& os = m.optimizer;
-        const std::string optimizer = name_of(optimizer_names(), o_.optimizer);
-        if (os.present && os.config.type != o_.optimizer)
-          throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
-                           "' does not match this run: it holds --optimizer " + name_of(optimizer_names(), os.config.type) +
-                           " state; resuming cannot change it" + kStartFresh);
-        // The previous run's flags, read back from the command line it recorded (a
-        // checkpoint from another version may not parse: then only its metadata counts).
-        std::vector<std::pair<std::string, std::string>> theirs;
-        try {
-          std::vector<std::string> words = split_command_line(m.args);
-          std::vector<char*> argv;
-          for (auto& w : words) argv.push_back(w.data());
-          if (argv.size() > 1) {
-            ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
-            // --amp ran as the device's reduced precision (setup_device); compare that,
-            // taking this run's device where the old one was "auto".
-            if (pc.train.amp) {
-              const bool cuda = pc.train.device == "cuda" ||
-                                (pc.train.device == "auto" && backend_->device() == DeviceKind::CUDA);
-              pc.train.precision = amp_precision(cuda);
-            }
-            if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
-          }
-        } catch (const std::exception&) {
-          theirs.clear();
-        }
-        auto old_value = [&](const std::string& flag) -> std::string {
-          if (flag == "--batch-size" && m.batch_size > 0) return std::to_string(m.batch_size);
-          if (flag == "--accum-steps" && m.accum_steps > 0) return std::to_string(m.accum_steps);
-          if (flag == "--lr" && os.present) {
-            TrainOptions t;
-            t.lr = os.config.lr;
-            for (auto& [f, v] : train_flag_values(t))
-              if (f == "--lr") return v;
-          }
-          for (auto& [f, v] : theirs)
-            if (f == flag) return v;
-          return "";
-        };
-        const auto mine = train_flag_values(o_);
-        for (const auto& [flag, value] : mine) {
-          if (resume_ignores(flag) || flag == "--amp") continue;  // --amp is compared as its --precision
-          const std::string was = old_value(flag);
-          if (was.empty() || was == value) continue;
-          // Batch shape and length always count (they move the position in the epoch);
-          // other defaults the user did not type keep the resumed run's state.
-          const bool given = o_.was_given(flag) || (flag == "--sync-bn" && o_.was_given("--no-sync-bn"));
-          if (!given && flag != "--batch-size" && flag != "--accum-steps" && flag != "--epochs") continue;
-          if (flag == "--lr") honour_lr_ = true;
-          if (flag == "--epochs") epochs_changed_ = true;
-          resume_changes_.push_back("Resume: " + flag + " " + value + (given ? "" : " (default)") +
-                                    " instead of the checkpoint's " + was +
-                                    (flag == "--lr" ? " (the learning rate restarts from it)" : ""));
-        }
+        // Evaluation takes the class names from the model: no Train folder needed.
+        if (o_.eval_only) checkpoint_classes_ = m.class_names;
+        ResumePlan plan = plan_resume(o_, path, m, [&] { return backend_->device() == DeviceKind::CUDA; });
+        honour_lr_ = plan.honour_lr;
+        epochs_changed_ = plan.epochs_changed;
+        if (!plan.model_settings.empty()) say(plan.model_settings);
+        resume_changes_ = std::move(plan.changes);
+        if (!o_.eval_only) refuse_new_experiment(o_, path, m, plan.differences);
       },
       rank0());
   if (rank0()) {
@@ -428,6 +405,19 @@ void Trainer::resolve_resume() {
   o_.normalize = f.at(3);
   honour_lr_ = f.at(4)[0] == '1';
   epochs_changed_ = f.at(4)[1] == '1';
+  if (o_.eval_only) {
+    // NUL-separated: a class name may hold any other byte.
+    std::string names;
+    if (rank0())
+      for (const auto& c : checkpoint_classes_) names += c + '\0';
+    int64_t len = static_cast<int64_t>(names.size());
+    ctrl_->broadcast(&len, sizeof len, 0);
+    names.resize(static_cast<size_t>(len));
+    ctrl_->broadcast(names.data(), names.size(), 0);
+    checkpoint_classes_.clear();
+    for (size_t at = 0, nul; (nul = names.find('\0', at)) != std::string::npos; at = nul + 1)
+      checkpoint_classes_.push_back(names.substr(at, nul - at));
+  }
 }
 
 void Trainer::setup_data() {
@@ -435,7 +425,7 @@ void Trainer::setup_data() {
   scan.strict = o_.strict_data;
   scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
   scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
-  scan.threads = std::max(1, dist::default_threads_per_rank(env_));
+  scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.
   scan.shard = env_.rank;
   scan.shards = env_.world;
@@ -443,11 +433,27 @@ void Trainer::setup_data() {
   if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   scan.folders.train = o_.train_split;
   scan.folders.validation = o_.val_split;
+  if (o_.eval_only) {
+    // Scoring reads only Validation, with the checkpoint's classes, and every image
+    // decoded first: an unreadable one is an error (or, --skip-unreadable, a counted
+    // skip), never a black stand-in that gets classified.
+    scan.class_names = checkpoint_classes_;
+    scan.require_every_class = false;
+    scan.verify = data::ScanOptions::Verify::Full;
+    scan.strict = !o_.skip_unreadable;
+    if (!o_.strict_data) {
+      scan.strict_flag = "--eval-only";
+      scan.strict_hint = " (unreadable images are never scored; --skip-unreadable skips them)";
+    }
+  }
   agree([&] {
-    train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
+    if (!o_.eval_only) train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
     val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
   });
-  class_names_ = train_set_->class_names();
+  class_names_ = train_set_ ? train_set_->class_names() : val_set_->class_names();
+  if (rank0())
+    for (const auto& w : dataset_warnings(train_set_ ? *train_set_ : *val_set_, o_.image_size))
+      std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
   data::TransformConfig tc;
   tc.image_size = o_.image_size;
   tc.augment = data::parse_augment(o_.augment);
@@ -459,15 +465,17 @@ void Trainer::setup_data() {
     norm_mean_ = data::kImagenetMean;
     norm_std_ = data::kImagenetStd;
   }
-  sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
-                                                        static_cast<uint64_t>(o_.seed), false);
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
   lo.workers = o_.workers;
   lo.seed = static_cast<uint64_t>(o_.seed);
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
-  train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  if (train_set_) {
+    sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+                                                          static_cast<uint64_t>(o_.seed), false);
+    train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  }
   data::LoaderOptions vo = lo;
   vo.batch_size = o_.effective_val_batch();
   vo.workers = o_.workers;
@@ -543,6 +551,7 @@ CheckpointMeta Trainer::base_meta() const {
   m.accum_steps = o_.accum_steps;
   m.seed = o_.seed;
   m.args = o_.command_line;
+  m.args_history = args_history_;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
   m.normalize = o_.normalize;
   m.class_names = class_names_;
@@ -604,6 +613,8 @@ void Trainer::load_start_state() {
           }
           resume_path_ = path;
           loaded = true;
+          args_history_ = m.args_history.empty() && !m.args.empty() ? std::vector<std::string>{m.args}
+                                                                     : m.args_history;
           if (!o_.init.empty()) notice("resuming from " + path + "; --init " + o_.init + " is ignored");
         } catch (const UsageError& e) {
           // A checkpoint that does not fit this run (classes, tensors, optimizer state).
@@ -629,6 +640,7 @@ void Trainer::load_start_state() {
       },
       rank0());
   broadcast_start_state(loaded);
+  args_history_.push_back(o_.command_line);
 }
 
 void Trainer::broadcast_start_state(bool rank0_loaded) {
@@ -718,6 +730,9 @@ void Trainer::log_step(const StepSums& s, const StepTimes& t, double seconds) {
 
 void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
                    double partial_loss, int64_t partial_correct, int64_t partial_count) {
+  // best_model.h5 is for using the model: the weights only (Adam's state would triple
+  // it); training resumes from last.h5, which keeps the optimizer and scheduler state.
+  const bool weights_only = path == best_path_;
   agree(
       [&] {
         CheckpointMeta m = base_meta();
@@ -731,7 +746,8 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_train_loss_sum = partial_loss;
         m.partial_train_correct = partial_correct;
         m.partial_train_count = partial_count;
-        write_checkpoint(path, *model_, opt_.get(), sched_.get(), m);  // straight from the arenas
+        write_checkpoint(path, *model_, weights_only ? nullptr : opt_.get(), weights_only ? nullptr : sched_.get(),
+                         m);  // straight from the arenas
       },
       rank0());
 }
@@ -1068,8 +1084,11 @@ int Trainer::run() {
   lock_output();
   resolve_resume();
   setup_data();
-  say("Train set size: " + std::to_string(train_set_->size()) +
-      ", Validation set size: " + std::to_string(val_set_->size()));
+  if (train_set_)
+    say("Train set size: " + std::to_string(train_set_->size()) +
+        ", Validation set size: " + std::to_string(val_set_->size()));
+  else
+    say("Validation set size: " + std::to_string(val_set_->size()));
   setup_model();
   check_output_space();
   load_start_state();
@@ -1077,8 +1096,10 @@ int Trainer::run() {
     double loss = 0, acc = 0;
     validate(loss, acc);
     say("");
+    const size_t unreadable = val_set_->unreadable_files();
     say("Evaluated " + resume_path_ + (resume_path_.empty() ? o_.init : "") + " on " +
-        std::to_string(val_set_->size()) + " validation images");
+        std::to_string(val_set_->size()) + " validation images" +
+        (unreadable ? " (" + std::to_string(unreadable) + " unreadable file(s) skipped, not scored)" : ""));
     say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
     return 0;
   }
@@ -1092,10 +1113,12 @@ int Trainer::run() {
                   py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);
   }
-  if (run_.epoch >= o_.epochs) notice("the checkpoint already completed " + std::to_string(run_.epoch) +
-                                        " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
+  const bool nothing_to_train = run_.epoch >= o_.epochs;
+  if (nothing_to_train) notice("the checkpoint already completed " + std::to_string(run_.epoch) +
+                                " epoch(s) of --epochs " + std::to_string(o_.epochs) + "; nothing to train");
   train_epochs();
-  evaluate_best();
+  // "Best model ... has been saved" would claim this run produced it.
+  if (!nothing_to_train) evaluate_best();
   return 0;
 }
 
@@ -1134,8 +1157,7 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
     dist::abort_job(1);
   }
   if (code == 0 && env.rank == 0) {
-    std::printf("\nCleaning up the distributed environment...\n");
-    std::fflush(stdout);
+    write_out(stdout, "\nCleaning up the distributed environment...\n");
   }
   try {
     dist::finalize_process();
@@ -1144,8 +1166,7 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
     return code ? code : 1;
   }
   if (code == 0 && env.rank == 0) {
-    std::printf("Distributed environment has been properly closed\n");
-    std::fflush(stdout);
+    write_out(stdout, "Distributed environment has been properly closed\n");
   }
   return code;
 }

@@ -74,11 +74,11 @@ grep -q -E '^Val loss: [0-9.e-]+, Val accuracy: [0-9.e-]+$' "$WORK/log" || { cat
 [ "$(md5sum "$OUT/last.h5" "$OUT/best_model.h5")" = "$sum_before" ] || fail "--eval-only modified checkpoints"
 
 note "a write that fails part-way (file-size limit, like a full disk) keeps the previous checkpoint"
-# Each rank runs under `ulimit -f`; shared-memory transport off, its segment files
-# would hit the limit too.
+# Each rank runs under `ulimit -f` (300 KiB: below even the weights-only best_model.h5);
+# shared-memory transport off, its segment files would hit the limit too.
 rc=0
 OMPI_MCA_btl=self,tcp "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 bash -c \
-  'ulimit -f 1000 && exec "$0" "$@"' "$RD_BIN" "${small[@]}" --output-dir "$OUT" --epochs 2 \
+  'ulimit -f 300 && exec "$0" "$@"' "$RD_BIN" "${small[@]}" --output-dir "$OUT" --epochs 2 --resume auto \
   >"$WORK/log" 2>&1 || rc=$?
 [ "$rc" != 0 ] || { cat "$WORK/log"; fail "a failed checkpoint write was not reported"; }
 grep -q -F "cannot write checkpoint '$OUT/" "$WORK/log" || { cat "$WORK/log"; fail "write failure message"; }

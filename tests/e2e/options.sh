@@ -18,7 +18,7 @@ grep -q "scheduler:       cosine" "$WORK/info" || fail "cosine state"
 
 note "resume the 2-rank checkpoint on 1 rank"
 mpi 1 "${base[@]}" --epochs 3 --optimizer sgd --momentum 0.9 --nesterov --scheduler cosine --lr 0.05 \
-  --accum-steps 2 --output-dir "$WORK/a" >"$WORK/a3.log" 2>&1 || { cat "$WORK/a3.log"; fail "resume on 1 rank"; }
+  --accum-steps 2 --output-dir "$WORK/a" --resume auto >"$WORK/a3.log" 2>&1 || { cat "$WORK/a3.log"; fail "resume on 1 rank"; }
 grep -q "Notice: checkpoint was trained on 2 ranks, this run has 1" "$WORK/a3.log" || { cat "$WORK/a3.log"; fail "world-size notice"; }
 grep -q '^(Epoch 3/3) Current best val acc' "$WORK/a3.log" || fail "resumed run did not finish"
 [ "$(cut -d, -f1,16 "$WORK/a/metrics.csv" | tail -n +2 | tr '\n' ' ')" = "1,2 2,2 3,1 " ] ||

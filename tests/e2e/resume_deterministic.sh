@@ -10,7 +10,7 @@ note "2 epochs straight"
 mpi 2 "${common[@]}" --epochs 2 --output-dir "$WORK/a" >"$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "run a"; }
 note "1 epoch, then resume for the second"
 mpi 2 "${common[@]}" --epochs 1 --output-dir "$WORK/b" >"$WORK/b1.log" 2>&1 || { cat "$WORK/b1.log"; fail "run b1"; }
-mpi 2 "${common[@]}" --epochs 2 --output-dir "$WORK/b" >"$WORK/b2.log" 2>&1 || { cat "$WORK/b2.log"; fail "run b2"; }
+mpi 2 "${common[@]}" --epochs 2 --output-dir "$WORK/b" --resume auto >"$WORK/b2.log" 2>&1 || { cat "$WORK/b2.log"; fail "run b2"; }
 cat "$WORK/b2.log"
 grep -q -F "Resuming from $WORK/b/last.h5 at epoch 2" "$WORK/b2.log" || fail "the second run did not resume"
 

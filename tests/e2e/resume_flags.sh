@@ -35,7 +35,7 @@ refused --normalize imagenet none "${base[@]}" --epochs 2 --normalize imagenet
 refused --optimizer sgd adam "${base[@]}" --epochs 2 --optimizer sgd
 
 note "run 2: --epochs 2 --lr 1e-2 --batch-size 8 --workers 2 --log-every 1 are honoured, each named"
-"$RD_BIN" "${base[@]}" --epochs 2 --lr 1e-2 --batch-size 8 --workers 2 --log-every 1 --progress lines \
+"$RD_BIN" "${base[@]}" --resume auto --epochs 2 --lr 1e-2 --batch-size 8 --workers 2 --log-every 1 --progress lines \
   >"$WORK/run2.log" 2>&1 || { cat "$WORK/run2.log"; fail "run 2"; }
 cat "$WORK/run2.log"
 for line in "Resume: --epochs 2 instead of the checkpoint's 1" \
@@ -55,13 +55,13 @@ lr2=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "lr") c = i } NR ==
 grep -q 'initial 0.01' "$WORK/info" || { cat "$WORK/info"; fail "last.h5 does not record initial lr 0.01"; }
 
 note "run 3: the same command again changes nothing and says nothing"
-"$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2 --batch-size 8 --workers 2 --log-every 1 --progress lines \
+"$RD_BIN" "${base[@]}" --resume auto --epochs 3 --lr 1e-2 --batch-size 8 --workers 2 --log-every 1 --progress lines \
   >"$WORK/run3.log" 2>&1 || { cat "$WORK/run3.log"; fail "run 3"; }
 [ "$(grep -c '^Resume: ' "$WORK/run3.log")" = 1 ] || { cat "$WORK/run3.log"; fail "run 3: expected only the --epochs line"; }
 grep -q -x -F "Resume: --epochs 3 instead of the checkpoint's 2" "$WORK/run3.log" || fail "run 3: no --epochs line"
 
 note "run 4: left-out --arch/--image-size come from the checkpoint"
-"$RD_BIN" --data "$WORK/data" --threads 1 --conv-algo direct --output-dir "$OUT" --epochs 4 --lr 1e-2 --batch-size 8 \
+"$RD_BIN" --data "$WORK/data" --threads 1 --conv-algo direct --output-dir "$OUT" --resume auto --epochs 4 --lr 1e-2 --batch-size 8 \
   --workers 2 --log-every 1 --progress lines >"$WORK/run4.log" 2>&1 || { cat "$WORK/run4.log"; fail "run 4"; }
 grep -q -x -F "Model settings from $OUT/last.h5: --arch resnet_tiny --image-size 32" "$WORK/run4.log" ||
   { cat "$WORK/run4.log"; fail "run 4 did not take the model settings from the checkpoint"; }
@@ -82,7 +82,7 @@ kill -USR1 "$pid"
 wait "$pid" || { cat "$WORK/p1.log"; fail "preempted run failed"; }
 step=$(sed -n 's/^Preempted at epoch 1 step \([0-9]*\);.*/\1/p' "$WORK/p1.log")
 [ -n "$step" ] && [ "$step" -lt 32 ] || { cat "$WORK/p1.log"; fail "not preempted mid-epoch"; }
-"$RD_BIN" "${slow[@]}" --batch-size 3 >"$WORK/p2.log" 2>&1 || { cat "$WORK/p2.log"; fail "resume with batch 3"; }
+"$RD_BIN" "${slow[@]}" --batch-size 3 --resume auto >"$WORK/p2.log" 2>&1 || { cat "$WORK/p2.log"; fail "resume with batch 3"; }
 cat "$WORK/p2.log"
 new=$((2 * step / 3))
 again=$((2 * step - 3 * new))
@@ -97,9 +97,9 @@ note "run 5: a run started with --amp, resumed with the precision --amp chose, s
 amp=(--data "$WORK/data" --arch resnet_tiny --image-size 32 --threads 1 --output-dir "$WORK/amp" --batch-size 8
   --workers 1 --log-every 0)
 if "$RD_BIN" "${amp[@]}" --epochs 1 --amp >"$WORK/amp1.log" 2>&1; then
-  "$RD_BIN" "${amp[@]}" --epochs 2 --precision bf16 >"$WORK/amp2.log" 2>&1 || { cat "$WORK/amp2.log"; fail "amp run 2"; }
+  "$RD_BIN" "${amp[@]}" --resume auto --epochs 2 --precision bf16 >"$WORK/amp2.log" 2>&1 || { cat "$WORK/amp2.log"; fail "amp run 2"; }
   ! grep -q -e '--precision\|--amp' "$WORK/amp2.log" || { cat "$WORK/amp2.log"; fail "amp run 2: a precision notice"; }
-  "$RD_BIN" "${amp[@]}" --epochs 3 --precision fp32 >"$WORK/amp3.log" 2>&1 || { cat "$WORK/amp3.log"; fail "amp run 3"; }
+  "$RD_BIN" "${amp[@]}" --resume auto --epochs 3 --precision fp32 >"$WORK/amp3.log" 2>&1 || { cat "$WORK/amp3.log"; fail "amp run 3"; }
   grep -q -x -F "Resume: --precision fp32 instead of the checkpoint's bf16" "$WORK/amp3.log" ||
     { cat "$WORK/amp3.log"; fail "amp run 3: the precision change is not named"; }
 elif grep -q 'bf16 needs a CPU with AVX512-BF16 or AMX' "$WORK/amp1.log"; then

@@ -32,7 +32,7 @@ gstep=$(sed -n 's/^ *global step: *\([0-9]*\).*/\1/p' "$WORK/info")
 
 note "run 2: resume at global step $gstep, 3 epochs"
 sleep 1  # a new second: the second file's name sorts after the first
-mpi 2 "${args[@]}" --epochs 3 >"$WORK/run2.log" 2>&1 || { cat "$WORK/run2.log"; fail "resumed run failed"; }
+mpi 2 "${args[@]}" --epochs 3 --resume auto >"$WORK/run2.log" 2>&1 || { cat "$WORK/run2.log"; fail "resumed run failed"; }
 grep -q '^(Epoch 3/3) Current best val acc' "$WORK/run2.log" || { cat "$WORK/run2.log"; fail "resumed run did not finish"; }
 [ "$(events "$OUT")" = 2 ] || { ls -l "$OUT"; fail "expected a second event file for the resumed run"; }
 ! grep -q 'warning: --tensorboard' "$WORK/run1.log" "$WORK/run2.log" || fail "event file warnings"
@@ -54,10 +54,10 @@ ko=(--data "$WORK/data" --arch resnet_tiny --image-size 32 --threads 1 --workers
 "$RD_BIN" "${ko[@]}" --epochs 1 >"$WORK/ko_a.log" 2>&1 || { cat "$WORK/ko_a.log"; fail "run A failed"; }
 cp "$KO/last.h5" "$WORK/epoch1.h5"
 sleep 1
-"$RD_BIN" "${ko[@]}" --epochs 2 >"$WORK/ko_b.log" 2>&1 || { cat "$WORK/ko_b.log"; fail "run B failed"; }
+"$RD_BIN" "${ko[@]}" --epochs 2 --resume auto >"$WORK/ko_b.log" 2>&1 || { cat "$WORK/ko_b.log"; fail "run B failed"; }
 cp "$WORK/epoch1.h5" "$KO/last.h5"
 sleep 1
-"$RD_BIN" "${ko[@]}" --epochs 2 >"$WORK/ko_c.log" 2>&1 || { cat "$WORK/ko_c.log"; fail "run C failed"; }
+"$RD_BIN" "${ko[@]}" --epochs 2 --resume auto >"$WORK/ko_c.log" 2>&1 || { cat "$WORK/ko_c.log"; fail "run C failed"; }
 grep -q -x -F "Resuming from $KO/last.h5 at epoch 2" "$WORK/ko_c.log" || { cat "$WORK/ko_c.log"; fail "run C did not resume at epoch 2"; }
 [ "$(events "$KO")" = 3 ] || { ls -l "$KO"; fail "expected three event files"; }
 RD_TB_WHOLE_EPOCHS=1,2 "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$KO" "1,17,17" ||

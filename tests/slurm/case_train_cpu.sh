@@ -15,7 +15,7 @@ out=$RD_SLURM_DIR/out
 
 # Pre-flight outside any job (as on a login node): checks and prints, starts nothing.
 preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --epochs 1 2>&1) || rd_fail "pre-flight failed: $preflight"
-[[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --output-dir output_model/cpu --epochs 1"* &&
+[[ $preflight == *"Training command: mpirun -np NTASKS $RESNET_DDP_BIN --data $RD_STAGE/"*"/Dataset_2 --output-dir output_model/cpu_JOBID --epochs 1"* &&
   $preflight == *"set-up looks complete; submit it with: sbatch $RD_REPO/jobs/cpu.slurm"* ]] ||
   rd_fail "unexpected pre-flight output: $preflight"
 # The per-job --output-dir default goes on the command line, which resnet_ddp lets win
@@ -23,6 +23,9 @@ preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --epochs 1 2>&1) || rd_fail "pre-flig
 printf 'epochs = 1\noutput_dir = runs/a\n' >"$RD_SLURM_DIR/recipe.conf"
 preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --config "$RD_SLURM_DIR/recipe.conf" 2>&1) || rd_fail "pre-flight failed: $preflight"
 [[ $preflight == *"/Dataset_2 --config $RD_SLURM_DIR/recipe.conf"* ]] || rd_fail "config file: output folder added: $preflight"
+printf 'epochs: 1\noutput_dir: runs/y\n' >"$RD_SLURM_DIR/recipe.yaml"
+preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --config "$RD_SLURM_DIR/recipe.yaml" 2>&1) || rd_fail "pre-flight failed: $preflight"
+[[ $preflight == *"/Dataset_2 --config $RD_SLURM_DIR/recipe.yaml"* ]] || rd_fail "YAML config file: output folder added: $preflight"
 preflight=$(bash "$RD_REPO/jobs/cpu.slurm" --output runs/b 2>&1) || rd_fail "pre-flight failed: $preflight"
 [[ $preflight == *"/Dataset_2 --output runs/b"* ]] || rd_fail "--output: output folder added: $preflight"
 preflight=$(RESNET_DDP_DATA_SRC=$RD_SLURM_DIR/missing.tar.gz bash "$RD_REPO/jobs/cpu.slurm" 2>&1) &&

@@ -38,9 +38,9 @@ std::string usage_error(std::vector<std::string> args) {
 
 struct FlagFile {
   fs::path path;
-  explicit FlagFile(const std::string& text) {
+  explicit FlagFile(const std::string& text, const std::string& ext = ".conf") {
     path = fs::temp_directory_path() /
-           ("rd_flags_test_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()) + ".conf");
+           ("rd_flags_test_" + std::to_string(getpid()) + "_" + std::to_string(std::random_device{}()) + ext);
     std::ofstream(path, std::ios::binary) << text;
   }
   ~FlagFile() {
@@ -210,6 +210,75 @@ TEST_CASE("a recorded command line has the config file's flags written out", "[t
   CHECK(back.data == "d");
   // Without a file the line is the command line as typed.
   CHECK(parse_train({"--data", "d", "-b", "4"}).command_line == "resnet_ddp --data d -b 4");
+}
+
+TEST_CASE("a YAML config file (timm's args.yaml): keys with underscores, false switches, nulls", "[train][flags]") {
+  FlagFile f(
+      "# written by timm's train.py\n"
+      "model: resnet18\n"
+      "batch_size: 32\n"
+      "lr: 1.0e-3\n"
+      "epochs: 7\n"
+      "opt: sgd\n"
+      "momentum: 0.8\n"
+      "nesterov: true\n"
+      "sync_bn: false\n"
+      "amp: false\n"
+      "seed: null\n"
+      "output: 'runs/a #1'\n"
+      "workers: 3\n",
+      ".yaml");
+  const TrainOptions t = parse_train({"--data", "d", "--config", f.str(), "--epochs", "3"});
+  CHECK(t.arch == "resnet18");
+  CHECK(t.batch_size == 32);
+  CHECK(t.lr == 1e-3);
+  CHECK(t.epochs == 3);  // the command line wins
+  CHECK(t.optimizer == OptimizerKind::Sgd);
+  CHECK(t.momentum == 0.8);
+  CHECK(t.nesterov);
+  CHECK_FALSE(t.sync_bn);  // false turns a default-on switch off through --no-sync-bn
+  CHECK_FALSE(t.amp);
+  CHECK(t.seed == 0);  // null: the default
+  CHECK(t.output_dir == "runs/a #1");
+  CHECK(t.workers == 3);
+  CHECK(t.was_given("--batch-size"));
+  CHECK_FALSE(t.was_given("--seed"));
+  // The recorded command line holds the file's flags.
+  CHECK_THAT(t.command_line, Catch::Contains("--no-sync-bn") && Catch::Contains("--batch-size 32"));
+
+  auto error_in = [](const std::string& text, const std::string& ext) {
+    FlagFile g(text, ext);
+    return std::make_pair(usage_error({"--data", "d", "--config", g.str()}), g.str());
+  };
+  {
+    auto [msg, path] = error_in("model: resnet18\nmixup: 0.2\n", ".yml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":2: unknown flag '--mixup'"));
+  }
+  {
+    auto [msg, path] = error_in("mean: [0.485, 0.456, 0.406]\n", ".yaml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: unknown flag '--mean'"));
+  }
+  {
+    auto [msg, path] = error_in("lr: [1, 2]\n", ".yaml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --lr: expected one value, got a list"));
+  }
+  {
+    auto [msg, path] = error_in("lr: 0.1\n  bad: [\n", ".yaml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":") && Catch::Contains("not valid YAML"));
+  }
+  {
+    auto [msg, path] = error_in("- lr\n- 0.1\n", ".yaml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ": expected a YAML mapping of flags"));
+  }
+  {
+    auto [msg, path] = error_in("lr: abc\n", ".yaml");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --lr: expected a number, got 'abc'"));
+  }
+  {
+    // The same mapping in a file without the extension: the hint says what is missing.
+    auto [msg, path] = error_in("model: resnet18\n", ".conf");
+    CHECK_THAT(msg, Catch::Contains("a YAML file needs the extension .yaml or .yml"));
+  }
 }
 
 TEST_CASE("config file errors name the file and the line", "[train][flags]") {

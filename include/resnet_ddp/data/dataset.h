@@ -81,6 +81,19 @@ struct ScanOptions {
   // part in `combine`, so the others fail with it instead of waiting.
   int shard = 0, shards = 1;
   std::function<void(std::vector<int64_t>&)> combine;
+  // How messages name the dataset path: the flag or argument it came from
+  // ("--data" for train and pack, "input" for predict's positional inputs).
+  std::string data_flag = "--data";
+  // How a strict-mode error names its cause and the way out (predict: unreadable files
+  // are errors unless --skip-unreadable).
+  std::string strict_flag = "--strict-data";
+  std::string strict_hint;
+  // Non-empty: the class names (e.g. a checkpoint's), so a split is read without the
+  // Train folder the names usually come from; the split's class folders must match.
+  std::vector<std::string> class_names;
+  // Whether a class folder without a usable image is a problem (training needs every
+  // class; scoring a model does not).
+  bool require_every_class = true;
 };
 
 class Dataset {
@@ -99,6 +112,8 @@ class Dataset {
   virtual int stored_size() const { return 0; }
   // Number of files skipped while scanning (unusable or with unknown extensions).
   virtual size_t skipped_files() const { return 0; }
+  // Of those, the files with an image extension that could not be read.
+  virtual size_t unreadable_files() const { return 0; }
 
   // Decodes sample i into `out` (RGB HWC). Thread-safe: workers call it concurrently.
   // Throws rd::Error naming the file when it cannot be read.

@@ -21,7 +21,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "resnet_ddp/data/dataset.h"
@@ -85,6 +87,9 @@ class Loader {
   size_t num_batches() const;
   int workers() const { return static_cast<int>(threads_.size()); }
   size_t failed_samples() const { return failed_.load(); }
+  // The samples that failed (dataset index, error naming the file), in no particular
+  // order: callers that score a model exclude them instead of counting black images.
+  std::vector<std::pair<int64_t, std::string>> failures() const;
 
  private:
   struct Slot;
@@ -115,6 +120,7 @@ class Loader {
   bool stopping_ = false;
   std::exception_ptr error_;
   std::atomic<size_t> failed_{0};
+  std::vector<std::pair<int64_t, std::string>> failures_;  // guarded by mu_
   std::vector<std::thread> threads_;
 };
 

@@ -39,7 +39,7 @@ struct PackStats {
 PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
                        const PackOptions& opts);
 
-// Opens one split of a packed file (used by open_dataset).
-std::unique_ptr<Dataset> open_packed_dataset(const std::string& path, Split split);
+// Opens one split of a packed file (used by open_dataset); errors name `flag` and the path.
+std::unique_ptr<Dataset> open_packed_dataset(const std::string& path, Split split, const std::string& flag = "--data");
 
 }  // namespace rd::data

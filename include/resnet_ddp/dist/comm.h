@@ -63,7 +63,15 @@ struct ProcessEnv {
   // CPUs this rank may use: its affinity mask (what mpirun binding or Slurm
   // granted), divided among the local ranks that share that same mask.
   int cpus_per_rank = 1;
+  // This rank's affinity mask, whole, and how many ranks on this node share that very
+  // mask (1 when each is bound to its own cores): the rank's threads plus those of the
+  // others on the same cores must fit in cpus_available.
+  int cpus_available = 1;
+  int mask_sharers = 1;
 };
+
+// CPUs in this process's affinity mask (the online CPU count when it cannot be read).
+int affinity_cpus();
 
 // MPI_Init_thread(MPI_THREAD_MULTIPLE), errors returned instead of aborting,
 // local rank via MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), watchdog started.

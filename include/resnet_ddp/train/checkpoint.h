@@ -62,6 +62,9 @@ struct CheckpointMeta {
   int64_t accum_steps = 1;
   int64_t seed = 0;
   std::string args;
+  // The command lines of the run that started training and of each resume since, oldest
+  // first (the last one is `args`); empty in files written before it was recorded.
+  std::vector<std::string> args_history;
   std::string created_by;
   std::string normalize = "none";
   std::vector<std::string> class_names;

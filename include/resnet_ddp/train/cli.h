@@ -66,9 +66,11 @@ struct TrainOptions {
   std::string augment = "autoaugment";  // autoaugment | flip | none
   std::string normalize = "none";    // none | imagenet
   bool strict_data = false;
+  bool skip_unreadable = false;      // --eval-only: unreadable images skipped and counted, not an error
   bool jpeg_draft = false;           // DCT-domain JPEG downscaling to >= image_size (ScanOptions::jpeg_draft)
   std::string verify_data = "full";  // full | header
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
+  bool check = false;                // dry run: validate everything, train nothing (check_main)
 
   // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
   // these may override what the checkpoint records.
@@ -92,6 +94,9 @@ struct PredictOptions {
   std::string device = "auto";
   int threads = 0;
   int workers = 2;
+  // Unreadable inputs are skipped and counted instead of failing the command; either
+  // way none is classified (the loader's black stand-in never reaches the output).
+  bool skip_unreadable = false;
 };
 
 struct InfoOptions {

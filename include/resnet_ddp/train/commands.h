@@ -9,6 +9,10 @@ namespace rd::train {
 
 // Initialises MPI (argc/argv go to MPI_Init), trains, finalises MPI.
 int train_main(const TrainOptions& opts, int& argc, char**& argv);
+// `train --check`: validates what a run would use (paths, output folder, device,
+// checkpoint, dataset headers, launcher) and exits 0, or 2 naming the first problem.
+// No MPI, nothing written.
+int check_main(const TrainOptions& opts);
 // One process, no MPI.
 int predict_main(const PredictOptions& opts);
 int info_main(const InfoOptions& opts);

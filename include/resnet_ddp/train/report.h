@@ -3,6 +3,7 @@
 // the progress display.
 #pragma once
 
+#include <cstdio>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -18,7 +19,7 @@ std::string py_float(double x);
 std::string json_string(const std::string& s);
 
 // ---- preemption signals ------------------------------------------------------------
-// SIGTERM, SIGUSR1 and SIGINT: the first sets a flag the training loop polls (every
+// SIGTERM, SIGUSR1, SIGINT and SIGHUP: the first sets a flag the training loop polls (every
 // rank agrees through a small all-reduce each step); a second one ends the process
 // at once with status 128 + signal.
 void install_preemption_handlers();
@@ -26,6 +27,12 @@ void install_preemption_handlers();
 int preemption_signal();
 // For tests: forget a received signal.
 void reset_preemption();
+// Writes `text` to `f` (flushed). While the reader does not take it, it waits, as a
+// plain write would; but once a stop signal has arrived it drops the text instead, so
+// that training reaches the step boundary and saves. mpirun stops reading the ranks'
+// output while it terminates a job (Ctrl-C, SIGTERM to it), and a rank blocked in a
+// write would never see the stop before mpirun's SIGKILL.
+void write_out(std::FILE* f, const std::string& text);
 
 // ---- metrics CSV -----------------------------------------------------------------
 struct EpochMetrics {

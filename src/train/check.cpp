@@ -1,0 +1,196 @@
+// `resnet_ddp train --check ...`: everything a training run would refuse, found in
+// seconds on a login node: flags and config file (already parsed), paths, the output
+// folder (created by nobody), the device and precision, the checkpoint a resume would
+// read and whether this command may continue it, the dataset (headers only), and the
+// launcher's environment. No MPI: a login node may not allow it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/train/output_lock.h"
+#include "train/dataset_warnings.h"
+#include "train/resume_plan.h"
+
+namespace fs = std::filesystem;
+
+namespace rd::train {
+
+namespace {
+
+bool is_archive(const std::string& path) {
+  for (const char* ext : {".tar.gz", ".tgz", ".tar", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar.zst", ".tzst"}) {
+    const std::string e(ext);
+    if (path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) return true;
+  }
+  return false;
+}
+
+// The output folder as the run would use it, without creating it: an existing folder
+// must be writable and free (no other run holds its lock); a missing one needs a
+// writable nearest existing parent.
+std::string check_output_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) throw UsageError("--output-dir: '" + dir + "' is not a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UsageError("--output-dir: cannot write in '" + dir + "'");
+    std::string stale;
+    OutputLock lock = OutputLock::acquire(dir, &stale);  // throws naming the holder
+    lock.release();
+    return "'" + dir + "' writable, not in use" +
+           (stale.empty() ? std::string() : " (its previous run ended without releasing it: " + stale + ")");
+  }
+  fs::path parent = fs::absolute(dir, ec).parent_path();
+  while (!parent.empty() && !fs::exists(parent, ec) && parent != parent.parent_path()) parent = parent.parent_path();
+  if (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw UsageError("--output-dir: cannot create '" + dir + "': '" + parent.string() + "' is not a writable directory");
+  return "'" + dir + "' will be created (in " + parent.string() + ", writable)";
+}
+
+// What the environment says about how this process was started; an error when the
+// launcher would give each task a world of its own (see launcher_world_mismatch).
+std::string check_launcher() {
+  if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"))
+    return std::string("Open MPI's mpirun, ") + n + " rank(s)";
+  if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) return "a PMI launcher (srun --mpi=..., mpiexec)";
+  if (const std::string why = launcher_world_mismatch(1); !why.empty()) throw UsageError(why);
+  if (const char* job = std::getenv("SLURM_JOB_ID"))
+    return std::string("Slurm job ") + job + ", no task launcher yet (the job script starts one)";
+  return "none: one process (mpirun -np N or srun starts the ranks)";
+}
+
+}  // namespace
+
+int check_main(const TrainOptions& opts) {
+  // Every task of a launcher checks its own node (data and paths may be node-local);
+  // rank 0 reports, the others only their errors.
+  const int rank = launcher_rank();
+  const bool speaker = rank == 0;
+  auto say = [&](const std::string& what, const std::string& detail) {
+    if (!speaker) return;
+    std::printf("check: %-10s %s\n", (what + ":").c_str(), detail.c_str());
+    std::fflush(stdout);
+  };
+  try {
+    TrainOptions o = opts;
+    say("flags", std::to_string(o.given.size()) + " given, all valid" +
+                     (o.was_given("--config") ? " (with the --config file's)" : std::string()));
+    check_train_paths(o, false);
+    if (!o.eval_only) say("output", check_output_dir(o.output_dir));
+
+    // Device, precision, threads: the backend the run would build.
+    std::string device = o.device;
+    if (device == "auto") device = cuda_backend_available() ? "cuda" : "cpu";
+    if (device == "cuda" && !cuda_backend_available())
+      throw UsageError("--device cuda: no usable CUDA device (" +
+                       std::string(cuda_device_count() == 0 ? "none visible, or the CUDA backend is not built"
+                                                             : "backend unavailable") +
+                       "); use --device cpu or auto");
+    if (o.amp) o.precision = amp_precision(device == "cuda");
+    if (o.precision == Precision::FP16 && device == "cpu")
+      throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
+    if (device == "cpu") {
+      BackendOptions bo;
+      bo.precision = o.precision;
+      bo.conv_algo = o.conv_algo;
+      bo.layout = default_cpu_layout(bo.precision);
+      const int cores = dist::affinity_cpus();
+      bo.threads = o.threads > 0 ? std::min(o.threads, cores) : cores;
+      if (o.threads > cores)
+        std::fprintf(stderr,
+                     "resnet_ddp: warning: --threads %d: more threads than the %d core(s) this process may use (its "
+                     "CPU affinity); a run clamps to %d\n",
+                     o.threads, cores, cores);
+      try {
+        say("device", make_cpu_backend(bo)->name());
+      } catch (const Error& e) {
+        throw UsageError("--precision " + name_of(precision_names(), o.precision) + ": " + e.what());
+      }
+    } else {
+      say("device", "cuda (" + std::to_string(cuda_device_count()) + " visible)");
+    }
+
+    // The checkpoint a resume reads, and whether this command may continue it.
+    std::string resume_path;
+    if (o.resume == "auto") {
+      std::error_code ec;
+      const std::string last = (fs::path(o.output_dir) / "last.h5").string();
+      if (fs::exists(last, ec)) resume_path = last;
+    } else if (o.resume != "none") {
+      resume_path = o.resume;
+    }
+    std::vector<std::string> classes;
+    if (!resume_path.empty()) {
+      CheckpointReader ck(resume_path, true);
+      const CheckpointMeta& m = ck.meta();
+      ResumePlan plan = plan_resume(o, resume_path, m, [&] { return device == "cuda"; });
+      if (!o.eval_only) refuse_new_experiment(o, resume_path, m, plan.differences);
+      classes = m.class_names;
+      say("resume", (o.eval_only ? "evaluates " : "continues ") + resume_path + " (" + std::to_string(m.epoch) +
+                        " epoch(s) done" + (o.eval_only ? ")" : " of --epochs " + std::to_string(o.epochs) + ")"));
+      if (!plan.model_settings.empty()) say("resume", plan.model_settings);
+      for (const auto& c : plan.changes) say("resume", c);
+    } else if (!o.init.empty()) {
+      CheckpointReader ck(o.init, true);
+      if (!ck.meta().arch.empty() && ck.meta().arch != o.arch)
+        throw UsageError("--init: '" + o.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " + o.arch);
+      say("init", "weights from " + o.init);
+    } else if (o.eval_only) {
+      throw UsageError("--eval-only: no checkpoint found (" + (fs::path(o.output_dir) / "last.h5").string() +
+                       " does not exist)");
+    } else {
+      say("resume", "none: a fresh start");
+    }
+
+    // The dataset, headers only (a run decodes every image unless --verify-data header).
+    if (is_archive(o.data)) {
+      say("data", o.data + " is an archive: the job scripts stage and unpack it; its images are checked then");
+    } else {
+      data::ScanOptions scan;
+      scan.strict = o.strict_data;
+      scan.verify = data::ScanOptions::Verify::Header;
+      scan.folders.train = o.train_split;
+      scan.folders.validation = o.val_split;
+      if (speaker) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+      if (o.eval_only) {
+        scan.class_names = classes;
+        scan.require_every_class = false;
+      }
+      std::unique_ptr<data::Dataset> train;
+      if (!o.eval_only) train = data::open_dataset(o.data, data::Split::Train, scan);
+      auto val = data::open_dataset(o.data, data::Split::Validation, scan);
+      const auto& names = train ? train->class_names() : val->class_names();
+      if (!classes.empty() && names != classes)
+        throw UsageError("--data " + o.data + ": its classes differ from those of " + resume_path + kStartFresh);
+      if (speaker)
+        for (const auto& w : dataset_warnings(train ? *train : *val, o.image_size))
+          std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
+      say("data", (train ? std::to_string(train->size()) + " training + " : std::string()) +
+                      std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
+                      " classes (headers read)");
+    }
+    say("launcher", check_launcher());
+    say("result", "ready; nothing was trained (run the same command without --check)");
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", speaker ? "" : ("rank " + std::to_string(rank) + ": ").c_str(),
+                 e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", speaker ? "" : ("rank " + std::to_string(rank) + ": ").c_str(),
+                 e.what());
+    return 1;
+  }
+}
+
+}  // namespace rd::train
