@@ -313,6 +313,14 @@ rd_train() {
     RD_RESUME_HINT="resubmit with --output-dir $out"
   fi
   bin=$(rd_find_program resnet_ddp RESNET_DDP_BIN)
+  # GPU job scripts set RD_DEVICE=cuda: a job without GPUs, or a binary built without
+  # the CUDA backend, then stops at once instead of training for hours on the CPU.
+  if [[ -n ${RD_DEVICE:-} ]] && ! rd_has_flag --device "$@"; then
+    defaults+=(--device "$RD_DEVICE")
+  fi
+  if ((RD_PREFLIGHT)); then
+    rd_note "$("$bin" --version 2>/dev/null | sed -n 's/^backends: /program backends: /p') ($bin)"
+  fi
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
   local program=("$bin")
   if [[ $dest == none ]]; then

@@ -91,11 +91,9 @@ int check_main(const TrainOptions& opts) {
     // Device, precision, threads: the backend the run would build.
     std::string device = o.device;
     if (device == "auto") device = cuda_backend_available() ? "cuda" : "cpu";
-    if (device == "cuda" && !cuda_backend_available())
-      throw UsageError("--device cuda: no usable CUDA device (" +
-                       std::string(cuda_device_count() == 0 ? "none visible, or the CUDA backend is not built"
-                                                             : "backend unavailable") +
-                       "); use --device cpu or auto");
+    // A login node has no GPU: only a binary without the CUDA backend is a problem
+    // here; the run itself stops at start if its nodes have no GPU.
+    if (device == "cuda" && !cuda_backend_built()) throw UsageError("--device cuda: " + cuda_unavailable_reason());
     if (o.amp) o.precision = amp_precision(device == "cuda");
     if (o.precision == Precision::FP16 && device == "cpu")
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
@@ -117,7 +115,9 @@ int check_main(const TrainOptions& opts) {
         throw UsageError("--precision " + name_of(precision_names(), o.precision) + ": " + e.what());
       }
     } else {
-      say("device", "cuda (" + std::to_string(cuda_device_count()) + " visible)");
+      say("device", cuda_backend_available()
+                        ? "cuda (" + std::to_string(cuda_device_count()) + " visible)"
+                        : "cuda (backend built; no GPU visible on this node: the run checks its nodes' GPUs at start)");
     }
 
     // The checkpoint a resume reads, and whether this command may continue it.

@@ -84,4 +84,20 @@ grep -q -F "unknown flag '--epcohs'" "$WORK/pf.log" || fail "pre-flight: the typ
 grep -q "check: result:    ready" "$WORK/pf2.log" && grep -q "set-up looks complete" "$WORK/pf2.log" ||
   { cat "$WORK/pf2.log"; fail "pre-flight did not run the check"; }
 [ ! -e "$WORK/output_model" ] || fail "pre-flight created an output folder"
+
+note "a GPU job script asks for --device cuda; its pre-flight says whether the program has CUDA"
+rc=0
+(cd "$WORK" && env -u SLURM_JOB_ID RESNET_DDP_MODULES= bash "$RD_ROOT/jobs/frontera_rtx.slurm" --arch resnet_tiny \
+  --image-size 32 >"$WORK/pf3.log" 2>&1) || rc=$?
+cat "$WORK/pf3.log"
+grep -q -E "program backends: cpu, cuda \((built|not built)\)" "$WORK/pf3.log" || fail "pre-flight does not name the backends"
+grep -q -- "--device cuda" "$WORK/pf3.log" || fail "the GPU job's command does not ask for --device cuda"
+if grep -q "cuda (not built)" "$WORK/pf3.log"; then
+  [ "$rc" != 0 ] || fail "pre-flight of a GPU job passed with a program built without CUDA"
+  grep -q "built without the CUDA backend" "$WORK/pf3.log" || fail "pre-flight does not say the backend is missing"
+else
+  [ "$rc" = 0 ] || fail "pre-flight of a GPU job failed on a login node without a GPU"
+  grep -q "check: device:    cuda (backend built; no GPU visible on this node" "$WORK/pf3.log" ||
+    fail "pre-flight does not say the GPUs are checked at start"
+fi
 note "ok"
