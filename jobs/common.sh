@@ -6,6 +6,9 @@
 #   RESNET_DDP_LAUNCHER   how ranks start: 'mpirun -np $SLURM_NTASKS' (default), "ibrun",
 #                         "srun --mpi=pmix", ...; $VAR / ${VAR} are read when the job runs
 #   RESNET_DDP_BIN        the resnet_ddp program (default: next to jobs/, install prefix, PATH)
+#   RESNET_DDP_CONTAINER  the command that runs the programs inside a container, e.g.
+#                         'apptainer exec --nv $SCRATCH/resnet_ddp.sif' (docs/hpc.md); the
+#                         programs' paths (RESNET_DDP_BIN, ...) are then paths inside the image
 #   RESNET_DDP_MESSAGE_PASSING_BIN  the same for message_passing
 #   RESNET_DDP_DATA_SRC   the dataset on shared storage: .tar.gz, folder or packed .h5
 #   RESNET_DDP_STAGE_DIR  node-local folder to stage it to (default /tmp; "none": no
@@ -26,6 +29,7 @@ RD_PREEMPT_SIGNAL=""
 RD_REQUEUE=0
 RD_LAUNCH=()
 RD_PREFLIGHT=0
+RD_CONTAINER=()
 RD_RESUME_HINT="resubmit the same command"
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
@@ -67,6 +71,18 @@ rd_load_modules() {
 # (PREFIX/share/resnet_ddp/jobs -> PREFIX/bin) and PATH.
 rd_find_program() {
   local name=$1 var=$2 candidate
+  if ((${#RD_CONTAINER[@]})); then
+    # The program lives in the image: look for it there, through the container command.
+    candidate=${!var:-$name}
+    if [[ $candidate != /* ]]; then
+      candidate=$("${RD_CONTAINER[@]}" sh -c "command -v $(printf '%q' "$candidate")" 2>/dev/null) ||
+        rd_die "cannot find $name inside the container (${RESNET_DDP_CONTAINER}); set $var to its path in the image"
+    fi
+    "${RD_CONTAINER[@]}" test -x "$candidate" 2>/dev/null ||
+      rd_die "$var=$candidate is not an executable file inside the container (${RESNET_DDP_CONTAINER})"
+    echo "$candidate"
+    return
+  fi
   if [[ -n ${!var:-} ]]; then
     [[ -x ${!var} ]] || rd_die "$var=${!var} is not an executable file"
     echo "${!var}"
@@ -213,6 +229,11 @@ rd_on_exit() {
 # would need — program, dataset, launcher — and prints the command: a queue wait is too
 # expensive to find a typo.
 rd_setup() {
+  if [[ -n ${RESNET_DDP_CONTAINER:-} ]]; then
+    read -r -a RD_CONTAINER <<<"$(rd_expand_vars "$RESNET_DDP_CONTAINER")"
+    command -v "${RD_CONTAINER[0]}" >/dev/null 2>&1 ||
+      rd_die "RESNET_DDP_CONTAINER: '${RD_CONTAINER[0]}' is not a command here (load the apptainer module?)"
+  fi
   if ! rd_in_slurm_job; then
     RD_PREFLIGHT=1
     rd_note "not inside a Slurm job: checking the set-up only"
@@ -319,10 +340,10 @@ rd_train() {
     defaults+=(--device "$RD_DEVICE")
   fi
   if ((RD_PREFLIGHT)); then
-    rd_note "$("$bin" --version 2>/dev/null | sed -n 's/^backends: /program backends: /p') ($bin)"
+    rd_note "$(${RD_CONTAINER[@]+"${RD_CONTAINER[@]}"} "$bin" --version 2>/dev/null | sed -n 's/^backends: /program backends: /p') ($bin)"
   fi
   [[ -e $src ]] || rd_die "dataset $src does not exist; set RESNET_DDP_DATA_SRC to a .tar.gz, folder or .h5 on shared storage"
-  local program=("$bin")
+  local program=(${RD_CONTAINER[@]+"${RD_CONTAINER[@]}"} "$bin")
   if [[ $dest == none ]]; then
     data=$src
   elif ((RD_PREFLIGHT)); then
@@ -338,7 +359,7 @@ rd_train() {
       # Per-node folders on a shared /tmp (emulated nodes): each rank must read its own
       # node's copy, so the node name is filled in on the rank's node.
       data=${dest}/$(basename "$data")
-      program=("$RD_JOBS_DIR/on_node.sh" "$bin")
+      program=("$RD_JOBS_DIR/on_node.sh" ${RD_CONTAINER[@]+"${RD_CONTAINER[@]}"} "$bin")
     fi
   fi
   if ((RD_PREFLIGHT)); then
@@ -346,7 +367,7 @@ rd_train() {
     # (on shared storage; an archive is checked when staged), the output folder, the
     # device and a checkpoint a resume would read. A typo costs seconds here.
     rd_note "resnet_ddp --check (validates the flags, config, data, output folder and device):"
-    "$bin" --check --data "$src" ${defaults[@]+"${defaults[@]}"} "$@" ||
+    ${RD_CONTAINER[@]+"${RD_CONTAINER[@]}"} "$bin" --check --data "$src" ${defaults[@]+"${defaults[@]}"} "$@" ||
       rd_die "resnet_ddp --check found the problem above (exit $?); fix it before submitting"
   fi
   # ${a[@]+...}: bash before 4.4 (CentOS 7 login nodes) calls an empty array unbound.
