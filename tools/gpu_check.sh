@@ -122,7 +122,8 @@ export LD_LIBRARY_PATH="$OUT/lib:${LD_DIRS}${LD_LIBRARY_PATH:-}"
 
 LAUNCH=${RD_GPU_CHECK_LAUNCHER:-}
 [[ -n $LAUNCH ]] && ! command -v "$LAUNCH" >/dev/null && LAUNCH=""
-COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/kernels" -I"$ROOT/tests" "${INC[@]}")
+# RESNET_DDP_NO_YAML: bare GPU hosts have no yaml-cpp, and the check reads no config.
+COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -DRESNET_DDP_NO_YAML -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/kernels" -I"$ROOT/tests" "${INC[@]}")
 CMDS=$OUT/compile_cmds.txt
 : > "$CMDS"
 OBJS=()

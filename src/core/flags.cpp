@@ -12,7 +12,9 @@
 
 #include <sys/stat.h>
 
+#ifndef RESNET_DDP_NO_YAML
 #include <yaml-cpp/yaml.h>
+#endif
 
 #include "resnet_ddp/errors.h"
 
@@ -361,6 +363,14 @@ void FlagSet::apply_entry(const std::string& name, const std::string& value, boo
   if (given) given->push_back(f->name);
 }
 
+#ifdef RESNET_DDP_NO_YAML
+// The standalone GPU check (tools/gpu_check.sh) builds without yaml-cpp: bare GPU
+// hosts lack it, and nothing there reads a YAML config.
+void FlagSet::apply_yaml(const std::string& path, const std::string&, std::vector<std::string>*,
+                         std::vector<std::string>*) {
+  throw UsageError(path + ": this build reads no YAML config files (built without yaml-cpp)");
+}
+#else
 void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::vector<std::string>* given,
                          std::vector<std::string>* applied) {
   const auto at = [&](const YAML::Mark& m) { return path + ":" + std::to_string(m.line + 1) + ": "; };
@@ -401,6 +411,7 @@ void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::
     }
   }
 }
+#endif
 
 std::vector<std::string> FlagSet::parse_or_help(int argc, char** argv, const std::string& usage,
                                                 bool allow_positional) {
