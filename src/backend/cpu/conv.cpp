@@ -23,8 +23,8 @@ namespace rd::cpu {
 constexpr int64_t kOwnWinogradMinSize = 4;
 // Smallest output side for which they use F(4x4,3x3) rather than F(2x2,3x3).
 // Measured with bench/conv_bench (own2 vs own4 vs direct, AVX2 cap, 2 threads,
-// docs/performance.md): F(4x4) was faster at every ResNet shape from 7x7 (ResNet-50's
-// last stage) to 61x61, 1.1-2.5x; at 4x4 to 6x6 it was not reliably faster (its 4x4
+// docs/performance.md): F(4x4) was faster or equal at the ResNet shapes from 7x7
+// (ResNet-50's last stage) to 61x61; at 4x4 to 6x6 it was not reliably faster (its 4x4
 // tiles are mostly padding at 5x5 and 6x6) and F(2x2)'s rounding error is 10-20x
 // smaller, so those keep F(2x2). The rule is fixed rather than timed at plan time so
 // that a run's arithmetic, and so its results, do not depend on the machine's load.
