@@ -7,6 +7,7 @@
 // (primitive descriptors, primitives, reorders, weight buffers) is built once per
 // shape and cached, and all primitives share one user-managed scratchpad, so a
 // training step allocates nothing.
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,6 +21,14 @@ namespace rd::cpu {
 // Smallest output side for which the own Winograd kernels run by default (below it
 // the tiles are mostly padding).
 constexpr int64_t kOwnWinogradMinSize = 4;
+// Smallest output side for which they use F(4x4,3x3) rather than F(2x2,3x3).
+// Measured with bench/conv_bench (own2 vs own4 vs direct, AVX2 cap, 2 threads,
+// docs/performance.md): F(4x4) was faster or equal at the ResNet shapes from 7x7
+// (ResNet-50's last stage) to 61x61; at 4x4 to 6x6 it was not reliably faster (its 4x4
+// tiles are mostly padding at 5x5 and 6x6) and F(2x2)'s rounding error is 10-20x
+// smaller, so those keep F(2x2). The rule is fixed rather than timed at plan time so
+// that a run's arithmetic, and so its results, do not depend on the machine's load.
+constexpr int64_t kOwnWinogradF4MinSize = 7;
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
@@ -60,8 +69,8 @@ bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry
   return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;
 }
 
-// AVX2 (no oneDNN Winograd): our F(2x2,3x3) kernels on nChw8c, where it beats
-// oneDNN's direct AVX2 kernels (measured per ResNet stage, docs/performance.md).
+// AVX2 (no oneDNN Winograd): our F(4x4,3x3) / F(2x2,3x3) kernels on nChw8c, where
+// they beat oneDNN's direct AVX2 kernels (measured per ResNet stage, docs/performance.md).
 bool CpuBackend::use_own_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
   if (conv_algo_ == ConvAlgo::Direct || isa_.avx512 || precision_ != Precision::FP32) return false;
   if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
@@ -69,6 +78,10 @@ bool CpuBackend::use_own_winograd(const Shape& x, const Shape& y, const ConvGeom
   if (!winograd::cpu_supported() || !winograd::shape_supported({x[0], x[1], y[1], x[2], x[3]})) return false;
   if (conv_algo_ == ConvAlgo::Winograd) return true;
   return y[2] >= kOwnWinogradMinSize && y[3] >= kOwnWinogradMinSize;
+}
+
+static int64_t own_winograd_tile(const Shape& y) {
+  return std::min(y[2], y[3]) >= kOwnWinogradF4MinSize ? 4 : 2;
 }
 
 void* CpuBackend::winograd_workspace(const ConvPlan& p) {
@@ -93,6 +106,7 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   if (use_own_winograd(x, y, g)) {
     plan->own_winograd = true;
     plan->wino = {x[0], x[1], y[1], x[2], x[3]};
+    plan->wino.tile = own_winograd_tile(y);
     ConvPlan& ref = *plan;
     conv_plans_.emplace(key.str(), std::move(plan));
     return ref;

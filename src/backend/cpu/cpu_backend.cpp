@@ -83,9 +83,9 @@ std::string CpuBackend::name() const {
           : !isa_.avx512 && !winograd::cpu_supported() ? ", direct convolutions (no Winograd kernel for this ISA)"
           : !isa_.avx512 && layout_ != Layout::NCHW8C    ? ", direct convolutions (Winograd needs nChw8c on this ISA)"
           : conv_algo_ == ConvAlgo::Winograd  ? (isa_.avx512 ? ", Winograd 3x3 convolutions"
-                                                             : ", own Winograd F(2x2,3x3) 3x3 convolutions")
+                                                             : ", own Winograd F(4x4,3x3) / F(2x2,3x3) 3x3 convolutions")
           : isa_.avx512                       ? ", Winograd 3x3 convolutions where faster"
-                                              : ", own Winograd F(2x2,3x3) 3x3 convolutions where faster") +
+                                              : ", own Winograd F(4x4,3x3) / F(2x2,3x3) 3x3 convolutions where faster") +
          ")";
 }
 

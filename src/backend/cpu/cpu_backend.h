@@ -40,8 +40,9 @@ struct ConvPlan {
   bool convert_x = false, convert_dy = false, convert_y = false, convert_dx = false;
   dnnl::memory::desc x_act_md, y_act_md, x_conv_md, dy_conv_md, y_conv_md, dx_conv_md;
   dnnl::reorder x_to_conv, dy_to_conv, y_from_conv, dx_from_conv;
-  // AVX2 3x3 stride-1 convolutions run on our own Winograd F(2x2,3x3) kernels instead
-  // (winograd_f2x3.h); none of the oneDNN members above is then built.
+  // AVX2 3x3 stride-1 convolutions run on our own Winograd F(4x4,3x3) or F(2x2,3x3)
+  // kernels instead (winograd_f2x3.h, wino.tile); none of the oneDNN members above is
+  // then built.
   bool own_winograd = false;
   winograd::Geometry wino{};
 };

@@ -1,5 +1,5 @@
-// Winograd F(2x2, 3x3) convolution for AVX2 CPUs on nChw8c activations: 3x3,
-// stride 1, padding 1, forward, backward-data and backward-weights.
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for AVX2 CPUs on nChw8c
+// activations: 3x3, stride 1, padding 1, forward, backward-data and backward-weights.
 //
 // Why it exists: oneDNN 2.6 implements Winograd for AVX-512 only, and its AVX2
 // direct kernels already run near the FMA peak, so on AVX2 nodes the 3x3
@@ -8,11 +8,16 @@
 // tile instead of 36 (2.25x fewer); its transforms use only 0, +-1 and 1/2, so
 // its rounding error stays that of a direct convolution of the same depth
 // (Lavin & Gray 2016; tools/parity/run_parity.py states the bound).
+// F(4x4, 3x3) does 36 multiplications per 4x4 output tile instead of 144 (4x fewer)
+// but its transforms multiply by up to 8 and add 6x6 terms: its rounding error is
+// about 16x a direct convolution's (the bound, from the matrices' norms, is in
+// tools/parity/run_parity.py), and its larger tiles waste more on small images.
+// Which one a layer runs is the backend's choice (conv.cpp), by measured speed.
 //
 // Structure (per chunk of tiles, so the transformed data stays in cache):
-//   V[e][t][c] = (B^T d B)[e]    input transform of each 4x4 input tile
+//   V[e][t][c] = (B^T d B)[e]    input transform of each 4x4 (6x6) input tile
 //   M[e][t][k] = sum_c V[e][t][c] * U[e][c][k]    16 independent GEMMs
-//   y tile     = A^T M A         output transform to the 2x2 output tile
+//   y tile     = A^T M A         output transform to the 2x2 (4x4) output tile
 // with U = G g G^T the transformed weights, refreshed every call. Backward-data is
 // the same algorithm on dy with the weights flipped and transposed; backward-weights
 // is its adjoint: dU[e][c][k] = sum_t V[e][t][c] * (A dy A^T)[e][t][k], then
@@ -29,12 +34,13 @@ namespace rd::cpu::winograd {
 struct Geometry {
   int64_t n, c, k, h, w;
   int64_t chunk = 0;  // tiles transformed per pass; 0 = sized for the caches (tests set it)
+  int64_t tile = 2;   // output tile side: 2 = F(2x2, 3x3), 4 = F(4x4, 3x3)
 };
 
 // AVX2 + FMA at run time (every x86-64 node users have, checked anyway).
 bool cpu_supported();
 // Channel counts the kernels handle: multiples of 16 in and out (the GEMM panels
-// are 16 wide, and backward-data swaps the roles of c and k).
+// are 16 wide, and backward-data swaps the roles of c and k); tile 2 or 4.
 bool shape_supported(const Geometry& g);
 
 // Scratch the three calls need with `threads` threads, in bytes (one buffer,
