@@ -68,7 +68,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=$MH_CIDR OMPI_MCA_oob_tcp_if_include=$MH_CIDR
 
 cd "$d/jobs"
-job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$MH_REPO/jobs/frontera_rtx.slurm" --arch resnet_tiny \
+# CPU hosts: the GPU script asks for --device cuda unless told otherwise.
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$MH_REPO/jobs/frontera_rtx.slurm" --device cpu --arch resnet_tiny \
   --image-size 32 --batch-size 2 --workers 1 --augment none --epochs 2 --output-dir /tmp/out)
 result=$(rd_slurm_wait "$job" 150)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; tail -n 20 "$d"/log/slurm*.log >&2; mh_fail "job $job ended $result"; }

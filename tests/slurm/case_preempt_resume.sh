@@ -11,7 +11,8 @@ source "$(dirname "$0")/train_common.sh"
 rd_slurm_start 200
 rd_make_dataset 48 12 40x40
 out=$RD_SLURM_DIR/out
-common=(--arch resnet_tiny --image-size 32 --batch-size 2 --workers 1 --augment none --output-dir "$out")
+# CPU nodes: the GPU script asks for --device cuda unless told otherwise.
+common=(--device cpu --arch resnet_tiny --image-size 32 --batch-size 2 --workers 1 --augment none --output-dir "$out")
 
 # The manual path: the job ends after its clean stop instead of requeueing itself
 # (case_requeue.sh covers the requeue).
@@ -23,7 +24,7 @@ rd_wait_for_log "$job" '^\(Epoch 1/1000\) Time: ' 90
 timeout 10 scancel --batch --signal=USR1 "$job"
 result=$(rd_slurm_wait "$job" 60)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "preempted job $job ended $result"; }
-rd_expect_log "$job" "^Training command: mpirun -np 2 .*/resnet_ddp --data $RD_STAGE/%n/Dataset_2 --threads 1 --arch resnet_tiny .* --epochs 1000\$" 1
+rd_expect_log "$job" "^Training command: mpirun -np 2 .*/resnet_ddp --data $RD_STAGE/%n/Dataset_2 --threads 1 --device cpu --arch resnet_tiny .* --epochs 1000\$" 1
 rd_expect_log "$job" "^frontera_rtx.slurm: got SIGUSR1: passing it to the launcher" 1
 rd_expect_log "$job" "^Preempted at epoch [0-9]+ step [0-9]+; checkpoint saved to $out/last.h5\$" 1
 [[ -f $out/last.h5 ]] || rd_fail "no $out/last.h5 after preemption"
