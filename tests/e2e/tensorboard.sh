@@ -39,8 +39,11 @@ grep -q '^(Epoch 3/3) Current best val acc' "$WORK/run2.log" || { cat "$WORK/run
 [ "$(tail -n 1 "$OUT/metrics.csv" | cut -d, -f17)" = 48 ] || { cat "$OUT/metrics.csv"; fail "expected 48 global steps"; }
 
 note "reading $OUT with the tensorboard package"
-# Epochs 2 and 3 ran whole in run 2, so metrics.csv's timings are exactly theirs.
-RD_TB_WHOLE_EPOCHS=2,3 "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$OUT" "1,$((gstep + 1))" ||
+# The epochs run 2 ran whole (2 and 3, or only 3 when a loaded machine let the signal
+# land in epoch 2): there metrics.csv's timings are exactly the step scalars'.
+whole=2,3
+[ "$gstep" -lt 16 ] || whole=3
+RD_TB_WHOLE_EPOCHS=$whole "$PY" "$RD_ROOT/tests/e2e/tensorboard_check.py" "$OUT" "1,$((gstep + 1))" ||
   fail "event files do not match metrics.csv"
 
 note "a run killed after its events were written but before its checkpoint: TensorBoard shows those steps once"
