@@ -6,7 +6,7 @@ source "$(dirname "$0")/common.sh"
 
 synth_data "$WORK/data" 8 4
 OUT="$WORK/out"
-LD_PRELOAD=$RD_NO_FLOCK_LIB "$RD_BIN" --data "$WORK/data" "${TINY[@]}" --batch-size 4 --epochs 1 --max-steps 1 \
+LD_PRELOAD=$RD_NO_FLOCK_LIB${LD_PRELOAD:+:$LD_PRELOAD} "$RD_BIN" --data "$WORK/data" "${TINY[@]}" --batch-size 4 --epochs 1 --max-steps 1 \
   --output-dir "$OUT" >"$WORK/log" 2>&1 || { cat "$WORK/log"; fail "the run failed on a file system without flock"; }
 cat "$WORK/log"
 grep -q -F "resnet_ddp: warning: --output-dir: the file system of '$OUT' does not support flock (Function not implemented" "$WORK/log" ||

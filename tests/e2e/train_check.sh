@@ -53,8 +53,11 @@ printf 'not an image' >"$WORK/bad/Train/C0/zz.png"
 refused "zz.png" "$RD_BIN" --check "${args[@]/$WORK\/data/$WORK/bad}" --output-dir "$WORK/o" --strict-data
 
 note "device and launcher environment"
+# Only a program without the CUDA backend fails here: a login node has no GPU, and the
+# run checks its nodes' GPUs at start.
 if ! "$RD_BIN" --check "${args[@]}" --output-dir "$WORK/o" --device cuda >"$WORK/cuda.log" 2>&1; then
-  grep -q -F -- "--device cuda: no usable CUDA device" "$WORK/cuda.log" || { cat "$WORK/cuda.log"; fail "--device cuda"; }
+  grep -q -F -- "--device cuda: this resnet_ddp was built without the CUDA backend" "$WORK/cuda.log" ||
+    { cat "$WORK/cuda.log"; fail "--device cuda"; }
 fi
 refused "WORLD_SIZE=2 (torchrun or a similar launcher)" env WORLD_SIZE=2 "$RD_BIN" --check "${args[@]}" --output-dir "$WORK/o"
 
