@@ -20,6 +20,7 @@
 #include "backend/cpu/winograd_f2x3.h"
 #include "bench_args.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/cpu_isa.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"

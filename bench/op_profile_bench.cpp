@@ -25,8 +25,8 @@
 
 #include "bench_args.h"
 #include "bench_step.h"
+#include "backend/forwarding_backend.h"
 #include "resnet_ddp/backend/backend.h"
-#include "resnet_ddp/backend/forwarding_backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 
@@ -34,10 +34,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Categories shared with bench/pytorch_op_profile.py (same keys, same order).
+// Categories shared with bench/pytorch_op_profile.py (same keys, same order). The
+// first fifteen are the `kind` column of the op list (resnet_ddp/backend/ops.def).
 enum Category : int {
-  kConvFwd, kConvBwdData, kConvBwdWeights, kBnFwd, kBnBwd, kEltwiseFwd, kEltwiseBwd, kPoolFwd, kPoolBwd,
-  kLinearFwd, kLinearBwd, kLoss, kOptimizer, kCopy, kOther, kOutside, kNumCategories
+  conv_fwd, conv_bwd_data, conv_bwd_weights, bn_fwd, bn_bwd, eltwise_fwd, eltwise_bwd, pool_fwd, pool_bwd,
+  linear_fwd, linear_bwd, loss, optimizer, copy, other, outside, kNumCategories
 };
 constexpr std::array<const char*, kNumCategories> kKeys = {
     "conv_fwd", "conv_bwd_data", "conv_bwd_weights", "bn_fwd", "bn_bwd", "eltwise_fwd", "eltwise_bwd",
@@ -49,38 +50,15 @@ constexpr std::array<const char*, kNumCategories> kNames = {
     "loss (softmax xent, fwd+bwd)", "optimizer (Adam)", "layout conversions / copies / fills",
     "other backend calls", "outside backend calls"};
 
-Category category_of(rd::BackendOp op) {
-  using rd::BackendOp;
-  switch (op) {
-    case BackendOp::conv2d_forward: return kConvFwd;
-    case BackendOp::conv2d_backward_data: return kConvBwdData;
-    case BackendOp::conv2d_backward_weights: return kConvBwdWeights;
-    case BackendOp::batchnorm_forward_train:
-    case BackendOp::batchnorm_forward_eval: return kBnFwd;
-    case BackendOp::batchnorm_backward: return kBnBwd;
-    case BackendOp::relu_forward:
-    case BackendOp::add_forward: return kEltwiseFwd;
-    case BackendOp::relu_backward:
-    case BackendOp::add_backward:
-    case BackendOp::accumulate: return kEltwiseBwd;
-    case BackendOp::maxpool_forward:
-    case BackendOp::global_avgpool_forward: return kPoolFwd;
-    case BackendOp::maxpool_backward:
-    case BackendOp::global_avgpool_backward: return kPoolBwd;
-    case BackendOp::linear_forward: return kLinearFwd;
-    case BackendOp::linear_backward: return kLinearBwd;
-    case BackendOp::softmax_xent: return kLoss;
-    case BackendOp::adam_step:
-    case BackendOp::sgd_step: return kOptimizer;
-    case BackendOp::copy_from_host:
-    case BackendOp::copy_to_host:
-    case BackendOp::fill:
-    case BackendOp::copy_from_host_nchw:
-    case BackendOp::copy_to_host_nchw:
-    case BackendOp::images_u8_to_activation: return kCopy;
-    default: return kOther;  // allocate, synchronize, workspace queries, scale, all_finite
-  }
-}
+// Each op's category, in BackendOp order.
+constexpr Category kCategoryOf[] = {
+#define RD_BACKEND_OP(name, ret, params, args, kind) kind,
+#define RD_BACKEND_VIRTUAL(name, ret, params, args, kind) kind,
+#include "resnet_ddp/backend/ops.def"
+};
+static_assert(std::size(kCategoryOf) == static_cast<size_t>(rd::BackendOp::count_));
+
+Category category_of(rd::BackendOp op) { return kCategoryOf[static_cast<size_t>(op)]; }
 
 // Times every operation of the inner backend while `enabled`.
 class ProfilingBackend final : public rd::ForwardingBackend {
@@ -152,7 +130,7 @@ Profile run(const Options& o) {
   bo.threads = o.threads;
   bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
   bo.conv_algo = o.conv_algo;
-  bo.layout = o.layout.value_or(rd::default_cpu_layout(bo.precision));
+  bo.layout = o.layout;  // unset: the CPU backend's default for this ISA and precision (the trainer's)
   auto cpu = rd::make_cpu_backend(bo);
   ProfilingBackend backend(*cpu);
 
@@ -179,7 +157,7 @@ Profile run(const Options& o) {
     p.calls[c] += static_cast<double>(backend.calls[i]) / o.steps;
     in_ops += backend.seconds[i];
   }
-  p.ms[kOutside] = (total - in_ops) * 1e3 / o.steps;
+  p.ms[outside] = (total - in_ops) * 1e3 / o.steps;
   p.step_ms = total * 1e3 / o.steps;
   p.step_ms_min = best * 1e3;
   return p;

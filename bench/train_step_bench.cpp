@@ -21,6 +21,7 @@
 #include "bench_args.h"
 #include "bench_step.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/cpu_isa.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 
@@ -135,7 +136,7 @@ int main(int argc, char** argv) {
     rd::BackendOptions bo;
     bo.threads = o.threads;
     bo.precision = o.bf16 ? rd::Precision::BF16 : rd::Precision::FP32;
-    bo.layout = o.layout.value_or(rd::default_cpu_layout(bo.precision));
+    bo.layout = o.layout;  // unset: the CPU backend's default for this ISA and precision
     bo.conv_algo = o.conv_algo;
     auto backend = rd::make_cpu_backend(bo);
     std::string results;

@@ -1,7 +1,7 @@
 // The collective deadline in seconds (default 600 s; RD_COLLECTIVE_TIMEOUT_S and
-// --collective-timeout reach it through dist::set_watchdog_options). It lives in
-// rd_base, without MPI, because the CUDA backend bounds its teardown waits by it
-// and must build where there is no MPI (tools/gpu_check.sh's standalone build).
+// --collective-timeout reach it through dist::set_watchdog_options), read by the
+// watchdog's threads. The CUDA backend and its NCCL communicator get it as a value
+// (BackendOptions::collective_timeout_s), not from here.
 #pragma once
 
 namespace rd {

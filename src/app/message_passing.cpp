@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/nccl.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
@@ -113,10 +114,11 @@ int run(const rd::dist::ProcessEnv& env, const Options& opt) {
   if (use_cuda) {
     rd::BackendOptions bo;
     bo.device_index = rd::cuda_device_for_rank(env.local_rank, env.local_world, rd::cuda_device_count());
+    bo.collective_timeout_s = rd::dist::collective_timeout_s();
     buf.backend = rd::make_cuda_backend(bo);
     buf.device_mem = buf.backend->allocate(opt.elements * sizeof(float));
     buf.data = static_cast<float*>(buf.device_mem.get());
-    comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, bo.device_index);
+    comm = rd::make_nccl_comm(MPI_COMM_WORLD, *buf.backend);
     device_desc = "cuda:" + std::to_string(bo.device_index);
   }
 #endif

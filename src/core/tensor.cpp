@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd {
@@ -98,18 +97,6 @@ std::string Tensor::describe() const {
   std::ostringstream os;
   os << dtype_name(dtype) << shape.str() << " " << layout_name(layout) << " " << device_name(device);
   return os.str();
-}
-
-Tensor Backend::tensor(const Shape& shape, Layout layout, DType dtype) {
-  Tensor t;
-  t.shape = shape;
-  t.dtype = dtype;
-  t.device = device();
-  t.layout = layout;
-  t.capacity = t.nbytes();
-  t.owner = allocate(t.capacity);
-  t.data = t.owner.get();
-  return t;
 }
 
 }  // namespace rd

@@ -368,7 +368,7 @@ void set_watchdog_options(const WatchdogOptions& o) {
     throw UsageError("watchdog: peer timeout (" + std::to_string(o.peer_timeout_s) +
                      " s) must be at least twice the heartbeat interval (" +
                      std::to_string(o.heartbeat_interval_s) + " s)");
-  rd::set_collective_timeout_s(o.collective_timeout_s);  // MPI-free: the CUDA backend reads it
+  rd::set_collective_timeout_s(o.collective_timeout_s);
   g_heartbeat_s.store(o.heartbeat_interval_s);
   g_peer_timeout_s.store(o.peer_timeout_s);
 }

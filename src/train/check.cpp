@@ -101,7 +101,6 @@ int check_main(const TrainOptions& opts) {
       BackendOptions bo;
       bo.precision = o.precision;
       bo.conv_algo = o.conv_algo;
-      bo.layout = default_cpu_layout(bo.precision);
       const int cores = dist::affinity_cpus();
       bo.threads = o.threads > 0 ? std::min(o.threads, cores) : cores;
       if (o.threads > cores)

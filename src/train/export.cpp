@@ -204,7 +204,6 @@ int export_main(const ExportOptions& o) {
                        "(an --init file from tools/torch_to_h5.py has them)");
     BackendOptions bo;
     bo.threads = 1;  // copying tensors needs no parallelism
-    bo.layout = default_cpu_layout(bo.precision);
     std::unique_ptr<Backend> backend = make_cpu_backend(bo);
     ResNetConfig mc;
     mc.arch = m.arch;

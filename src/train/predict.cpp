@@ -170,7 +170,6 @@ int predict_main(const PredictOptions& o) {
     if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
       backend = make_cuda_backend(bo);
     } else {
-      bo.layout = default_cpu_layout(bo.precision);
       backend = make_cpu_backend(bo);
     }
     // On stderr, so --json output stays one document: which device answered.

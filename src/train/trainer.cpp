@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/nccl.h"
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/data/sampler.h"
@@ -244,6 +245,7 @@ void Trainer::setup_device() {
     bo.threads = threads;
     bo.precision = o_.precision;
     bo.conv_algo = o_.conv_algo;
+    bo.collective_timeout_s = dist::collective_timeout_s();
     if (device == "cuda") {
       const int visible = cuda_device_count();
       cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
@@ -253,7 +255,6 @@ void Trainer::setup_device() {
                          std::to_string(visible) + " ranks per node, or bind one GPU per task)");
       bo.device_index = cuda_index;
     }
-    if (device == "cpu") bo.layout = default_cpu_layout(bo.precision);
     if (o_.deterministic) omp_set_dynamic(0);
     try {
       backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
@@ -270,7 +271,7 @@ void Trainer::setup_device() {
   });
 #ifdef RESNET_DDP_HAVE_CUDA
   if (backend_->device() == DeviceKind::CUDA) {
-    agree([&] { grad_ = dist::make_nccl_comm(MPI_COMM_WORLD, cuda_index); });
+    agree([&] { grad_ = make_nccl_comm(MPI_COMM_WORLD, *backend_); });
   }
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);

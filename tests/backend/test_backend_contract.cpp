@@ -1,4 +1,4 @@
-// The one op contract (src/core/backend_contract.cpp) that every backend runs
+// The one op contract (src/backend/contract.cpp) that every backend runs
 // before its implementation. A probe backend with host memory stands for any
 // device and activation dtype, so these CPU tests pin down what a GPU backend
 // must accept (the MLP head's F32 matrices under fp16/bf16 activations: review
@@ -40,61 +40,17 @@ class ProbeBackend final : public Backend {
   size_t maxpool_workspace_bytes(const Tensor& y) override { return static_cast<size_t>(y.numel()) * 4; }
   void scale(float*, float, size_t) override {}
   bool all_finite(const float*, size_t) override { return true; }
+  bool unscale_and_check(float*, float, size_t) override { return true; }
 
  protected:
-  void copy_from_host_nchw_impl(const float*, Tensor&) override { calls.push_back("copy_from_host_nchw"); }
-  void copy_to_host_nchw_impl(const Tensor&, float*) override { calls.push_back("copy_to_host_nchw"); }
-  void images_u8_to_activation_impl(const uint8_t*, Tensor&, const float*, const float*) override {
-    calls.push_back("images_u8_to_activation");
+  // Every contracted op records its name and returns a value-initialised result
+  // (generated from the op list, so a new op is probed without an edit here).
+#define RD_BACKEND_OP(name, ret, params, args, kind) \
+  ret name##_impl params override {                  \
+    calls.push_back(#name);                          \
+    return ret();                                    \
   }
-  void conv2d_forward_impl(const Tensor&, const Tensor&, Tensor&, const ConvGeometry&) override {
-    calls.push_back("conv2d_forward");
-  }
-  void conv2d_backward_data_impl(const Tensor&, const Tensor&, Tensor&, const ConvGeometry&) override {
-    calls.push_back("conv2d_backward_data");
-  }
-  void conv2d_backward_weights_impl(const Tensor&, const Tensor&, Tensor&, const ConvGeometry&, bool) override {
-    calls.push_back("conv2d_backward_weights");
-  }
-  void batchnorm_forward_train_impl(const Tensor&, const BatchNormArgs&, Tensor&, BatchNormSaved&) override {
-    calls.push_back("batchnorm_forward_train");
-  }
-  void batchnorm_forward_eval_impl(const Tensor&, const BatchNormArgs&, Tensor&) override {
-    calls.push_back("batchnorm_forward_eval");
-  }
-  void batchnorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const BatchNormArgs&,
-                               const BatchNormSaved&, Tensor&, const BatchNormGrads&) override {
-    calls.push_back("batchnorm_backward");
-  }
-  void relu_forward_impl(const Tensor&, Tensor&) override { calls.push_back("relu_forward"); }
-  void relu_backward_impl(const Tensor&, const Tensor&, Tensor&) override { calls.push_back("relu_backward"); }
-  void add_forward_impl(const Tensor&, const Tensor&, bool, Tensor&) override { calls.push_back("add_forward"); }
-  void add_backward_impl(const Tensor&, const Tensor&, bool, Tensor&) override { calls.push_back("add_backward"); }
-  void accumulate_impl(const Tensor&, Tensor&) override { calls.push_back("accumulate"); }
-  void maxpool_forward_impl(const Tensor&, Tensor&, int, int, int, void*) override {
-    calls.push_back("maxpool_forward");
-  }
-  void maxpool_backward_impl(const Tensor&, Tensor&, int, int, int, const void*) override {
-    calls.push_back("maxpool_backward");
-  }
-  void global_avgpool_forward_impl(const Tensor&, Tensor&) override { calls.push_back("global_avgpool_forward"); }
-  void global_avgpool_backward_impl(const Tensor&, Tensor&) override { calls.push_back("global_avgpool_backward"); }
-  void linear_forward_impl(const Tensor&, const Tensor&, const float*, Tensor&) override {
-    calls.push_back("linear_forward");
-  }
-  void linear_backward_impl(const Tensor&, const Tensor&, const Tensor&, Tensor*, Tensor&, float*, bool) override {
-    calls.push_back("linear_backward");
-  }
-  double softmax_xent_impl(const Tensor&, const int32_t*, float, float, Tensor*, int32_t*) override {
-    calls.push_back("softmax_xent");
-    return 0.0;
-  }
-  void adam_step_impl(float*, const float*, float*, float*, size_t, const math::AdamArgs&) override {
-    calls.push_back("adam_step");
-  }
-  void sgd_step_impl(float*, const float*, float*, size_t, const math::SgdHyper&) override {
-    calls.push_back("sgd_step");
-  }
+#include "resnet_ddp/backend/ops.def"
 
  private:
   DType act_dtype_;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backend/backend_checks.h"
-#include "resnet_ddp/backend/forwarding_backend.h"
+#include "backend/forwarding_backend.h"
 
 using namespace rd;
 using namespace rd::test;

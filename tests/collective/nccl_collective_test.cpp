@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/nccl.h"
 #include "resnet_ddp/dist/comm.h"
 
 namespace {
@@ -23,8 +24,9 @@ void expect(bool ok, const char* what, size_t n, int rank) {
 int run_checks(const rd::dist::ProcessEnv& env) {
   rd::BackendOptions bo;
   bo.device_index = env.local_rank;
+  bo.collective_timeout_s = rd::dist::collective_timeout_s();
   auto be = rd::make_cuda_backend(bo);
-  auto comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, env.local_rank);
+  auto comm = rd::make_nccl_comm(MPI_COMM_WORLD, *be);
   const int n = comm->size(), r = comm->rank();
   const size_t sizes[] = {0, 1, 7, (size_t{1} << 20) + 3};
   for (size_t count : sizes) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/nccl.h"
 #include "resnet_ddp/dist/comm.h"
 
 int main(int argc, char** argv) {
@@ -17,11 +18,12 @@ int main(int argc, char** argv) {
   {
     rd::BackendOptions bo;
     bo.device_index = env.local_rank;
+    bo.collective_timeout_s = rd::dist::collective_timeout_s();  // RD_COLLECTIVE_TIMEOUT_S, short here
     auto be = rd::make_cuda_backend(bo);
     auto mem = be->allocate(1024 * sizeof(float));
     const auto t0 = std::chrono::steady_clock::now();
     {
-      auto comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, env.local_rank);
+      auto comm = rd::make_nccl_comm(MPI_COMM_WORLD, *be);
       if (env.rank == 0) {
         try {
           comm->allreduce(static_cast<float*>(mem.get()), 1024, rd::dist::ReduceOp::Sum);

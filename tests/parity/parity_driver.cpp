@@ -28,6 +28,7 @@
 
 #include "core/h5.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/cpu_isa.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"

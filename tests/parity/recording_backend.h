@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "resnet_ddp/backend/forwarding_backend.h"
+#include "backend/forwarding_backend.h"
 
 namespace rd::parity {
 

@@ -7,11 +7,11 @@
 // `Comm` is the one interface DDP, SyncBatchNorm and the trainer use. Two
 // implementations:
 //   - MpiComm (make_mpi_comm): host memory; the CPU backend's data path.
-//   - NcclComm (src/backend/cuda/, CUDA builds only): device memory. Expected
-//     bootstrap: rank 0 calls ncclGetUniqueId, the id is sent to every rank with
+//   - NcclComm (make_nccl_comm in resnet_ddp/backend/nccl.h, CUDA builds only):
+//     device memory, ordered against the CUDA backend it is made for. Bootstrap: rank 0 calls ncclGetUniqueId, the id is sent to every rank with
 //     MPI_Bcast over the MPI communicator, every rank calls ncclCommInitRank (with
 //     the non-blocking config so a failed peer can be noticed: poll
-//     ncclCommGetAsyncError against rd::dist::collective_timeout_s() and
+//     ncclCommGetAsyncError against the backend's collective_timeout_s and
 //     ncclCommAbort on expiry, or when rd::dist::lost_peer() >= 0). Collectives run
 //     on a dedicated comm stream that waits (events) on the compute stream;
 //     Request::wait makes the compute stream wait for the collective and
@@ -161,12 +161,7 @@ class Comm {
 // traffic never matches anyone else's on `base`.
 std::unique_ptr<Comm> make_mpi_comm(MPI_Comm base = MPI_COMM_WORLD);
 
-#ifdef RESNET_DDP_HAVE_CUDA
-// NCCL communicator over device memory among the ranks of `base`, on CUDA
-// device `device_index` (see cuda_device_for_rank). Defined in src/backend/cuda/ (rd_cuda),
-// so it exists only in CUDA builds: callers guard with RESNET_DDP_HAVE_CUDA.
-// Throws rd::Error on failure (no device, NCCL init error or timeout).
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm base, int device_index);
-#endif
+// The NCCL communicator (device memory) is the CUDA backend's: make_nccl_comm in
+// resnet_ddp/backend/nccl.h.
 
 }  // namespace rd::dist

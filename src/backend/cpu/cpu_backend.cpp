@@ -22,7 +22,8 @@ extern "C" {
 namespace rd::cpu {
 
 CpuBackend::CpuBackend(const BackendOptions& opts)
-    : layout_(opts.layout), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    : isa_(cpu_isa_defaults()), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+  layout_ = opts.layout.value_or(isa_.layout(opts.precision));
   if (layout_ != Layout::NHWC && layout_ != Layout::NCHW && layout_ != Layout::NCHW16C &&
       layout_ != Layout::NCHW8C)
     throw UsageError(std::string("CPU backend: activation layout ") + layout_name(layout_) +
@@ -31,45 +32,12 @@ CpuBackend::CpuBackend(const BackendOptions& opts)
     throw UsageError("CPU backend: precision must be fp32 or bf16 (tf32 and fp16 are GPU modes)");
   precision_ = opts.precision;
   conv_algo_ = opts.conv_algo;
-  isa_ = cpu_isa_defaults();
   if (precision_ == Precision::BF16 && !isa_.bf16)
     throw UsageError("CPU backend: bf16 needs a CPU with AVX512-BF16 or AMX; this one has " + isa_.isa +
                      " (use --precision fp32)");
   threads_ = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   omp_set_num_threads(threads_);
 }
-
-}  // namespace rd::cpu
-
-namespace rd {
-
-CpuIsaDefaults cpu_isa_defaults() {
-  using isa = dnnl::cpu_isa;
-  CpuIsaDefaults d;
-  switch (dnnl::get_effective_cpu_isa()) {
-    case isa::avx512_core_amx: d.isa = "avx512_core_amx", d.avx512 = d.bf16 = true; break;
-    case isa::avx512_core_bf16:
-      d.isa = "avx512_core_bf16", d.avx512 = d.bf16 = d.winograd_in_bf16 = true;
-      break;
-    case isa::avx512_core_vnni: d.isa = "avx512_core_vnni", d.avx512 = true; break;
-    case isa::avx512_core: d.isa = "avx512_core", d.avx512 = true; break;
-    case isa::avx2_vnni: d.isa = "avx2_vnni"; break;
-    case isa::avx2: d.isa = "avx2"; break;
-    case isa::avx: d.isa = "avx"; break;
-    case isa::sse41: d.isa = "sse41"; break;
-    default: d.isa = "other"; break;  // Xeon Phi (avx512_mic): treated as AVX2-class
-  }
-  // The blocked layout whose width is the ISA's vector: oneDNN's AVX2 direct kernels
-  // on nChw8c are 1.3x faster than on NHWC (ResNet-34@244's convolutions,
-  // docs/performance.md).
-  d.fp32_layout = d.avx512 ? Layout::NCHW16C : Layout::NCHW8C;
-  d.bf16_layout = d.winograd_in_bf16 ? Layout::NCHW16C : Layout::NHWC;
-  return d;
-}
-
-}  // namespace rd
-
-namespace rd::cpu {
 
 std::string CpuBackend::name() const {
   const dnnl_version_t* v = dnnl_version();
@@ -512,6 +480,13 @@ bool CpuBackend::all_finite(const float* data, size_t count) {
 #pragma omp parallel for reduction(| : bad) schedule(static)
   for (size_t i = 0; i < count; ++i) bad |= !std::isfinite(data[i]);
   return bad == 0;
+}
+
+// Two passes, as the scaled gradients are read once more for the check; the CPU
+// runs fp32/bf16 without loss scaling, so this is off the hot path.
+bool CpuBackend::unscale_and_check(float* data, float factor, size_t count) {
+  scale(data, factor, count);
+  return all_finite(data, count);
 }
 
 }  // namespace rd::cpu

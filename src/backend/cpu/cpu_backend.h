@@ -16,6 +16,7 @@
 
 #include "backend/cpu/winograd_f2x3.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/cpu_isa.h"
 
 namespace rd::cpu {
 
@@ -63,49 +64,12 @@ class CpuBackend final : public Backend {
   size_t maxpool_workspace_bytes(const Tensor& y) override;
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
+  bool unscale_and_check(float* data, float factor, size_t count) override;
 
  protected:
-  void copy_from_host_nchw_impl(const float* src, Tensor& dst) override;
-  void copy_to_host_nchw_impl(const Tensor& src, float* dst) override;
-  void images_u8_to_activation_impl(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
-                                    const float* std) override;
-
-  void conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
-  void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
-                                 const ConvGeometry& g) override;
-  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw,
-                                    const ConvGeometry& g, bool accumulate) override;
-
-  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
-                                    BatchNormSaved& saved) override;
-  void batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) override;
-  void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
-                               const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads) override;
-
-  void relu_forward_impl(const Tensor& x, Tensor& y) override;
-  void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
-  void add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
-  void accumulate_impl(const Tensor& src, Tensor& dst) override;
-
-  void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
-                            void* workspace) override;
-  void maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
-                             const void* workspace) override;
-  void global_avgpool_forward_impl(const Tensor& x, Tensor& y) override;
-  void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) override;
-
-  void linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
-  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                            Tensor& dw, float* db, bool accumulate) override;
-
-  double softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
-                           float grad_scale, Tensor* dlogits, int32_t* predictions) override;
-
-  void adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
-                      const math::AdamArgs& a) override;
-  void sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
-                     const math::SgdHyper& h) override;
+  // Every contracted op's implementation (include/resnet_ddp/backend/ops.def).
+#define RD_BACKEND_OP(name, ret, params, args, kind) ret name##_impl params override;
+#include "resnet_ddp/backend/ops.def"
 
  private:
   ConvPlan& conv_plan(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);

@@ -6,14 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "resnet_ddp/collective_timeout.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::cuda {
@@ -82,15 +79,13 @@ bool wait_stream_bounded(cudaStream_t s, double seconds) {
   }
 }
 
-double teardown_wait_s() { return rd::collective_timeout_s(); }
-
 void Scratch::release() {
   if (!ptr_) return;
   // The buffer may still be in use by queued work: wait for its streams (or the
   // device when unbound) first; if they never finish, leak it rather than hang.
   if (streams_[0]) {
     for (cudaStream_t s : streams_)
-      if (s && !wait_stream_bounded(s, teardown_wait_s())) {
+      if (s && !wait_stream_bounded(s, wait_s_)) {
         ptr_ = nullptr;
         bytes_ = 0;
         return;
@@ -332,7 +327,7 @@ const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
   if (fresh) return slot.buffer->get(bytes, "staged conv weight");
   if (!slot.buffer) {
     slot.buffer = std::make_unique<Scratch>();
-    slot.buffer->bind(compute_);
+    slot.buffer->bind(collective_timeout_s_, compute_);
     slot.buffer->on_oom([this] { return release_workspace_for_oom(); });
   }
   void* dst = slot.buffer->get(bytes, "staged conv weight");
@@ -349,30 +344,13 @@ void CudaBackend::prune_staged_weights() {
 }
 
 
-// ---- compute-stream registry (for NcclComm) -------------------------------------------
-
-namespace {
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-// Per device, the compute streams of its live backends, oldest first.
-std::map<int, std::vector<cudaStream_t>>& registry() {
-  static std::map<int, std::vector<cudaStream_t>> r;
-  return r;
-}
-}  // namespace
-
-cudaStream_t registered_compute_stream(int device) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(device);
-  return it == registry().end() || it->second.empty() ? nullptr : it->second.back();
-}
-
 // ---- construction -----------------------------------------------------------------------
 
 CudaBackend::CudaBackend(const BackendOptions& opts)
-    : device_(opts.device_index), precision_(opts.precision), layout_(opts.layout) {
+    : device_(opts.device_index),
+      collective_timeout_s_(opts.collective_timeout_s > 0 ? opts.collective_timeout_s : 600.0),
+      precision_(opts.precision),
+      layout_(opts.layout.value_or(Layout::NHWC)) {
   const int count = cuda_device_count();
   if (count == 0) {
     int dummy = 0;
@@ -407,17 +385,15 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
   RD_CUBLAS(cublasSetMathMode(cublas_, precision_ == Precision::FP32 ? CUBLAS_DEFAULT_MATH
                                                                      : CUBLAS_TF32_TENSOR_OP_MATH));
   for (Scratch* buf : scratch_buffers()) {
-    buf->bind(compute_);
+    buf->bind(collective_timeout_s_, compute_);
     if (buf != &workspace_) buf->on_oom([this] { return release_workspace_for_oom(); });
   }
-  images_device_.bind(compute_, copy_);  // written by the copy stream, read by compute
-  images_pinned_.bind(copy_);
+  images_device_.bind(collective_timeout_s_, compute_, copy_);  // written by the copy stream, read by compute
+  images_pinned_.bind(collective_timeout_s_, copy_);
   // Under compute-sanitizer cudnnFind (every algorithm, each run instrumented) takes
   // minutes: tools/gpu_check.sh's memcheck step sets RD_CUDNN_HEURISTICS=1.
   const char* heur = std::getenv("RD_CUDNN_HEURISTICS");
   cudnn_heuristics_ = heur && std::strcmp(heur, "1") == 0;
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[device_].push_back(compute_);
 }
 
 std::vector<Scratch*> CudaBackend::scratch_buffers() {
@@ -427,14 +403,10 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
 }
 
 CudaBackend::~CudaBackend() {
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto& streams = registry()[device_];
-    streams.erase(std::remove(streams.begin(), streams.end(), compute_), streams.end());
-  }
   // Bounded (review #10): a stream stuck behind a dead peer's collective must not
   // hang the exit; the watchdog or the caller's error path ends the process.
-  const bool idle = wait_stream_bounded(compute_, teardown_wait_s()) && wait_stream_bounded(copy_, teardown_wait_s());
+  const bool idle = wait_stream_bounded(compute_, collective_timeout_s_) &&
+                    wait_stream_bounded(copy_, collective_timeout_s_);
   if (!idle) {
     std::fprintf(stderr, "resnet_ddp: CUDA device %d still busy at shutdown; not waiting any longer\n", device_);
     // Leak handles and buffers rather than block in their destruction.

@@ -8,7 +8,8 @@
 //
 // Streams: all work runs in order on one compute stream; input images go
 // host -> pinned -> device on a copy stream (event-ordered); NcclComm runs
-// collectives on its own stream ordered against compute_stream() with events.
+// collectives on its own stream ordered against compute_stream() with events
+// (make_nccl_comm is handed this backend).
 //
 // Precision: FP32 (no TF32 anywhere), TF32 (tensor-core math for convs and
 // GEMMs, Ampere+), FP16 / BF16 mixed precision: activations stored F16/BF16,
@@ -28,7 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "launch.cuh"  // kernels/
+#include "backend/cuda/kernels/launch.cuh"
 #include "resnet_ddp/backend/backend.h"
 
 namespace rd::cuda {
@@ -51,9 +52,11 @@ class Scratch {
     return static_cast<T*>(get(count * sizeof(T), what));
   }
   size_t capacity() const { return bytes_; }
-  // The streams that use the buffer: release() waits for them (bounded) instead
-  // of for the whole device.
-  void bind(cudaStream_t first, cudaStream_t second = nullptr) { streams_[0] = first, streams_[1] = second; }
+  // The streams that use the buffer: release() waits for them, for at most
+  // `wait_s` seconds (the backend's teardown bound), instead of for the whole device.
+  void bind(double wait_s, cudaStream_t first, cudaStream_t second = nullptr) {
+    wait_s_ = wait_s, streams_[0] = first, streams_[1] = second;
+  }
   // Forgets the buffer without freeing it (its streams never finished).
   void abandon() { ptr_ = nullptr, bytes_ = 0; }
   // get() calls this once when the device is out of memory, then retries if it
@@ -64,21 +67,16 @@ class Scratch {
   bool pinned_;
   std::function<bool()> on_oom_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
+  double wait_s_ = 600.0;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 // Waits until `s` finished its queued work, for at most `seconds`; false on
-// timeout. Destructors and buffer releases use it: a collective whose peer died
-// can block a stream for ever, and a leak at shutdown beats a hang (review #10).
+// timeout. Destructors and buffer releases use it, bounded by the collective
+// deadline (BackendOptions::collective_timeout_s): a collective whose peer died can
+// block a stream for ever, and a leak at shutdown beats a hang.
 bool wait_stream_bounded(cudaStream_t s, double seconds);
-// The bound for those waits: the collective deadline (RD_COLLECTIVE_TIMEOUT_S).
-double teardown_wait_s();
-
-// Compute stream of the CudaBackend living on `device` (null when none):
-// NcclComm orders its collectives against it. The newest live backend per device
-// wins; destroying it brings back the previous one's (review #12).
-cudaStream_t registered_compute_stream(int device);
 
 class CudaBackend final : public Backend {
  public:
@@ -102,53 +100,20 @@ class CudaBackend final : public Backend {
   bool unscale_and_check(float* data, float factor, size_t count) override;
 
  protected:
-  void copy_from_host_nchw_impl(const float* src, Tensor& dst) override;
-  void copy_to_host_nchw_impl(const Tensor& src, float* dst) override;
-  void images_u8_to_activation_impl(const uint8_t* src_nhwc, Tensor& dst, const float* mean,
-                                    const float* std) override;
-
-  void conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) override;
-  void conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, Tensor& dx,
-                                 const ConvGeometry& g) override;
-  void conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy, Tensor& dw, const ConvGeometry& g,
-                                    bool accumulate) override;
-
-  void batchnorm_forward_train_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y,
-                                    BatchNormSaved& saved) override;
-  void batchnorm_forward_eval_impl(const Tensor& x, const BatchNormArgs& a, Tensor& y) override;
-  void batchnorm_backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, const BatchNormArgs& a,
-                               const BatchNormSaved& saved, Tensor& dx, const BatchNormGrads& grads) override;
-
-  void relu_forward_impl(const Tensor& x, Tensor& y) override;
-  void relu_backward_impl(const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  void add_forward_impl(const Tensor& a, const Tensor& b, bool relu, Tensor& y) override;
-  void add_backward_impl(const Tensor& y, const Tensor& dy, bool relu, Tensor& dsum) override;
-  void accumulate_impl(const Tensor& src, Tensor& dst) override;
-
-  void maxpool_forward_impl(const Tensor& x, Tensor& y, int kernel, int stride, int pad,
-                            void* workspace) override;
-  void maxpool_backward_impl(const Tensor& dy, Tensor& dx, int kernel, int stride, int pad,
-                             const void* workspace) override;
-  void global_avgpool_forward_impl(const Tensor& x, Tensor& y) override;
-  void global_avgpool_backward_impl(const Tensor& dy, Tensor& dx) override;
-
-  void linear_forward_impl(const Tensor& x, const Tensor& w, const float* b, Tensor& y) override;
-  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
-                            float* db, bool accumulate) override;
-
-  double softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing, float grad_scale,
-                           Tensor* dlogits, int32_t* predictions) override;
-
-  void adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
-                      const math::AdamArgs& a) override;
-  void sgd_step_impl(float* params, const float* grads, float* momentum_buf, size_t count,
-                     const math::SgdHyper& h) override;
+  // Every contracted op's implementation (include/resnet_ddp/backend/ops.def).
+#define RD_BACKEND_OP(name, ret, params, args, kind) ret name##_impl params override;
+#include "resnet_ddp/backend/ops.def"
 
  public:
   // ---- CUDA-only extras ---------------------------------------------------------
   // Rows of `logits` whose first maximum equals the (host) label.
   int64_t count_correct(const Tensor& logits, const int32_t* labels);
+  // All of this backend's work runs in order on it; make_nccl_comm orders its
+  // collectives against it.
   cudaStream_t compute_stream() const { return compute_; }
+  // BackendOptions::collective_timeout_s: the bound on teardown waits, and the
+  // deadline of an NCCL communicator made for this backend.
+  double collective_timeout_s() const { return collective_timeout_s_; }
   int device_index() const { return device_; }
   Precision precision() const { return precision_; }
   // Distinct convolution shapes planned so far (each ran cudnnFind once; an f32
@@ -208,6 +173,7 @@ class CudaBackend final : public Backend {
   std::vector<Scratch*> scratch_buffers();
 
   int device_ = 0;
+  double collective_timeout_s_ = 600.0;
   cudaDeviceProp props_{};
   Precision precision_ = Precision::FP32;
   Layout layout_ = Layout::NHWC;

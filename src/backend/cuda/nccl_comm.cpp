@@ -1,4 +1,13 @@
-#include "backend/cuda/nccl_comm.h"
+// NcclComm: rd::dist::Comm over device memory with NCCL (make_nccl_comm,
+// resnet_ddp/backend/nccl.h). Bootstrap: rank 0's ncclGetUniqueId goes to every rank
+// with MPI_Bcast, then a non-blocking ncclCommInitRankConfig polled against the
+// backend's collective deadline and the watchdog's lost_peer(). Collectives run on a
+// dedicated comm stream that first waits (event) for the compute stream of the CUDA
+// backend it was made for; completion is an event that compute stream waits on, so
+// compute, comm and the optimizer stay ordered without device-wide synchronisation.
+// Any wait that passes the deadline or sees an NCCL error aborts the communicator
+// (ncclCommAbort) and throws rd::Error naming the operation.
+#include "resnet_ddp/backend/nccl.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -11,7 +20,6 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
-#include "resnet_ddp/collective_timeout.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::cuda {
@@ -19,9 +27,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point deadline_from_now() {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(rd::collective_timeout_s()));
+Clock::time_point deadline_after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 class NcclComm;
@@ -44,7 +51,10 @@ class NcclRequest final : public dist::Request {
 
 class NcclComm final : public dist::Comm {
  public:
-  NcclComm(MPI_Comm base, int device) : device_(device) {
+  // `compute`: the CUDA backend's stream the collectives are ordered against;
+  // `timeout_s`: the deadline of every wait (init, collectives, teardown).
+  NcclComm(MPI_Comm base, int device, cudaStream_t compute, double timeout_s)
+      : device_(device), timeout_s_(timeout_s), compute_(compute) {
     RD_CUDA(cudaSetDevice(device_));
     int rc = MPI_Comm_rank(base, &rank_);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size_);
@@ -58,9 +68,9 @@ class NcclComm final : public dist::Comm {
   }
 
   ~NcclComm() override {
-    // Bounded (review #10): a collective stuck behind a dead peer must not hang
-    // the exit. Abort the communicator instead of destroying it then.
-    if (stream_ && !wait_stream_bounded(stream_, teardown_wait_s())) {
+    // Bounded: a collective stuck behind a dead peer must not hang the exit.
+    // Abort the communicator instead of destroying it then.
+    if (stream_ && !wait_stream_bounded(stream_, timeout_s_)) {
       if (comm_ && !aborted_) ncclCommAbort(comm_);
       return;  // leak the stream, events and scratch: the process is ending
     }
@@ -145,7 +155,7 @@ class NcclComm final : public dist::Comm {
 
   // Host wait for `ev` with the collective deadline, NCCL error and lost-peer checks.
   void wait_event(cudaEvent_t ev, const std::string& what) {
-    const Clock::time_point deadline = deadline_from_now();
+    const Clock::time_point deadline = deadline_after(timeout_s_);
     for (;;) {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return;
@@ -163,7 +173,7 @@ class NcclComm final : public dist::Comm {
   }
   // The compute stream continues only after the collective (no host wait).
   void order_compute_after(cudaEvent_t ev) {
-    if (cudaStream_t c = registered_compute_stream(device_)) RD_CUDA(cudaStreamWaitEvent(c, ev, 0));
+    RD_CUDA(cudaStreamWaitEvent(compute_, ev, 0));
   }
   void give_back(cudaEvent_t ev) { free_events_.push_back(ev); }
 
@@ -227,7 +237,7 @@ class NcclComm final : public dist::Comm {
 
   // settle() for the init, which also leaves when a peer reports its init failed.
   std::string settle_init(MPI_Comm boot) {
-    const Clock::time_point deadline = deadline_from_now();
+    const Clock::time_point deadline = deadline_after(timeout_s_);
     for (;;) {
       ncclResult_t async = ncclInProgress;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
@@ -240,7 +250,7 @@ class NcclComm final : public dist::Comm {
       if (peer_failed) return "a peer rank's init failed";
       if (dist::lost_peer() >= 0) return "lost contact with rank " + std::to_string(dist::lost_peer());
       if (Clock::now() > deadline)
-        return "did not finish within " + std::to_string(rd::collective_timeout_s()) + " s";
+        return "did not finish within " + std::to_string(timeout_s_) + " s";
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -277,13 +287,13 @@ class NcclComm final : public dist::Comm {
     const int lost = dist::lost_peer();
     if (lost >= 0) abort_comm(what + ": lost contact with rank " + std::to_string(lost));
     if (Clock::now() > deadline)
-      abort_comm(what + " timed out after " + std::to_string(rd::collective_timeout_s()) +
+      abort_comm(what + " timed out after " + std::to_string(timeout_s_) +
                  " s (RD_COLLECTIVE_TIMEOUT_S)");
   }
 
   // Non-blocking communicator: wait until the last call left the "in progress" state.
   void settle(const std::string& what) {
-    const Clock::time_point deadline = deadline_from_now();
+    const Clock::time_point deadline = deadline_after(timeout_s_);
     for (;;) {
       ncclResult_t async = ncclInProgress;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
@@ -292,7 +302,7 @@ class NcclComm final : public dist::Comm {
       if (async != ncclInProgress) abort_comm(what + ": " + ncclGetErrorString(async) + " " + ncclGetLastError(comm_));
       if (dist::lost_peer() >= 0) abort_comm(what + ": lost contact with rank " + std::to_string(dist::lost_peer()));
       if (Clock::now() > deadline)
-        abort_comm(what + " did not finish within " + std::to_string(rd::collective_timeout_s()) + " s");
+        abort_comm(what + " did not finish within " + std::to_string(timeout_s_) + " s");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -300,12 +310,8 @@ class NcclComm final : public dist::Comm {
   void after_compute() {
     RD_CHECK(!aborted_, "NcclComm: communicator was aborted earlier");
     RD_CUDA(cudaSetDevice(device_));
-    if (cudaStream_t c = registered_compute_stream(device_)) {
-      RD_CUDA(cudaEventRecord(compute_ready_, c));
-      RD_CUDA(cudaStreamWaitEvent(stream_, compute_ready_, 0));
-    } else {
-      RD_CUDA(cudaDeviceSynchronize());  // no CUDA backend registered: order by brute force
-    }
+    RD_CUDA(cudaEventRecord(compute_ready_, compute_));
+    RD_CUDA(cudaStreamWaitEvent(stream_, compute_ready_, 0));
   }
 
   template <class F> void enqueue(const std::string& what, F&& call) {
@@ -342,6 +348,8 @@ class NcclComm final : public dist::Comm {
   }
 
   int device_ = 0, rank_ = 0, size_ = 1;
+  double timeout_s_;
+  cudaStream_t compute_;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   cudaStream_t stream_ = nullptr;
@@ -376,18 +384,15 @@ bool NcclRequest::test() {
 
 }  // namespace
 
-std::unique_ptr<dist::Comm> make_nccl_comm_impl(MPI_Comm base, int device_index) {
-  const int n = cuda_device_count();
-  RD_CHECK(n > 0, "NCCL communicator: no CUDA device visible");
-  RD_CHECK(device_index >= 0 && device_index < n,
-           "NCCL communicator: device " << device_index << " out of range (" << n << " visible)");
-  return std::make_unique<NcclComm>(base, device_index);
-}
-
 }  // namespace rd::cuda
 
-namespace rd::dist {
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm base, int device_index) {
-  return cuda::make_nccl_comm_impl(base, device_index);
+namespace rd {
+
+std::unique_ptr<dist::Comm> make_nccl_comm(MPI_Comm base, Backend& compute) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&compute);
+  RD_CHECK(cuda, "NCCL communicator: needs the CUDA backend, got " << compute.name());
+  return std::make_unique<cuda::NcclComm>(base, cuda->device_index(), cuda->compute_stream(),
+                                          cuda->collective_timeout_s());
 }
-}  // namespace rd::dist
+
+}  // namespace rd

@@ -1,7 +1,8 @@
-// The one contract every Backend op runs before its implementation (see
-// backend.h): what a caller may pass, checked identically for the CPU and the
-// CUDA backend. A backend's own checks after this are about its limits only
-// (e.g. cuDNN's int dimensions), never about the shape of the API.
+// Backend's own members: tensor allocation and the one contract every Backend op
+// runs before its implementation (see backend.h): what a caller may pass, checked
+// identically for the CPU and the CUDA backend. A backend's own checks after this
+// are about its limits only (e.g. cuDNN's int dimensions), never about the shape
+// of the API.
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -100,6 +101,18 @@ void expect_pool_window(int kernel, int stride, int pad, const char* op) {
 }
 
 }  // namespace
+
+Tensor Backend::tensor(const Shape& shape, Layout layout, DType dtype) {
+  Tensor t;
+  t.shape = shape;
+  t.dtype = dtype;
+  t.device = device();
+  t.layout = layout;
+  t.capacity = t.nbytes();
+  t.owner = allocate(t.capacity);
+  t.data = t.owner.get();
+  return t;
+}
 
 // ---- data movement ---------------------------------------------------------------
 
