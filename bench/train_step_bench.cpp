@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     std::printf("{\"framework\": \"resnet_ddp\", \"version\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
                 "\"precision\": \"%s\", \"layout\": \"%s\", \"results\": [%s]}\n",
                 RESNET_DDP_VERSION, backend->name().c_str(), o.threads, o.bf16 ? "bf16" : "fp32",
-                rd::layout_name(bo.layout),
+                rd::layout_name(backend->activation_layout()),
                 results.c_str());
   } catch (const rd::UsageError& e) {
     std::fprintf(stderr, "train_step_bench: %s\n", e.what());

@@ -88,6 +88,32 @@ void* CpuBackend::winograd_workspace(const ConvPlan& p) {
   return grow_buffer(wino_ws_, wino_ws_cap_, winograd::workspace_bytes(p.wino, threads_));
 }
 
+// The three primitive descriptors for one algorithm and set of formats; throws
+// dnnl::error when oneDNN has no implementation for them.
+static void build_descriptors(ConvPlan& p, const dnnl::engine& engine, const Shape& w, const ConvGeometry& g,
+                              dnnl::algorithm alg, const dnnl::memory::desc& src, const dnnl::memory::desc& dst,
+                              const dnnl::memory::desc& diff_dst, const dnnl::memory::desc& diff_src) {
+  const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const bool bf16_weights = src.data_type() == dt::bf16;
+  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16_weights ? dt::bf16 : dt::f32, tag::any);
+  const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+  p.fwd_pd = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, any_w, dst, strides, pad, pad),
+      attr, engine);
+  p.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+      dnnl::convolution_backward_data::desc(alg, diff_src, any_w, diff_dst, strides, pad, pad), attr, engine,
+      p.fwd_pd);
+  p.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+      dnnl::convolution_backward_weights::desc(alg, src, any_dw, diff_dst, strides, pad, pad), attr, engine,
+      p.fwd_pd);
+  p.x_conv_md = src;
+  p.y_conv_md = dst;
+  p.dy_conv_md = diff_dst;
+  p.dx_conv_md = diff_src;
+}
+
 ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                 const ConvGeometry& g) {
   std::ostringstream key;
@@ -107,45 +133,30 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     plan->own_winograd = true;
     plan->wino = {x[0], x[1], y[1], x[2], x[3]};
     plan->wino.tile = own_winograd_tile(y);
-    ConvPlan& ref = *plan;
-    conv_plans_.emplace(key.str(), std::move(plan));
-    return ref;
+  } else {
+    plan->x_act_md = activation_md(x);
+    plan->y_act_md = activation_md(y);
+    plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
+    choose_primitives(*plan, x, w, y, g);
+    prepare_conversions(*plan);
+    prepare_weights(*plan);
   }
-  plan->x_act_md = activation_md(x);
-  plan->y_act_md = activation_md(y);
-  plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
-  const dnnl::memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  ConvPlan& ref = *plan;
+  conv_plans_.emplace(key.str(), std::move(plan));
+  return ref;
+}
 
-  // Builds the three primitive descriptors for one algorithm and set of formats;
-  // throws dnnl::error when oneDNN has no implementation for them.
-  auto build = [&](dnnl::algorithm alg, const dnnl::memory::desc& src, const dnnl::memory::desc& dst,
-                   const dnnl::memory::desc& diff_dst, const dnnl::memory::desc& diff_src) {
-    const bool bf16_weights = src.data_type() == dt::bf16;
-    const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16_weights ? dt::bf16 : dt::f32, tag::any);
-    const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
-    plan->fwd_pd = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, any_w, dst,
-                                        strides, pad, pad),
-        attr, engine_);
-    plan->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(alg, diff_src, any_w, diff_dst, strides, pad, pad),
-        attr, engine_, plan->fwd_pd);
-    plan->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(alg, src, any_dw, diff_dst, strides, pad, pad),
-        attr, engine_, plan->fwd_pd);
-    plan->x_conv_md = src;
-    plan->y_conv_md = dst;
-    plan->dy_conv_md = diff_dst;
-    plan->dx_conv_md = diff_src;
-  };
+// oneDNN's Winograd where use_winograd() asks for it and oneDNN has it, else direct
+// convolution in the first formats oneDNN runs with JIT (not reference) kernels.
+void CpuBackend::choose_primitives(ConvPlan& p, const Shape& x, const Shape& w, const Shape& y,
+                                   const ConvGeometry& g) {
+  const bool bf16 = precision_ == Precision::BF16;
   bool built = false;
   if (use_winograd(x, y, g)) {
     const dnnl::memory::desc xb({x[0], x[1], x[2], x[3]}, dt::f32, tag::nChw16c);
     const dnnl::memory::desc yb({y[0], y[1], y[2], y[3]}, dt::f32, tag::nChw16c);
     try {
-      build(dnnl::algorithm::convolution_winograd, xb, yb, yb, xb);
+      build_descriptors(p, engine_, w, g, dnnl::algorithm::convolution_winograd, xb, yb, yb, xb);
       built = true;
     } catch (const dnnl::error&) {
       // No Winograd implementation on this CPU or for this shape: direct below.
@@ -157,8 +168,8 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     // nChw8c backward-weights with a 2x2 input and a 3x3 kernel), so the plan then
     // converts to NHWC, and failing that NCHW, around the primitives instead.
     const auto uses_reference = [&] {
-      for (const char* impl : {plan->fwd_pd.impl_info_str(), plan->bwd_data_pd.impl_info_str(),
-                               plan->bwd_weights_pd.impl_info_str()})
+      for (const char* impl : {p.fwd_pd.impl_info_str(), p.bwd_data_pd.impl_info_str(),
+                               p.bwd_weights_pd.impl_info_str()})
         if (std::string(impl).find("ref") != std::string::npos) return true;
       return false;
     };
@@ -168,26 +179,34 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
       const dnnl::memory::desc xf({x[0], x[1], x[2], x[3]}, dt::f32, tx), yf({y[0], y[1], y[2], y[3]}, dt::f32, ty);
       const dnnl::memory::desc xs({x[0], x[1], x[2], x[3]}, bf16 ? dt::bf16 : dt::f32, tx);
       const dnnl::memory::desc ys({y[0], y[1], y[2], y[3]}, bf16 ? dt::bf16 : dt::f32, ty);
-      build(dnnl::algorithm::convolution_direct, xs, yf, ys, xf);
+      build_descriptors(p, engine_, w, g, dnnl::algorithm::convolution_direct, xs, yf, ys, xf);
       if (!uses_reference()) break;
     }
   }
-  plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
-  plan->bwd_data = dnnl::convolution_backward_data(plan->bwd_data_pd);
-  plan->bwd_weights = dnnl::convolution_backward_weights(plan->bwd_weights_pd);
+  p.fwd = dnnl::convolution_forward(p.fwd_pd);
+  p.bwd_data = dnnl::convolution_backward_data(p.bwd_data_pd);
+  p.bwd_weights = dnnl::convolution_backward_weights(p.bwd_weights_pd);
+}
 
+// Reorders between the backend's activations and the formats the primitives chose.
+void CpuBackend::prepare_conversions(ConvPlan& p) {
   const auto unbound = [&](const dnnl::memory::desc& md) { return dnnl::memory(md, engine_, DNNL_MEMORY_NONE); };
-  plan->convert_x = plan->x_conv_md != plan->x_act_md;
-  plan->convert_dy = plan->dy_conv_md != plan->y_act_md;
-  if (plan->convert_x) plan->x_to_conv = dnnl::reorder(unbound(plan->x_act_md), unbound(plan->x_conv_md));
-  if (plan->convert_dy) plan->dy_to_conv = dnnl::reorder(unbound(plan->y_act_md), unbound(plan->dy_conv_md));
+  p.convert_x = p.x_conv_md != p.x_act_md;
+  p.convert_dy = p.dy_conv_md != p.y_act_md;
+  if (p.convert_x) p.x_to_conv = dnnl::reorder(unbound(p.x_act_md), unbound(p.x_conv_md));
+  if (p.convert_dy) p.dy_to_conv = dnnl::reorder(unbound(p.y_act_md), unbound(p.dy_conv_md));
   // Outputs need converting back only when the primitive writes another format
   // (Winograd with the plain layouts).
-  plan->convert_y = plan->y_conv_md != plan->y_act_md;
-  plan->convert_dx = plan->dx_conv_md != plan->x_act_md;
-  if (plan->convert_y) plan->y_from_conv = dnnl::reorder(unbound(plan->y_conv_md), unbound(plan->y_act_md));
-  if (plan->convert_dx) plan->dx_from_conv = dnnl::reorder(unbound(plan->dx_conv_md), unbound(plan->x_act_md));
+  p.convert_y = p.y_conv_md != p.y_act_md;
+  p.convert_dx = p.dx_conv_md != p.x_act_md;
+  if (p.convert_y) p.y_from_conv = dnnl::reorder(unbound(p.y_conv_md), unbound(p.y_act_md));
+  if (p.convert_dx) p.dx_from_conv = dnnl::reorder(unbound(p.dx_conv_md), unbound(p.x_act_md));
+}
 
+// The weights in each primitive's preferred format (reordered from PyTorch's OIHW
+// every step) and the weight gradient's way back, plain or added (accumulate).
+void CpuBackend::prepare_weights(ConvPlan& p) {
+  const auto unbound = [&](const dnnl::memory::desc& md) { return dnnl::memory(md, engine_, DNNL_MEMORY_NONE); };
   auto own = [&](const dnnl::memory::desc& md) {
     // Buffers are owned by the backend allocator so they are 64-byte aligned.
     auto storage = allocate(md.get_size());
@@ -195,29 +214,24 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
     plans_storage_.push_back(storage);
     return m;
   };
-  plan->fwd_weights_plain = plan->fwd_pd.weights_desc() == plan->user_weights_md;
-  plan->bwd_data_weights_plain = plan->bwd_data_pd.weights_desc() == plan->user_weights_md;
-  const dnnl::memory user_w = unbound(plan->user_weights_md);
-  if (!plan->fwd_weights_plain) {
-    plan->fwd_weights = own(plan->fwd_pd.weights_desc());
-    plan->to_fwd_weights = dnnl::reorder(user_w, plan->fwd_weights);
+  p.fwd_weights_plain = p.fwd_pd.weights_desc() == p.user_weights_md;
+  p.bwd_data_weights_plain = p.bwd_data_pd.weights_desc() == p.user_weights_md;
+  const dnnl::memory user_w = unbound(p.user_weights_md);
+  if (!p.fwd_weights_plain) {
+    p.fwd_weights = own(p.fwd_pd.weights_desc());
+    p.to_fwd_weights = dnnl::reorder(user_w, p.fwd_weights);
   }
-  if (!plan->bwd_data_weights_plain) {
-    plan->bwd_data_weights = own(plan->bwd_data_pd.weights_desc());
-    plan->to_bwd_data_weights = dnnl::reorder(user_w, plan->bwd_data_weights);
+  if (!p.bwd_data_weights_plain) {
+    p.bwd_data_weights = own(p.bwd_data_pd.weights_desc());
+    p.to_bwd_data_weights = dnnl::reorder(user_w, p.bwd_data_weights);
   }
-  plan->diff_weights = own(plan->bwd_weights_pd.diff_weights_desc());
-  plan->diff_to_user = dnnl::reorder(plan->diff_weights, user_w);
+  p.diff_weights = own(p.bwd_weights_pd.diff_weights_desc());
+  p.diff_to_user = dnnl::reorder(p.diff_weights, user_w);
   dnnl::primitive_attr sum_attr;
   dnnl::post_ops sum;
   sum.append_sum(1.f);
   sum_attr.set_post_ops(sum);
-  plan->diff_add_to_user = dnnl::reorder(
-      dnnl::reorder::primitive_desc(plan->diff_weights, user_w, sum_attr));
-
-  ConvPlan& ref = *plan;
-  conv_plans_.emplace(key.str(), std::move(plan));
-  return ref;
+  p.diff_add_to_user = dnnl::reorder(dnnl::reorder::primitive_desc(p.diff_weights, user_w, sum_attr));
 }
 
 void* CpuBackend::grow_buffer(std::shared_ptr<void>& buf, size_t& cap, size_t bytes) {

@@ -73,6 +73,9 @@ class CpuBackend final : public Backend {
 
  private:
   ConvPlan& conv_plan(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);
+  void choose_primitives(ConvPlan& p, const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& g);
+  void prepare_conversions(ConvPlan& p);
+  void prepare_weights(ConvPlan& p);
   void reorder_nchw_blocked(const Tensor& t, float* nchw, bool to_blocked);
   dnnl::memory::desc activation_md(const Shape& s) const;
   void* scratchpad(const dnnl::memory::desc& md);

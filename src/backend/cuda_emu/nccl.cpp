@@ -675,6 +675,33 @@ uint64_t random_key() {
   return x ^ (x >> 31);
 }
 
+// Why the processes that joined `mpi` do not form one communicator of `nranks`
+// ranks with this id ("" when they do): every member must have the same id and
+// nranks, and distinct ranks.
+std::string members_disagree(MPI_Comm mpi, uint64_t key, int nranks, int rank) {
+  int size = 0, me = -1;
+  MPI_Comm_size(mpi, &size);
+  MPI_Comm_rank(mpi, &me);
+  struct Claim {
+    uint64_t key;
+    int nranks, rank;
+  } mine{key, nranks, rank};
+  std::vector<Claim> all(static_cast<size_t>(size));
+  const int rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, mpi);
+  if (rc != MPI_SUCCESS) return "MPI_Allgather failed: " + mpi_error_text(rc);
+  for (int i = 0; i < size; ++i) {
+    const Claim& c = all[static_cast<size_t>(i)];
+    if (c.key != key || c.nranks != nranks || c.rank != i)
+      return "the processes that joined disagree on the unique id, nranks or ranks";
+  }
+  if (size != nranks)
+    return std::to_string(size) + " of " + std::to_string(nranks) +
+           " ranks joined (every process of MPI_COMM_WORLD must create the emulated communicators "
+           "together and in the same order, with valid arguments)";
+  if (me != rank) return "internal error: rank order";
+  return "";
+}
+
 ncclResult_t init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, const ncclConfig_t* config,
                        const char* call) {
   std::unique_lock<std::recursive_mutex> lk(rd::emu::api_lock());
@@ -713,27 +740,7 @@ ncclResult_t init_rank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, 
     if (rc != MPI_SUCCESS) {
       why = "MPI_Comm_split failed: " + mpi_error_text(rc);
     } else if (mpi != MPI_COMM_NULL) {
-      // Every member must have the same id and nranks, and distinct ranks.
-      int size = 0, me = -1;
-      MPI_Comm_size(mpi, &size);
-      MPI_Comm_rank(mpi, &me);
-      struct Claim {
-        uint64_t key;
-        int nranks, rank;
-      } mine{payload.key, nranks, rank};
-      std::vector<Claim> all(static_cast<size_t>(size));
-      rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, mpi);
-      if (rc != MPI_SUCCESS) why = "MPI_Allgather failed: " + mpi_error_text(rc);
-      for (int i = 0; why.empty() && i < size; ++i) {
-        const Claim& c = all[static_cast<size_t>(i)];
-        if (c.key != payload.key || c.nranks != nranks || c.rank != i)
-          why = "the processes that joined disagree on the unique id, nranks or ranks";
-      }
-      if (why.empty() && size != nranks)
-        why = std::to_string(size) + " of " + std::to_string(nranks) +
-              " ranks joined (every process of MPI_COMM_WORLD must create the emulated communicators "
-              "together and in the same order, with valid arguments)";
-      if (why.empty() && me != rank) why = "internal error: rank order";
+      why = members_disagree(mpi, payload.key, nranks, rank);
       if (!why.empty()) MPI_Comm_free(&mpi);
     }
     lk.lock();
