@@ -132,7 +132,7 @@ for f in src/backend/cuda/kernels/*.cu; do
   echo "$LAUNCH $NVCC -std=c++17 -gencode arch=compute_$ARCH,code=sm_$ARCH --expt-relaxed-constexpr ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
 done
 # The trainer's step and optimizer: gpu_train_bench times the step that trains.
-for f in src/core/*.cpp src/backend/*.cpp src/nn/*.cpp src/backend/cuda/*.cpp src/train/train_step.cpp src/train/optimizer.cpp; do
+for f in src/core/*.cpp src/backend/contract.cpp src/nn/*.cpp src/backend/cuda/*.cpp src/train/train_step.cpp src/train/optimizer.cpp; do
   [[ "$f" == *nccl_comm* ]] && continue  # needs MPI, which bare GPU hosts lack
   o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
   echo "$LAUNCH $CXX -std=c++20 -fPIC ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"

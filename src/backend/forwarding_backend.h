@@ -41,7 +41,7 @@ class ForwardingBackend : public Backend {
 
 #define RD_BACKEND_VIRTUAL(name, ret, params, args, kind) \
   ret name params override {                              \
-    Hook hook_(*this, BackendOp::name);                     \
+    Hook hook_(*this, BackendOp::name);                   \
     return in_.name args;                                 \
   }
 #include "resnet_ddp/backend/ops.def"
@@ -51,7 +51,7 @@ class ForwardingBackend : public Backend {
   // backend's public op runs it again (cheap), then its own implementation.
 #define RD_BACKEND_OP(name, ret, params, args, kind) \
   ret name##_impl params override {                  \
-    Hook hook_(*this, BackendOp::name);                \
+    Hook hook_(*this, BackendOp::name);              \
     return in_.name args;                            \
   }
 #include "resnet_ddp/backend/ops.def"

@@ -1,6 +1,7 @@
 // Backend: every operation ResNet training needs, behind one interface, so the
 // model, DDP, data and checkpoint code are shared by the CPU (oneDNN + OpenMP)
-// and CUDA (cuDNN + cuBLAS + kernels/) implementations.
+// and CUDA (cuDNN + cuBLAS + src/backend/cuda/kernels) implementations. The operations
+// themselves are listed once, with their documentation, in ops.def.
 //
 // Conventions
 // - Activations are 4-D tensors with logical shape (N, C, H, W) in the layout
