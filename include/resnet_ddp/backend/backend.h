@@ -151,7 +151,10 @@ struct BackendOptions {
   // Activation layout. Unset: what the backend runs fastest here (CPU:
   // cpu_isa_defaults().layout(precision), i.e. nChw16c on AVX-512, nChw8c on AVX2, so
   // no activation is reordered around a convolution; CUDA: NHWC). Set: CPU nChw16c,
-  // nChw8c, NHWC or NCHW (the benchmarks' and parity driver's --layout); CUDA NHWC or NCHW.
+  // nChw8c, NHWC or NCHW; CUDA NHWC or NCHW. NCHW stays a CPU layout because users
+  // select it (tools/parity/run_parity.py --layout nchw, the benchmarks' --layout) and
+  // the CPU kernels need its paths anyway: the 3-channel input is NCHW under every
+  // blocked layout (layout_for_channels).
   std::optional<Layout> layout;
   int device_index = 0;          // CUDA device
   // Bound on the CUDA backend's waits for its streams at teardown, so a stream stuck
