@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/report.h"
 
@@ -18,7 +18,7 @@ std::string json_number(double x) {
   return std::isfinite(x) ? py_float(x) : "null";
 }
 
-int64_t count_params(const std::vector<TensorInfo>& state_dict) {
+int64_t count_params(const std::vector<io::TensorInfo>& state_dict) {
   int64_t n = 0;
   for (const auto& t : state_dict) {
     if (t.is_int64_scalar || t.name.find("running_") != std::string::npos) continue;
@@ -32,12 +32,12 @@ int64_t count_params(const std::vector<TensorInfo>& state_dict) {
 // The metadata and state_dict list of a checkpoint; every tensor is read, so a
 // damaged one is refused here as it would be by a load.
 struct Contents {
-  CheckpointMeta meta;
-  std::vector<TensorInfo> state_dict;
+  io::CheckpointMeta meta;
+  std::vector<io::TensorInfo> state_dict;
 };
 Contents read_contents(const std::string& path, bool weights_only) {
-  CheckpointReader ck(path, weights_only);
-  std::vector<TensorInfo> tensors = ck.check_tensors();
+  io::CheckpointReader ck(path, weights_only);
+  std::vector<io::TensorInfo> tensors = ck.check_tensors();
   return Contents{ck.meta(), std::move(tensors)};
 }
 
@@ -57,7 +57,7 @@ int info_main(const InfoOptions& o) {
       return 2;
     }
   }
-  const CheckpointMeta& m = s.meta;
+  const io::CheckpointMeta& m = s.meta;
   std::ostringstream out;
   if (o.json) {
     out << "{\n  \"file\": " << json_string(o.checkpoint) << ",\n  \"kind\": "
