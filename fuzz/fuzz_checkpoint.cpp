@@ -14,7 +14,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
 
 using namespace rd;
@@ -42,7 +42,7 @@ struct Fixture {
     train::OptimizerConfig oc;
     opt = std::make_unique<train::Optimizer>(*be, model->params(), model->grads(), oc);
     sched = std::make_unique<train::Scheduler>(train::SchedulerKind::Plateau, 1e-3, 5);
-    train::CheckpointMeta m;
+    io::CheckpointMeta m;
     m.arch = "resnet_tiny";
     m.head = "mlp";
     m.num_classes = 3;
@@ -50,7 +50,9 @@ struct Fixture {
     m.world_size = 1;
     m.class_names = {"a", "b", "c"};
     seed_path = dir + "/seed.h5";
-    train::write_checkpoint(seed_path, *model, opt.get(), sched.get(), m);
+    const io::OptimizerState opt_state = opt->export_state();
+    const io::SchedulerState sched_state = sched->export_state();
+    io::write_checkpoint(seed_path, *model, &opt_state, &sched_state, m);
     seed = fuzz::slurp(seed_path);
     // Without its checksum header the file is parsed in this process (as files from
     // other tools are): the parsing under test. With it, every edit would be refused
@@ -74,16 +76,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool weights_only = path == 1 || path == 3;
   try {
     if (path == 0) {
-      (void)train::CheckpointReader(fx.work_path, false).meta();
+      (void)io::CheckpointReader(fx.work_path, false).meta();
     } else if (path <= 2) {
-      (void)train::CheckpointReader(fx.work_path, weights_only).check_tensors();
+      (void)io::CheckpointReader(fx.work_path, weights_only).check_tensors();
     } else {
-      train::CheckpointReader r(fx.work_path, weights_only);
-      train::check_compatible(r.meta(), *fx.model, {"a", "b", "c"}, fx.work_path);
+      io::CheckpointReader r(fx.work_path, weights_only);
+      io::check_compatible(r.meta(), *fx.model, {"a", "b", "c"}, fx.work_path);
       (void)r.load_model(*fx.model, weights_only);
       if (!weights_only) {
-        r.load_optimizer(*fx.model, *fx.opt);
-        train::restore_scheduler(r.meta().scheduler, *fx.sched);
+        r.load_optimizer(*fx.model, fx.opt->export_state());
+        fx.opt->import_state(r.meta().optimizer);
+        fx.sched->import_state(r.meta().scheduler);
       }
     }
   } catch (const Error&) {

@@ -1,4 +1,4 @@
-// Fuzz target: the safetensors reader (src/train/safetensors.cpp), which, unlike HDF5,
+// Fuzz target: the safetensors reader (src/io/safetensors.cpp), which, unlike HDF5,
 // is our own parser of raw bytes, so the fuzzer mutates the file itself: header length,
 // JSON (nesting, escapes, numbers, duplicates), dtypes, shapes, offsets, metadata. Each
 // input is parsed in memory and every tensor read and converted; then the same bytes go
@@ -13,8 +13,8 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
-#include "train/safetensors.h"
+#include "resnet_ddp/io/checkpoint.h"
+#include "resnet_ddp/io/safetensors.h"
 
 using namespace rd;
 
@@ -39,7 +39,7 @@ struct Fixture {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture fx;
   const std::string bytes(reinterpret_cast<const char*>(data), size);
-  namespace st = train::safetensors;
+  namespace st = io::safetensors;
   try {
     const st::File f = st::File::from_bytes(bytes, "fuzz input");
     std::vector<float> buf;
@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   fuzz::spit(fx.path, std::vector<char>(bytes.begin(), bytes.end()));
   try {
-    train::CheckpointReader r(fx.path, size % 2 == 0);  // weights-only (--init) or full (predict)
+    io::CheckpointReader r(fx.path, size % 2 == 0);  // weights-only (--init) or full (predict)
     (void)r.check_tensors();
     (void)r.load_model(*fx.model, true);
   } catch (const Error&) {

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/h5.h"
+#include "resnet_ddp/io/h5.h"
 #include "data/internal.h"
 #include "resnet_ddp/data/transforms.h"
 #include "resnet_ddp/errors.h"

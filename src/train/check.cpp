@@ -15,7 +15,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/output_lock.h"
@@ -130,8 +130,8 @@ int check_main(const TrainOptions& opts) {
     }
     std::vector<std::string> classes;
     if (!resume_path.empty()) {
-      CheckpointReader ck(resume_path, true);
-      const CheckpointMeta& m = ck.meta();
+      io::CheckpointReader ck(resume_path, true);
+      const io::CheckpointMeta& m = ck.meta();
       ResumePlan plan = plan_resume(o, resume_path, m, [&] { return device == "cuda"; });
       if (!o.eval_only) refuse_new_experiment(o, resume_path, m, plan.differences);
       classes = m.class_names;
@@ -140,7 +140,7 @@ int check_main(const TrainOptions& opts) {
       if (!plan.model_settings.empty()) say("resume", plan.model_settings);
       for (const auto& c : plan.changes) say("resume", c);
     } else if (!o.init.empty()) {
-      CheckpointReader ck(o.init, true);
+      io::CheckpointReader ck(o.init, true);
       if (!ck.meta().arch.empty() && ck.meta().arch != o.arch)
         throw UsageError("--init: '" + o.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " + o.arch);
       say("init", "weights from " + o.init);

@@ -14,7 +14,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
-#include "train/safetensors.h"
+#include "resnet_ddp/io/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -405,12 +405,12 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
     throw UsageError("--init: no such file: '" + o.init + "'");
   // A .pth is the likeliest wrong file here: say so before MPI starts, with the fix.
   if (!o.init.empty())
-    if (const std::string p = safetensors::torch_file_problem(o.init); !p.empty())
+    if (const std::string p = io::safetensors::torch_file_problem(o.init); !p.empty())
       throw UsageError("--init: '" + o.init + "' " + p);
   if (o.resume != "auto" && o.resume != "none") {
     if (!exists(o.resume)) throw UsageError("--resume: no such file: '" + o.resume + "'");
     if (fs::is_directory(o.resume)) throw UsageError("--resume: '" + o.resume + "' is a directory, expected a .h5 file");
-    if (const std::string p = safetensors::torch_file_problem(o.resume); !p.empty())
+    if (const std::string p = io::safetensors::torch_file_problem(o.resume); !p.empty())
       throw UsageError("--resume: '" + o.resume + "' " + p +
                        " (a converted file holds weights only: start from it with --init)");
   }
@@ -423,7 +423,7 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
 
 void check_predict_paths(const PredictOptions& o) {
   if (!exists(o.checkpoint)) throw UsageError("--checkpoint: no such file: '" + o.checkpoint + "'");
-  if (const std::string p = safetensors::torch_file_problem(o.checkpoint); !p.empty())
+  if (const std::string p = io::safetensors::torch_file_problem(o.checkpoint); !p.empty())
     throw UsageError("--checkpoint: '" + o.checkpoint + "' " + p);
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
@@ -513,15 +513,6 @@ int launcher_rank() {
     if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
   }
   return 0;
-}
-
-std::string shell_quote(const std::string& a) {
-  if (!a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789-_./=:,+@%") == std::string::npos)
-    return a;
-  std::string q = "'";
-  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 std::string join_command_line(int argc, char** argv) {

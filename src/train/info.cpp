@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/report.h"
 
@@ -18,7 +18,7 @@ std::string json_number(double x) {
   return std::isfinite(x) ? py_float(x) : "null";
 }
 
-int64_t count_params(const std::vector<TensorInfo>& state_dict) {
+int64_t count_params(const std::vector<io::TensorInfo>& state_dict) {
   int64_t n = 0;
   for (const auto& t : state_dict) {
     if (t.is_int64_scalar || t.name.find("running_") != std::string::npos) continue;
@@ -32,13 +32,107 @@ int64_t count_params(const std::vector<TensorInfo>& state_dict) {
 // The metadata and state_dict list of a checkpoint; every tensor is read, so a
 // damaged one is refused here as it would be by a load.
 struct Contents {
-  CheckpointMeta meta;
-  std::vector<TensorInfo> state_dict;
+  io::CheckpointMeta meta;
+  std::vector<io::TensorInfo> state_dict;
 };
 Contents read_contents(const std::string& path, bool weights_only) {
-  CheckpointReader ck(path, weights_only);
-  std::vector<TensorInfo> tensors = ck.check_tensors();
+  io::CheckpointReader ck(path, weights_only);
+  std::vector<io::TensorInfo> tensors = ck.check_tensors();
   return Contents{ck.meta(), std::move(tensors)};
+}
+
+// info --json: one object, the state_dict's shapes with --tensors.
+void print_json(std::ostringstream& out, const InfoOptions& o, const Contents& s, bool weights_only) {
+  const io::CheckpointMeta& m = s.meta;
+  out << "{\n  \"file\": " << json_string(o.checkpoint) << ",\n  \"kind\": "
+      << json_string(weights_only ? "weights" : "checkpoint") << ",\n  \"container\": " << json_string(m.container) << ",\n  \"format_version\": " << m.format_version
+      << ",\n  \"arch\": " << json_string(m.arch) << ",\n  \"head\": " << json_string(m.head)
+      << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
+  for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
+  out << "],\n  \"image_size\": " << m.image_size << ",\n  \"normalize\": " << json_string(m.normalize)
+      << ",\n  \"epoch\": " << m.epoch << ",\n  \"step_in_epoch\": " << m.step_in_epoch
+      << ",\n  \"global_step\": " << m.global_step << ",\n  \"best_val_acc\": " << json_number(m.best_val_acc)
+      << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
+      << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
+      << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
+      << ",\n  \"parameters\": " << count_params(s.state_dict) << ",\n  \"tensors\": " << s.state_dict.size()
+      << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? name_of(optimizer_names(), m.optimizer.config.type) : "")
+      << ",\n  \"optimizer_step\": " << m.optimizer.step << ",\n  \"lr\": " << json_number(m.optimizer.lr)
+      << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
+      << ",\n  \"args\": " << json_string(m.args) << ",\n  \"args_history\": [";
+  for (size_t i = 0; i < m.args_history.size(); ++i) out << (i ? ", " : "") << json_string(m.args_history[i]);
+  out << "],\n  \"created_by\": " << json_string(m.created_by);
+  if (o.tensors) {
+    out << ",\n  \"state_dict\": {";
+    for (size_t i = 0; i < s.state_dict.size(); ++i) {
+      const auto& t = s.state_dict[i];
+      out << (i ? ", " : "") << json_string(t.name) << ": [";
+      for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
+      out << "]";
+    }
+    out << "}";
+  }
+  out << "\n}\n";
+}
+
+// info's text: what the file is, how it was trained, and the tensors with --tensors.
+void print_text(std::ostringstream& out, const InfoOptions& o, const Contents& s, bool weights_only) {
+  const io::CheckpointMeta& m = s.meta;
+  const bool st = m.container == "safetensors";
+  out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
+  if (st) out << "format:          safetensors" << (weights_only ? "" : " (" + m.created_by + ")") << "\n";
+  else if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
+  if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
+  out << "parameters:      " << count_params(s.state_dict) << " in " << s.state_dict.size() << " state_dict tensors\n";
+  if (!weights_only) {
+    out << "classes:         " << m.num_classes << " (";
+    for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
+    out << ")\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
+    out << "epoch:           " << m.epoch << " completed";
+    if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
+    out << "\nglobal step:     " << m.global_step << "\n";
+    if (st) {
+      if (m.best_val_acc >= 0)
+        out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
+      out << "contents:        weights only (no optimizer state; train from it with --init)\n";
+    }
+  }
+  if (!weights_only && !st) {
+    if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
+    out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
+    out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
+    if (m.optimizer.present)
+      out << "optimizer:       " << name_of(optimizer_names(), m.optimizer.config.type) << ", step " << m.optimizer.step << ", lr "
+          << py_float(m.optimizer.lr) << " (initial " << py_float(m.optimizer.config.lr) << ")\n";
+    if (m.scheduler.present) {
+      out << "scheduler:       " << m.scheduler.type;
+      if (m.scheduler.type == "plateau")
+        out << " (best " << py_float(m.scheduler.plateau.best) << ", bad epochs " << m.scheduler.plateau.num_bad_epochs
+            << "/" << m.scheduler.plateau.patience << ")";
+      out << "\n";
+    }
+    out << "command line:    " << m.args << "\n";
+    // How the run came to be: its first command and every resume (flags may change).
+    if (m.args_history.size() > 1)
+      for (size_t i = 0; i < m.args_history.size(); ++i) {
+        const std::string label = i == 0 ? "first run:" : "resume " + std::to_string(i) + ":";
+        out << label << std::string(label.size() < 17 ? 17 - label.size() : 1, ' ') << m.args_history[i] << "\n";
+      }
+  }
+  if (o.tensors) {
+    out << "tensors:\n";
+    for (const auto& t : s.state_dict) {
+      out << "  " << t.name << "  ";
+      if (t.is_int64_scalar) {
+        out << "int64 = " << t.int_value;
+      } else {
+        out << "float32 [";
+        for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
+        out << "]";
+      }
+      out << "\n";
+    }
+  }
 }
 
 }  // namespace
@@ -57,95 +151,9 @@ int info_main(const InfoOptions& o) {
       return 2;
     }
   }
-  const CheckpointMeta& m = s.meta;
   std::ostringstream out;
-  if (o.json) {
-    out << "{\n  \"file\": " << json_string(o.checkpoint) << ",\n  \"kind\": "
-        << json_string(weights_only ? "weights" : "checkpoint") << ",\n  \"container\": " << json_string(m.container) << ",\n  \"format_version\": " << m.format_version
-        << ",\n  \"arch\": " << json_string(m.arch) << ",\n  \"head\": " << json_string(m.head)
-        << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
-    for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
-    out << "],\n  \"image_size\": " << m.image_size << ",\n  \"normalize\": " << json_string(m.normalize)
-        << ",\n  \"epoch\": " << m.epoch << ",\n  \"step_in_epoch\": " << m.step_in_epoch
-        << ",\n  \"global_step\": " << m.global_step << ",\n  \"best_val_acc\": " << json_number(m.best_val_acc)
-        << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
-        << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
-        << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
-        << ",\n  \"parameters\": " << count_params(s.state_dict) << ",\n  \"tensors\": " << s.state_dict.size()
-        << ",\n  \"optimizer\": " << json_string(m.optimizer.present ? name_of(optimizer_names(), m.optimizer.config.type) : "")
-        << ",\n  \"optimizer_step\": " << m.optimizer.step << ",\n  \"lr\": " << json_number(m.optimizer.lr)
-        << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
-        << ",\n  \"args\": " << json_string(m.args) << ",\n  \"args_history\": [";
-    for (size_t i = 0; i < m.args_history.size(); ++i) out << (i ? ", " : "") << json_string(m.args_history[i]);
-    out << "],\n  \"created_by\": " << json_string(m.created_by);
-    if (o.tensors) {
-      out << ",\n  \"state_dict\": {";
-      for (size_t i = 0; i < s.state_dict.size(); ++i) {
-        const auto& t = s.state_dict[i];
-        out << (i ? ", " : "") << json_string(t.name) << ": [";
-        for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
-        out << "]";
-      }
-      out << "}";
-    }
-    out << "\n}\n";
-  } else {
-    const bool st = m.container == "safetensors";
-    out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
-    if (st) out << "format:          safetensors" << (weights_only ? "" : " (" + m.created_by + ")") << "\n";
-    else if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
-    if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
-    out << "parameters:      " << count_params(s.state_dict) << " in " << s.state_dict.size() << " state_dict tensors\n";
-    if (!weights_only) {
-      out << "classes:         " << m.num_classes << " (";
-      for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
-      out << ")\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
-      out << "epoch:           " << m.epoch << " completed";
-      if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
-      out << "\nglobal step:     " << m.global_step << "\n";
-      if (st) {
-        if (m.best_val_acc >= 0)
-          out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
-        out << "contents:        weights only (no optimizer state; train from it with --init)\n";
-      }
-    }
-    if (!weights_only && !st) {
-      if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
-      out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
-      out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
-      if (m.optimizer.present)
-        out << "optimizer:       " << name_of(optimizer_names(), m.optimizer.config.type) << ", step " << m.optimizer.step << ", lr "
-            << py_float(m.optimizer.lr) << " (initial " << py_float(m.optimizer.config.lr) << ")\n";
-      if (m.scheduler.present) {
-        out << "scheduler:       " << m.scheduler.type;
-        if (m.scheduler.type == "plateau")
-          out << " (best " << py_float(m.scheduler.plateau.best) << ", bad epochs " << m.scheduler.plateau.num_bad_epochs
-              << "/" << m.scheduler.plateau.patience << ")";
-        out << "\n";
-      }
-      out << "command line:    " << m.args << "\n";
-      // How the run came to be: its first command and every resume (flags may change).
-      if (m.args_history.size() > 1)
-        for (size_t i = 0; i < m.args_history.size(); ++i) {
-          const std::string label = i == 0 ? "first run:" : "resume " + std::to_string(i) + ":";
-          out << label << std::string(label.size() < 17 ? 17 - label.size() : 1, ' ') << m.args_history[i] << "\n";
-        }
-    }
-    if (o.tensors) {
-      out << "tensors:\n";
-      for (const auto& t : s.state_dict) {
-        out << "  " << t.name << "  ";
-        if (t.is_int64_scalar) {
-          out << "int64 = " << t.int_value;
-        } else {
-          out << "float32 [";
-          for (size_t d = 0; d < t.shape.size(); ++d) out << (d ? ", " : "") << t.shape[d];
-          out << "]";
-        }
-        out << "\n";
-      }
-    }
-  }
+  if (o.json) print_json(out, o, s, weights_only);
+  else print_text(out, o, s, weights_only);
   std::fputs(out.str().c_str(), stdout);
   return 0;
 }

@@ -30,6 +30,22 @@ float* Optimizer::state(size_t i) {
   return static_cast<float*>(state_[i].get());
 }
 
+OptimizerState Optimizer::export_state() {
+  OptimizerState s;
+  s.present = true;
+  s.config = cfg_;
+  s.step = step_;
+  s.lr = lr_;
+  for (size_t i = 0; i < state_count(); ++i) s.tensors.push_back({state_name(i), state(i)});
+  return s;
+}
+
+void Optimizer::import_state(const OptimizerState& s) {
+  RD_CHECK(s.config.type == cfg_.type, "Optimizer: state of another optimizer type");
+  step_ = s.step;
+  lr_ = s.lr;
+}
+
 void Optimizer::step() {
   ++step_;
   const size_t n = params_.size();
@@ -60,6 +76,23 @@ Scheduler::Scheduler(SchedulerKind kind, double base_lr, int64_t epochs) : kind_
   plateau.best = std::numeric_limits<double>::infinity();
   cosine.t_max = std::max<int64_t>(epochs, 1);
   cosine.base_lr = base_lr;
+}
+
+SchedulerState Scheduler::export_state() const {
+  SchedulerState s;
+  s.present = true;
+  s.type = type();
+  s.last_epoch = last_epoch_;
+  s.plateau = plateau;
+  s.cosine = cosine;
+  return s;
+}
+
+void Scheduler::import_state(const SchedulerState& s) {
+  if (!s.present || s.type != type()) return;  // a changed --scheduler starts fresh
+  last_epoch_ = s.last_epoch;
+  plateau = s.plateau;
+  cosine = s.cosine;
 }
 
 double Scheduler::step(double lr, double val_loss) {

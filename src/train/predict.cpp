@@ -15,7 +15,7 @@
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/report.h"
 
@@ -100,8 +100,8 @@ void collect_directory(const fs::path& dir, const std::vector<std::string>& clas
 int predict_main(const PredictOptions& o) {
   try {
     // Tensors are streamed into the model below; only the metadata is held.
-    std::optional<CheckpointReader> ck(std::in_place, o.checkpoint, false);
-    const CheckpointMeta m = ck->meta();
+    std::optional<io::CheckpointReader> ck(std::in_place, o.checkpoint, false);
+    const io::CheckpointMeta m = ck->meta();
     const std::vector<std::string>& classes = m.class_names;
     const data::Split split = o.split == "Train" ? data::Split::Train
                               : o.split == "Test" ? data::Split::Test

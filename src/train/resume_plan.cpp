@@ -24,7 +24,7 @@ bool describes_execution(const std::string& flag) {
   return false;
 }
 
-ResumePlan plan_resume(TrainOptions& o, const std::string& path, const CheckpointMeta& m,
+ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                        const std::function<bool()>& this_run_cuda) {
   ResumePlan plan;
   auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
@@ -55,7 +55,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
     inherited += " --normalize " + o.normalize;
   if (!inherited.empty()) plan.model_settings = "Model settings from " + path + ":" + inherited;
   if (o.eval_only) return plan;
-  const OptimizerMeta& os = m.optimizer;
+  const OptimizerState& os = m.optimizer;
   const std::string optimizer = name_of(optimizer_names(), o.optimizer);
   if (os.present && os.config.type != o.optimizer)
     throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
@@ -120,7 +120,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
   return plan;
 }
 
-void refuse_new_experiment(const TrainOptions& o, const std::string& path, const CheckpointMeta& m,
+void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                            const std::vector<std::string>& differences) {
   if (differences.empty() || o.resume != "auto" || o.was_given("--resume")) return;
   if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;

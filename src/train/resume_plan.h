@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/names.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 
 namespace rd::train {
@@ -39,7 +39,7 @@ struct ResumePlan {
 // the checkpoint's. Then lists every other flag that differs from the checkpoint's run
 // (not for --eval-only). `this_run_cuda` says whether this run computes on a GPU (asked
 // only for a checkpoint trained with --amp on --device auto).
-ResumePlan plan_resume(TrainOptions& o, const std::string& path, const CheckpointMeta& m,
+ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                        const std::function<bool()>& this_run_cuda);
 
 // Auto-resume is for continuing a run (a requeue, a rerun after a stop). Outside Slurm a
@@ -48,7 +48,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
 // refused (rd::UsageError listing the differences) unless --resume was given. Under
 // Slurm a requeued job resumes unasked, and the job scripts give each submission its
 // own folder.
-void refuse_new_experiment(const TrainOptions& o, const std::string& path, const CheckpointMeta& m,
+void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                            const std::vector<std::string>& differences);
 
 }  // namespace rd::train

@@ -24,7 +24,7 @@
 #include "resnet_ddp/dist/ddp.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/optimizer.h"
 #include "resnet_ddp/train/output_lock.h"
@@ -141,7 +141,7 @@ class Trainer {
   std::string epoch_tag(int64_t e) const {
     return "(Epoch " + std::to_string(e + 1) + "/" + std::to_string(o_.epochs) + ")";
   }
-  CheckpointMeta base_meta() const;
+  io::CheckpointMeta base_meta() const;
 
   // A copy: on resume the model-defining flags the user left out come from the checkpoint.
   TrainOptions o_;
@@ -368,16 +368,16 @@ void Trainer::resolve_resume() {
           path = o_.resume;
         }
         if (path.empty()) return;
-        std::unique_ptr<CheckpointReader> reader;
+        std::unique_ptr<io::CheckpointReader> reader;
         try {
-          reader = std::make_unique<CheckpointReader>(path, o_.eval_only);
+          reader = std::make_unique<io::CheckpointReader>(path, o_.eval_only);
         } catch (const UsageError& e) {
           // Not HDF5, not a checkpoint, damaged: the way out of an unreadable last.h5.
           if (o_.eval_only) throw;
           throw UsageError(e.what() + std::string(kStartFresh));
         }
-        const CheckpointReader& ck = *reader;
-        const CheckpointMeta& m = ck.meta();
+        const io::CheckpointReader& ck = *reader;
+        const io::CheckpointMeta& m = ck.meta();
         // Evaluation takes the class names from the model: no Train folder needed.
         if (o_.eval_only) checkpoint_classes_ = m.class_names;
         ResumePlan plan = plan_resume(o_, path, m, [&] { return backend_->device() == DeviceKind::CUDA; });
@@ -541,8 +541,8 @@ void Trainer::check_output_space() {
       rank0());
 }
 
-CheckpointMeta Trainer::base_meta() const {
-  CheckpointMeta m;
+io::CheckpointMeta Trainer::base_meta() const {
+  io::CheckpointMeta m;
   m.arch = o_.arch;
   m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
@@ -576,10 +576,10 @@ void Trainer::load_start_state() {
         if (!path.empty()) {
          try {
           // Streamed into the arenas: no host copy of the weights and optimizer state.
-          CheckpointReader ck(path, false);
-          check_compatible(ck.meta(), *model_, class_names_, path);
+          io::CheckpointReader ck(path, false);
+          io::check_compatible(ck.meta(), *model_, class_names_, path);
           ck.load_model(*model_, false);
-          const CheckpointMeta& m = ck.meta();
+          const io::CheckpointMeta& m = ck.meta();
           run_.resumed = 1;
           run_.epoch = m.epoch;
           run_.step_in_epoch = m.step_in_epoch;
@@ -594,13 +594,14 @@ void Trainer::load_start_state() {
           run_.partial_correct = m.partial_train_correct;
           run_.partial_count = m.partial_train_count;
           if (!o_.eval_only) {
-            ck.load_optimizer(*model_, *opt_);
+            ck.load_optimizer(*model_, opt_->export_state());
+            opt_->import_state(m.optimizer);
             run_.has_optimizer_state = 1;
             run_.optimizer_steps = opt_->steps();
             run_.lr = honour_lr_ ? o_.lr : opt_->lr();
-            const SchedulerMeta& sc = m.scheduler;
+            const SchedulerState& sc = m.scheduler;
             if (sc.present && sc.type == sched_->type()) {
-              restore_scheduler(sc, *sched_);
+              sched_->import_state(sc);
               run_.has_scheduler_state = 1;
               run_.scheduler_last_epoch = sched_->last_epoch();
               run_.plateau = sched_->plateau;
@@ -624,7 +625,7 @@ void Trainer::load_start_state() {
           throw UsageError(what + kStartFresh);
          }
         } else if (!o_.init.empty()) {
-          CheckpointReader ck(o_.init, true);
+          io::CheckpointReader ck(o_.init, true);
           if (!ck.meta().arch.empty() && ck.meta().arch != o_.arch)
             throw UsageError("--init: '" + o_.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " +
                              o_.arch);
@@ -736,7 +737,7 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
   const bool weights_only = path == best_path_;
   agree(
       [&] {
-        CheckpointMeta m = base_meta();
+        io::CheckpointMeta m = base_meta();
         m.epoch = epoch;
         m.step_in_epoch = step_in_epoch;
         m.global_step = run_.global_step;
@@ -747,8 +748,10 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_train_loss_sum = partial_loss;
         m.partial_train_correct = partial_correct;
         m.partial_train_count = partial_count;
-        write_checkpoint(path, *model_, weights_only ? nullptr : opt_.get(), weights_only ? nullptr : sched_.get(),
-                         m);  // straight from the arenas
+        const OptimizerState opt = opt_ ? opt_->export_state() : OptimizerState{};
+        const SchedulerState sched = sched_ ? sched_->export_state() : SchedulerState{};
+        io::write_checkpoint(path, *model_, weights_only || !opt_ ? nullptr : &opt,
+                             weights_only || !sched_ ? nullptr : &sched, m);  // straight from the arenas
       },
       rank0());
 }
@@ -940,8 +943,8 @@ void Trainer::evaluate_best() {
   // Adam state, 3x the parameters) made this the peak of the whole run.
   agree(
       [&] {
-        CheckpointReader ck(best_path_, false);
-        check_compatible(ck.meta(), *model_, class_names_, best_path_);
+        io::CheckpointReader ck(best_path_, false);
+        io::check_compatible(ck.meta(), *model_, class_names_, best_path_);
         ck.load_model(*model_, false);
       },
       rank0());

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "core/h5.h"
+#include "resnet_ddp/io/h5.h"
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/cpu_isa.h"
 #include "resnet_ddp/backend/names.h"

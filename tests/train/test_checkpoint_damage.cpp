@@ -16,12 +16,13 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
 
 namespace fs = std::filesystem;
 using namespace rd;
 using namespace rd::train;
+using namespace rd::io;
 
 namespace {
 
@@ -95,7 +96,9 @@ TEST_CASE("truncated and bit-flipped checkpoints are refused or load intact, nev
   meta.world_size = 1;
   meta.class_names = {"a", "b", "c"};
   const std::string good = (dir / "good.h5").string();
-  write_checkpoint(good, *src.model, src.opt.get(), src.sched.get(), meta);
+  const OptimizerState opt_state = src.opt->export_state();
+  const SchedulerState sched_state = src.sched->export_state();
+  write_checkpoint(good, *src.model, &opt_state, &sched_state, meta);
   const State want = src.state(*be);
   std::string bytes;
   {
@@ -132,8 +135,9 @@ TEST_CASE("truncated and bit-flipped checkpoints are refused or load intact, nev
          CheckpointReader ck(p, false);
          check_compatible(ck.meta(), *dst.model, classes, p);
          (void)ck.load_model(*dst.model, false);
-         ck.load_optimizer(*dst.model, *dst.opt);
-         restore_scheduler(ck.meta().scheduler, *dst.sched);
+         ck.load_optimizer(*dst.model, dst.opt->export_state());
+         dst.opt->import_state(ck.meta().optimizer);
+         dst.sched->import_state(ck.meta().scheduler);
        }},
   };
 

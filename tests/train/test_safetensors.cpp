@@ -1,4 +1,4 @@
-// The safetensors reader and writer (src/train/safetensors.cpp) without a model: exact
+// The safetensors reader and writer (src/io/safetensors.cpp) without a model: exact
 // 16-bit widening, header round trip, the JSON corners, and refusals. The end-to-end
 // tests (tests/e2e/safetensors_export.sh, weights_errors.sh) cover files from PyTorch.
 #include <unistd.h>
@@ -11,11 +11,11 @@
 #include <limits>
 
 #include "resnet_ddp/errors.h"
-#include "train/safetensors.h"
+#include "resnet_ddp/io/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace rd;
-using namespace rd::train::safetensors;
+using namespace rd::io::safetensors;
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
-#include "resnet_ddp/train/checkpoint.h"
+#include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "parse_cli.h"
 #include "resnet_ddp/train/optimizer.h"
@@ -29,6 +29,7 @@
 namespace fs = std::filesystem;
 using namespace rd;
 using namespace rd::train;
+using namespace rd::io;
 
 namespace {
 
@@ -482,7 +483,9 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   sched.step(1e-3, 0.9);
 
   const std::string path = dir.file("last.h5");
-  write_checkpoint(path, *model, &opt, &sched, tiny_meta("mlp", 3));
+  const OptimizerState opt_state = opt.export_state();
+  const SchedulerState sched_state = sched.export_state();
+  write_checkpoint(path, *model, &opt_state, &sched_state, tiny_meta("mlp", 3));
   REQUIRE(fs::exists(path));
   for (const auto& e : fs::directory_iterator(dir.path))  // no temp file left behind
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
@@ -523,8 +526,9 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   Scheduler sched2(SchedulerKind::Plateau, 1e-3, 5);
   check_compatible(m, other, m.class_names, path);
   CHECK(ck.load_model(other, false).empty());
-  ck.load_optimizer(other, opt2);
-  restore_scheduler(m.scheduler, sched2);
+  ck.load_optimizer(other, opt2.export_state());
+  opt2.import_state(m.optimizer);
+  sched2.import_state(m.scheduler);
   CHECK(same_slices(*be, model->params(), other.params().data(), model->params().data()));
   CHECK(same_slices(*be, model->buffers(), other.buffers().data(), model->buffers().data()));
   CHECK(other.num_batches_tracked() == model->num_batches_tracked());
@@ -542,7 +546,8 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   preempted.partial_train_count = 5;
   Scheduler cosine(SchedulerKind::Cosine, 1e-3, 5);
   cosine.step(1e-3, 0.5);
-  write_checkpoint(path, *model, &opt, &cosine, preempted);
+  const SchedulerState cosine_state = cosine.export_state();
+  write_checkpoint(path, *model, &opt_state, &cosine_state, preempted);
   CheckpointReader p(path);
   CHECK(p.meta().step_in_epoch == 2);
   CHECK(p.meta().partial_train_count == 5);
@@ -555,13 +560,13 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   write_checkpoint(weights, *model, nullptr, nullptr, tiny_meta("mlp", 3));
   CheckpointReader w(weights);
   CHECK_FALSE(w.meta().optimizer.present);
-  CHECK_THROWS_WITH(w.load_optimizer(other, opt2), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
+  CHECK_THROWS_WITH(w.load_optimizer(other, opt2.export_state()), Catch::Contains(weights) && Catch::Contains("no /optimizer"));
   Optimizer sgd(*be, other.params(), other.grads(), [] {
     OptimizerConfig c;
     c.type = OptimizerKind::Sgd;
     return c;
   }());
-  CHECK_THROWS_WITH(ck.load_optimizer(other, sgd), Catch::Contains("--optimizer adam"));
+  CHECK_THROWS_WITH(ck.load_optimizer(other, sgd.export_state()), Catch::Contains("--optimizer adam"));
 }
 
 TEST_CASE("damaged checkpoints are rejected with the file named", "[train]") {
@@ -655,7 +660,8 @@ TEST_CASE("a write that fails at any point keeps the previous checkpoint and clo
   Optimizer opt(*be, model->params(), model->grads(), oc);
   const std::string path = dir.file("last.h5");
   CheckpointMeta meta = tiny_meta("fc", 3);
-  write_checkpoint(path, *model, &opt, nullptr, meta);
+  const OptimizerState opt_state = opt.export_state();
+  write_checkpoint(path, *model, &opt_state, nullptr, meta);
   const auto size = static_cast<rlim_t>(fs::file_size(path));
   // The limit decides where the write fails: the first dataset, a tensor in the
   // middle, or the metadata HDF5 writes when the file is closed.
@@ -672,7 +678,7 @@ TEST_CASE("a write that fails at any point keeps the previous checkpoint and clo
   meta.epoch = 4;
   std::string error;
   try {
-    write_checkpoint(path, *model, &opt, nullptr, meta);
+    write_checkpoint(path, *model, &opt_state, nullptr, meta);
   } catch (const Error& e) {
     error = e.what();
   }

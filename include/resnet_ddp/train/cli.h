@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/optimizer.h"
@@ -153,8 +154,7 @@ std::string launcher_world_mismatch(int mpi_world);
 // Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
 int launcher_rank();
 
-// Quotes one argument so a POSIX shell reads it back unchanged.
-std::string shell_quote(const std::string& arg);
+using rd::shell_quote;  // resnet_ddp/shell_quote.h
 std::string join_command_line(int argc, char** argv);
 std::string join_command_line(const std::vector<std::string>& words);
 

@@ -18,26 +18,21 @@
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/names.h"
+#include "resnet_ddp/io/optimizer_state.h"
 #include "resnet_ddp/nn/arena.h"
 
 namespace rd::train {
 
-enum class OptimizerKind { Adam, Sgd };
-enum class SchedulerKind { Plateau, Cosine, None };
-// --optimizer / --scheduler spellings, also the type names a checkpoint records.
-inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
-inline NameTable<SchedulerKind> scheduler_names() {
-  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
-}
-
-struct OptimizerConfig {
-  OptimizerKind type = OptimizerKind::Adam;
-  double lr = 1e-4;
-  double weight_decay = 0.0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
-  double momentum = 0.0, dampening = 0.0;         // sgd
-  bool nesterov = false;
-};
+// The plain-value types live with the file formats that store them (io/optimizer_state.h).
+using io::CosineState;
+using io::OptimizerConfig;
+using io::OptimizerKind;
+using io::OptimizerState;
+using io::optimizer_names;
+using io::PlateauState;
+using io::SchedulerKind;
+using io::SchedulerState;
+using io::scheduler_names;
 
 class Optimizer {
  public:
@@ -60,6 +55,13 @@ class Optimizer {
   const char* state_name(size_t i) const;
   float* state(size_t i);
 
+  // The whole state as plain values (the tensors as views of this optimizer's buffers),
+  // and back: import_state takes the step and current LR; the tensors are filled in
+  // place through export_state().tensors (CheckpointReader::load_optimizer, which also
+  // refuses a state of another optimizer type).
+  OptimizerState export_state();
+  void import_state(const OptimizerState& s);
+
  private:
   Backend& backend_;
   Arena& params_;
@@ -68,25 +70,6 @@ class Optimizer {
   double lr_;
   int64_t step_ = 0;
   std::shared_ptr<void> state_[2];
-};
-
-struct PlateauState {
-  // torch.optim.lr_scheduler.ReduceLROnPlateau defaults except factor/patience/min_lr.
-  double factor = 0.1;
-  int64_t patience = 5;
-  double threshold = 1e-4;  // relative
-  int64_t cooldown = 0;
-  double min_lr = 1e-8;
-  double eps = 1e-8;
-  double best = 0.0;  // set to +inf on construction (mode min)
-  int64_t num_bad_epochs = 0;
-  int64_t cooldown_counter = 0;
-};
-
-struct CosineState {
-  int64_t t_max = 1;
-  double eta_min = 0.0;
-  double base_lr = 0.0;
 };
 
 class Scheduler {
@@ -103,6 +86,11 @@ class Scheduler {
 
   PlateauState plateau;
   CosineState cosine;
+
+  // The whole state as plain values, and back: a saved state of another type (a
+  // changed --scheduler) is ignored, so the schedule starts fresh.
+  SchedulerState export_state() const;
+  void import_state(const SchedulerState& s);
 
  private:
   SchedulerKind kind_;

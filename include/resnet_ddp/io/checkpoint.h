@@ -1,8 +1,9 @@
 // HDF5 checkpoints (layout: docs/checkpoint_format.md).
 //
-// One writer (write_checkpoint: a model's arenas, optimizer and scheduler -> file)
-// and one reader (CheckpointReader: file -> arenas, and the tensor list `info`
-// prints). Both move one tensor at a time through a host buffer of the largest
+// One writer (write_checkpoint: a model's arenas, optimizer and scheduler state -> file)
+// and one reader (CheckpointReader: file -> arenas and optimizer state, and the tensor
+// list `info` prints). The optimizer and scheduler come in as plain state
+// (optimizer_state.h), so this layer knows no trainer object. Both move one tensor at a time through a host buffer of the largest
 // tensor's size: a host copy of ResNet-34 with Adam state is ~250 MB, which made
 // the end-of-run evaluation of best_model.h5 the peak of a whole run. Writes are
 // atomic (temp file in the same directory written directly by HDF5, fsync, rename,
@@ -15,36 +16,19 @@
 #include <string>
 #include <vector>
 
-#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/io/optimizer_state.h"
 
 namespace rd {
 class Arena;
 class ResNet;
 }
 
-namespace rd::train {
+namespace rd::io {
 
 inline constexpr int64_t kCheckpointFormatVersion = 1;
 
-// The /optimizer group's attributes (its tensors stream into the Optimizer).
-struct OptimizerMeta {
-  bool present = false;
-  OptimizerConfig config;  // config.lr is the initial LR
-  int64_t step = 0;
-  double lr = 0;  // the current LR
-};
-
-// The /scheduler group.
-struct SchedulerMeta {
-  bool present = false;
-  std::string type = "none";
-  int64_t last_epoch = 0;
-  PlateauState plateau;
-  CosineState cosine;
-};
-
 // Everything a checkpoint holds except its tensors. write_checkpoint takes the
-// optimizer and scheduler parts from the objects it is given.
+// optimizer and scheduler parts from the states it is given, not from here.
 struct CheckpointMeta {
   int64_t format_version = kCheckpointFormatVersion;
   std::string arch, head;
@@ -73,8 +57,8 @@ struct CheckpointMeta {
   double partial_train_loss_sum = 0.0;
   int64_t partial_train_correct = 0;
   int64_t partial_train_count = 0;
-  OptimizerMeta optimizer;
-  SchedulerMeta scheduler;
+  OptimizerState optimizer;  // without tensors
+  SchedulerState scheduler;
 };
 
 // One /state_dict entry as stored: float32 of `shape`, or an int64 scalar
@@ -99,12 +83,15 @@ std::vector<StateEntry> state_dict_order(ResNet& model);
 
 // Atomic write in torchvision's state_dict order, straight from the arenas.
 // Throws rd::Error naming the path (the previous file stays intact).
-void write_checkpoint(const std::string& path, ResNet& model, const Optimizer* opt, const Scheduler* sched,
+// `opt` and `sched` (Optimizer/Scheduler::export_state()) may be null: a weights-only file.
+void write_checkpoint(const std::string& path, ResNet& model, const OptimizerState* opt, const SchedulerState* sched,
                       const CheckpointMeta& meta);
 
 // A checkpoint opened for reading: HDF5 (ours, tools/torch_to_h5.py's, h5py's) or
-// safetensors (weights and __metadata__ only, see docs/interop.md). A PyTorch
-// .pth/.pt is refused with the converter command. The constructor reads and checks everything
+// safetensors (weights and __metadata__ only, see docs/interop.md), both read through
+// one TensorSource (src/io/tensor_source.h). A PyTorch .pth/.pt is refused with the
+// converter command; an HDF5 file of ours that fails its checksum is refused before
+// HDF5 parses it (src/io/checksum.h). The constructor reads and checks everything
 // but the tensors; weights_only (for --init files) reads /state_dict and whatever
 // metadata exists. Every method throws rd::UsageError naming the file when it is
 // not HDF5, not a resnet_ddp checkpoint, a newer version, damaged, or does not fit.
@@ -124,7 +111,10 @@ class CheckpointReader {
   // allow_head_mismatch (for --init), head tensors whose shape differs are
   // skipped (all or none of the head); returns their names.
   std::vector<std::string> load_model(ResNet& model, bool allow_head_mismatch);
-  void load_optimizer(ResNet& model, Optimizer& opt);
+  // Reads the optimizer state tensors into `into.tensors` (Optimizer::export_state()),
+  // after checking the saved optimizer is of into's type; the caller then imports
+  // meta().optimizer for the step and LR.
+  void load_optimizer(ResNet& model, const OptimizerState& into);
 
  private:
   struct Impl;
@@ -136,7 +126,4 @@ class CheckpointReader {
 void check_compatible(const CheckpointMeta& meta, ResNet& model, const std::vector<std::string>& class_names,
                       const std::string& path);
 
-// A scheduler of the saved type continues; another type starts fresh.
-void restore_scheduler(const SchedulerMeta& saved, Scheduler& sched);
-
-}  // namespace rd::train
+}  // namespace rd::io

@@ -1,4 +1,4 @@
-// HDF5 handles and attribute helpers shared by checkpoints (src/train), packed
+// HDF5 handles and attribute helpers shared by checkpoints (src/io), packed
 // datasets (src/data) and the parity driver. Header-only: only code that links
 // HDF5 includes it. The helpers return a status instead of throwing, because each
 // caller words its own errors (checkpoint messages are pinned by tests).
@@ -62,6 +62,13 @@ class Quiet {
   H5E_auto2_t func_ = nullptr;
   void* data_ = nullptr;
 };
+
+// HDF5's error printing off for good (not per scope, as Quiet does): a checkpoint
+// reader outlives any one scope, and the callers print their own messages.
+inline void quiet_for_good() {
+  static const bool once = H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0;
+  (void)once;
+}
 
 // Variable-length UTF-8 strings: what h5py reads back as str.
 inline Id vlen_string_type() {

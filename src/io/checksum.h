@@ -1,4 +1,4 @@
-// Whole-file checksum of checkpoints (internal to checkpoint.cpp).
+// Whole-file checksum of checkpoints (internal to src/io).
 //
 // HDF5's parser is not hardened against damaged files (a flipped bit in its metadata
 // can crash or hang it), so a file we wrote is verified before HDF5 sees it: the
@@ -15,7 +15,7 @@
 
 #include "resnet_ddp/errors.h"
 
-namespace rd::train {
+namespace rd::io {
 
 constexpr hsize_t kChecksumBlock = 512;
 
@@ -30,10 +30,4 @@ void stamp_checksum(const std::string& file);
 // Why `path` fails its checksum header, or "" when it matches or has none.
 std::string checksum_problem(const std::string& path);
 
-// The error for a file that failed its checksum. For a message that names what is
-// damaged, HDF5 reads it in a child process, where a crash or hang of HDF5's
-// parser is contained; in_damage_probe() is true only in that child.
-UsageError damaged_file_error(const std::string& path, const std::string& problem);
-bool in_damage_probe();
-
-}  // namespace rd::train
+}  // namespace rd::io

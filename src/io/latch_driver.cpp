@@ -1,5 +1,5 @@
 // The latching HDF5 file driver (see latch_driver.h).
-#include "train/latch_driver.h"
+#include "io/latch_driver.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <iterator>
 
-namespace rd::train {
+namespace rd::io {
 
 namespace {
 
@@ -152,4 +152,4 @@ hid_t latch_driver() {
   return id;
 }
 
-}  // namespace rd::train
+}  // namespace rd::io

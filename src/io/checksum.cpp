@@ -1,25 +1,19 @@
 // The whole-file checksum of checkpoints (see checksum.h).
-#include "train/checksum.h"
+#include "io/checksum.h"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
-#include "resnet_ddp/train/checkpoint.h"
 
-namespace rd::train {
+namespace rd::io {
 
 namespace {
 
@@ -110,93 +104,4 @@ std::string checksum_problem(const std::string& path) {
   return msg;
 }
 
-namespace {
-
-bool g_in_damage_probe = false;  // set only in the child process below
-
-// The message for a damaged file, from a child process that parses it (killed
-// after kProbeTimeoutS).
-std::string probe_damaged_file(const std::string& path, const std::string& problem) {
-  constexpr int kProbeTimeoutS = 120;
-  const std::string base = "checkpoint '" + path + "': " + problem + " (file damaged or incompletely copied)";
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return base;
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return base;
-  }
-  if (pid == 0) {  // child: no MPI, no stdio flush at exit (_exit)
-    ::close(fds[0]);
-    std::string msg;
-    try {
-      g_in_damage_probe = true;
-      (void)CheckpointReader(path, false).check_tensors();
-    } catch (const std::exception& e) {
-      msg = e.what();
-    }
-    for (size_t off = 0; off < msg.size();) {
-      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string msg;
-  bool timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeTimeoutS);
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd pfd{fds[0], POLLIN, 0};
-    const int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      timed_out = r == 0;
-      break;
-    }
-    char buf[512];
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    msg.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) return base + "; reading it hung (stopped after " + std::to_string(kProbeTimeoutS) + " s)";
-  if (WIFSIGNALED(status))
-    return base + "; the HDF5 library crashed reading it (signal " + std::to_string(WTERMSIG(status)) +
-           ", contained in a child process)";
-  if (!msg.empty()) return msg + " [" + problem + "]";
-  return base;
-}
-
-}  // namespace
-
-bool in_damage_probe() { return g_in_damage_probe; }
-
-UsageError damaged_file_error(const std::string& path, const std::string& problem) {
-  // Several readers open the same file in turn (info tries full, then weights-only):
-  // one probe per damaged file. `problem` holds the CRC or size found, so a file
-  // damaged differently is probed again.
-  static std::mutex mutex;
-  static std::string last_key, last_message;
-  std::lock_guard<std::mutex> lock(mutex);
-  const std::string key = path + '\n' + problem;
-  if (key != last_key) {
-    last_message = probe_damaged_file(path, problem);
-    last_key = key;
-  }
-  return UsageError(last_message);
-}
-
-}  // namespace rd::train
+}  // namespace rd::io

@@ -10,7 +10,7 @@
 
 #include <hdf5.h>
 
-namespace rd::train {
+namespace rd::io {
 
 struct IoLatch {
   int err = 0;         // errno of the first failed system call, 0 when none failed
@@ -29,4 +29,4 @@ class LatchScope {
 // The driver's id, registered on first use; pass it to H5Pset_driver.
 hid_t latch_driver();
 
-}  // namespace rd::train
+}  // namespace rd::io

@@ -14,7 +14,11 @@
 #include <string>
 #include <vector>
 
-namespace rd::train::safetensors {
+namespace rd {
+class ResNet;
+}
+
+namespace rd::io::safetensors {
 
 // The dtypes we can read: floats become float32; integers only for num_batches_tracked.
 enum class DType { F32, F16, BF16, I64, I32 };
@@ -71,6 +75,12 @@ std::string make_header(const std::vector<Entry>& tensors, const std::map<std::s
 std::string json_string_array(const std::vector<std::string>& items);
 std::vector<std::string> parse_json_string_array(const std::string& text, const std::string& what);
 
+// Writes `model`'s state_dict (torchvision's names and order, state_dict_order) with
+// `metadata` to `path`: temp file in the same directory, fsync, rename, fsync of the
+// directory, so a failure or crash leaves the old file or the complete new one.
+// Throws rd::Error("cannot write 'PATH': ...").
+void write_model(const std::string& path, ResNet& model, const std::map<std::string, std::string>& metadata);
+
 enum class Kind { Safetensors, TorchZip, TorchPickle, Other };
 // By content (first bytes) or, for safetensors, the .safetensors extension too, so a
 // truncated one is still parsed as one and gets a precise message.
@@ -80,4 +90,4 @@ Kind sniff(const std::string& path);
 // into an --init file; "" for anything else.
 std::string torch_file_problem(const std::string& path);
 
-}  // namespace rd::train::safetensors
+}  // namespace rd::io::safetensors

@@ -1,0 +1,77 @@
+// The optimizer's and the scheduler's state as plain values: what a checkpoint stores
+// and what train::Optimizer / train::Scheduler export and import. Defined here, below
+// the trainer, so that the file formats know no optimizer object; train/optimizer.h
+// names these types in rd::train too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/backend/names.h"
+
+namespace rd::io {
+
+enum class OptimizerKind { Adam, Sgd };
+enum class SchedulerKind { Plateau, Cosine, None };
+// --optimizer / --scheduler spellings, also the type names a checkpoint records.
+inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
+inline NameTable<SchedulerKind> scheduler_names() {
+  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
+}
+
+struct OptimizerConfig {
+  OptimizerKind type = OptimizerKind::Adam;
+  double lr = 1e-4;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+  double momentum = 0.0, dampening = 0.0;         // sgd
+  bool nesterov = false;
+};
+
+// One state tensor of an optimizer: params().size() floats in the parameters' layout,
+// in the model backend's memory (not owned).
+struct StateTensor {
+  std::string name;  // exp_avg, exp_avg_sq (adam); momentum_buffer (sgd)
+  float* data = nullptr;
+};
+
+// The /optimizer group. In a CheckpointMeta `tensors` is empty (they stream into the
+// optimizer's own buffers through CheckpointReader::load_optimizer).
+struct OptimizerState {
+  bool present = false;
+  OptimizerConfig config;  // config.lr is the initial LR
+  int64_t step = 0;
+  double lr = 0;  // the current LR
+  std::vector<StateTensor> tensors;
+};
+
+struct PlateauState {
+  // torch.optim.lr_scheduler.ReduceLROnPlateau defaults except factor/patience/min_lr.
+  double factor = 0.1;
+  int64_t patience = 5;
+  double threshold = 1e-4;  // relative
+  int64_t cooldown = 0;
+  double min_lr = 1e-8;
+  double eps = 1e-8;
+  double best = 0.0;  // set to +inf on construction (mode min)
+  int64_t num_bad_epochs = 0;
+  int64_t cooldown_counter = 0;
+};
+
+struct CosineState {
+  int64_t t_max = 1;
+  double eta_min = 0.0;
+  double base_lr = 0.0;
+};
+
+// The /scheduler group.
+struct SchedulerState {
+  bool present = false;
+  std::string type = "none";  // as recorded; a file may hold a type this build lacks
+  int64_t last_epoch = 0;
+  PlateauState plateau;
+  CosineState cosine;
+};
+
+}  // namespace rd::io
