@@ -154,7 +154,7 @@ else
   # A failure, not a skip (review #13): without the op tests the run proves little.
   die "Catch2 header not found (RD_CATCH2_INCLUDE, .gpu_deps/include, /usr/include): carry .gpu_deps (docs/cuda.md)"
 fi
-echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/tests/gpu/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
+echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/bench/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
 if ! xargs -P "$JOBS" -I{} sh -c '{} || exit 255' < "$CMDS" > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" -A3 "$OUT/build.log" | head -60
   die "build failed (full log: $OUT/build.log)"
@@ -416,7 +416,7 @@ elif [[ -n $BUNDLE ]]; then
   FAKE_RUN=$OUT/run_from_build
   {
     echo '#!/usr/bin/env bash'
-    echo "export PATH=\"$BUNDLE:$BUNDLE/tests/gpu:$BUNDLE/tests/collective:\$PATH\""
+    echo "export PATH=\"$BUNDLE:$BUNDLE/tests/gpu:$BUNDLE/bench:$BUNDLE/tests/collective:\$PATH\""
     echo 'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1'
     echo 'if [[ ${1:-} == --env ]]; then'
     echo "  echo \"build folder standing in for a bundle: $BUNDLE\""
@@ -433,12 +433,12 @@ if [[ -n $BUNDLE ]]; then
   TEST_CMD=("${RUN[@]}" test_gpu_cuda_backend)
   BENCH_CMD=("${RUN[@]}" gpu_train_bench)
   TORCH_BENCH=$ROOT/tools/torch_gpu_bench.py
-  [[ -f $TORCH_BENCH ]] || TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
+  [[ -f $TORCH_BENCH ]] || TORCH_BENCH=$ROOT/bench/torch_gpu_bench.py
 else
   step build "$SELF" --internal-build
   TEST_CMD=("$OUT/test_cuda_backend")
   BENCH_CMD=("$OUT/gpu_train_bench")
-  TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
+  TORCH_BENCH=$ROOT/bench/torch_gpu_bench.py
   BUILT_LD_DIRS=$(cat "$OUT/ld_dirs" 2>/dev/null)
   export LD_LIBRARY_PATH="$OUT/lib:${BUILT_LD_DIRS}${LD_LIBRARY_PATH:-}"
 fi
