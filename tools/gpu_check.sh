@@ -95,8 +95,8 @@ echo "building for sm_$ARCH"
 INC=(-I"$CUDA_HOME/include") LIBDIRS=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
 if [[ -n "$PY" ]]; then
   NV=$("$PY" -c 'import nvidia,os;print(os.path.dirname(list(nvidia.__path__)[0]+"/x"))' 2>/dev/null || true)
-  # CUDA 13 wheels keep cuBLAS and cudart in nvidia/cu13 (review #13), CUDA 12 ones
-  # in nvidia/cublas and nvidia/cuda_runtime.
+  # CUDA 13 wheels keep cuBLAS and cudart in nvidia/cu13, CUDA 12 ones in
+  # nvidia/cublas and nvidia/cuda_runtime: search both layouts.
   for sub in cudnn cu13 cublas cuda_runtime nccl; do
     [[ -d "$NV/$sub/include" ]] && INC+=(-I"$NV/$sub/include")
     [[ -d "$NV/$sub/lib" ]] && LIBDIRS+=("$NV/$sub/lib")
@@ -151,7 +151,7 @@ if [ -n "$CATCH_INC" ]; then
   echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} $CATCH_FLAG -c $ROOT/tests/gpu/test_cuda_backend.cpp -o $OUT/obj/test.o" >> "$CMDS"
   echo "$LAUNCH $CXX -std=c++20 $CATCH_FLAG -c $ROOT/tests/common/catch_main.cpp -o $OUT/obj/catch_main.o" >> "$CMDS"
 else
-  # A failure, not a skip (review #13): without the op tests the run proves little.
+  # A failure, not a skip: without the op tests the run proves little.
   die "Catch2 header not found (RD_CATCH2_INCLUDE, .gpu_deps/include, /usr/include): carry .gpu_deps (docs/cuda.md)"
 fi
 echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/bench/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"

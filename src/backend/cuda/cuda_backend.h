@@ -69,15 +69,21 @@ class Scratch {
 };
 
 // Waits until `s` finished its queued work, for at most `seconds`; false on
-// timeout. Destructors and buffer releases use it: a collective whose peer died
-// can block a stream for ever, and a leak at shutdown beats a hang (review #10).
+// timeout. Destructors and buffer releases use it.
+//
+// Note [Bounded teardown waits]
+// A collective whose peer died can block a stream for ever, so no destructor waits
+// for a stream without a bound: past it, the owner leaks its stream, events and
+// buffers (or aborts its NCCL communicator) and returns. A leak at shutdown beats
+// a hang; the watchdog or the caller's error path ends the process.
 bool wait_stream_bounded(cudaStream_t s, double seconds);
 // The bound for those waits: the collective deadline (RD_COLLECTIVE_TIMEOUT_S).
 double teardown_wait_s();
 
 // Compute stream of the CudaBackend living on `device` (null when none):
 // NcclComm orders its collectives against it. The newest live backend per device
-// wins; destroying it brings back the previous one's (review #12).
+// wins; destroying it brings back the previous one's (a temporary backend, such
+// as a probe's, must not leave NcclComm ordered against a destroyed stream).
 cudaStream_t registered_compute_stream(int device);
 
 class CudaBackend final : public Backend {
