@@ -119,8 +119,8 @@ void burn(double seconds, rd::dist::Comm* progress) {
 
 // Does an in-flight MPI all-reduce advance while the rank computes?
 void overlap_check(rd::dist::Comm& comm, double max_mb, int rank) {
-  const size_t big = std::min<size_t>(static_cast<size_t>(16.0 * 1024 * 1024 / 4),
-                                      static_cast<size_t>(max_mb * 1024 * 1024 / 4));
+  const size_t big =
+      std::min<size_t>(static_cast<size_t>(16.0 * 1024 * 1024 / 4), static_cast<size_t>(max_mb * 1024 * 1024 / 4));
   std::vector<float> buf(big, 1.0f);
   for (int mode = 0; mode < 2; ++mode) {
     comm.barrier();
@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
     fs.real("--max-mb", &o.max_mb, 0.0, true, "largest message in MiB");
     fs.real("--seconds", &o.budget, 0.0, true, "time per message size");
     fs.parse(std::vector<std::string>(argv + 1, argv + argc), false, &help);
-    if (help && env.rank == 0) std::printf("Usage: mpirun -np N allreduce_bench [flags]\n\nFlags:\n%s", fs.help().c_str());
+    if (help && env.rank == 0)
+      std::printf("Usage: mpirun -np N allreduce_bench [flags]\n\nFlags:\n%s", fs.help().c_str());
   } catch (const rd::UsageError& e) {
     if (env.rank == 0) std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
     rd::dist::finalize_process();
