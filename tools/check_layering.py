@@ -11,6 +11,9 @@ header's layer both come from their path: src/<layer>/..., include/resnet_ddp/<l
 (the headers directly in include/resnet_ddp/ and include/resnet_ddp/math/ are core),
 and the CUDA kernels (kernels/ or src/backend/cuda/kernels/) are backend.
 
+The same rule holds for the libraries: each rd_component(NAME DIRS src/<layer>...
+DEPS ...) in CMakeLists.txt may depend only on components of its own layer or below.
+
 Known exceptions are edges "from-layer -> to-layer: reason" in
 tools/layering_allow.txt; each must still be needed (an unused one fails too, so
 the list only shrinks).
@@ -52,6 +55,29 @@ def resolve(root, including_rel, header):
         if os.path.isfile(os.path.join(root, cand)):
             return cand
     return None
+
+
+def component_edges(root):
+    """(component, its layer, dependency, its layer) for each rd_component's DEPS."""
+    path = os.path.join(root, "CMakeLists.txt")
+    if not os.path.exists(path):
+        return []
+    text = re.sub(r"#[^\n]*", "", open(path).read())
+    layers, deps = {}, {}
+    for m in re.finditer(r"rd_component\(\s*(\w+)([^)]*)\)", text):
+        words = m.group(2).split()
+        section, dirs = None, []
+        for w in words:
+            if w in ("DIRS", "DEPS", "EXTRA"):
+                section = w
+            elif section == "DIRS":
+                dirs.append(w)
+            elif section == "DEPS" and w.startswith("rd_"):
+                deps.setdefault(m.group(1), []).append(w)
+        found = {layer_of(d + "/x.cpp") for d in dirs} - {None}
+        if len(found) == 1:
+            layers[m.group(1)] = found.pop()
+    return [(c, layers[c], d, layers[d]) for c in deps for d in deps[c] if c in layers and d in layers]
 
 
 def load_allowed(path):
@@ -100,6 +126,13 @@ def main():
                         used.add((mine, theirs))
                         continue
                     bad.append(f"{rel}:{n}: {mine} includes {target} ({theirs}), a layer above or beside it")
+    for comp, mine, dep, theirs in component_edges(root):
+        if theirs == mine or ORDER[theirs] < ORDER[mine]:
+            continue
+        if (mine, theirs) in allowed:
+            used.add((mine, theirs))
+            continue
+        bad.append(f"CMakeLists.txt: {comp} ({mine}) depends on {dep} ({theirs}), a layer above or beside it")
     stale = [f"{k[0]} -> {k[1]}" for k in allowed if k not in used]
     for b in bad:
         print(b)
