@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The hygiene checks must be able to fail: on a scratch tree, tools/check_layering.py
-# refuses a train header included from src/nn (and a dist header from src/core), and
+# refuses a train header included from src/nn (and a dist header from src/core) and a
+# component whose DEPS reach up, and
 # tools/check_function_length.py refuses a 90-line function unless a "Long because:"
 # comment sits above it.
 set -euo pipefail
@@ -27,6 +28,12 @@ python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" || fail "an a
 rm "$tmp/src/core/up.cpp"
 python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "a stale allowed edge passed"
 grep -q "no longer needed" "$tmp/out" || fail "stale edge not named: $(cat "$tmp/out")"
+
+printf 'rd_component(rd_nn DIRS src/nn DEPS rd_base rd_train)\nrd_component(rd_train DIRS src/train DEPS rd_base)\n' \
+  > "$tmp/CMakeLists.txt"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "rd_nn depending on rd_train passed"
+grep -q "rd_nn (nn) depends on rd_train (train)" "$tmp/out" || fail "component edge not named: $(cat "$tmp/out")"
+rm "$tmp/CMakeLists.txt"
 
 : > "$tmp/tools/function_length_allow.txt"
 long_fn() {  # name, then the comment line above it (may be empty)
