@@ -851,7 +851,7 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const BatchNormA
   double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
   float* ss = bn_scale_shift_.as<float>(2 * C, "batch-norm scale/shift");
   // Sums shifted by the running mean (the same on every rank), see Note [Shifted
-  // batch-norm sums] (kernels/batchnorm.cu).
+  // batch-norm sums] (batchnorm.cu, with the kernels).
   kern::bn_sums_forward(xd, x.data, a.running_mean, sums, compute_);
   const double* packed = nullptr;
   if (sync) {
