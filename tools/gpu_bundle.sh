@@ -16,7 +16,7 @@
 #     six programs share their CUDA kernels, which a solid archive stores about once)
 #  3. writes the launcher `run` next to it (unpacks the payload once into a cache folder,
 #     finds the host's CUDA libraries, relocates Open MPI, runs a command), a copy of
-#     tools/gpu_check.sh, tests/gpu/torch_gpu_bench.py (+ tools/torch_reference.py), and MANIFEST.txt
+#     tools/gpu_check.sh, bench/torch_gpu_bench.py (+ tools/torch_reference.py), and MANIFEST.txt
 #  4. checks the result: size limit, and every program starting under `env -i` through
 #     `run` with only the bundle's libraries, glibc and the CUDA libraries.
 #
@@ -52,7 +52,7 @@ for tool in ldd objdump strip xz tar cmake; do
 done
 
 PROGRAMS=(resnet_ddp message_passing)
-TESTS=(tests/gpu/test_gpu_cuda_backend tests/gpu/gpu_train_bench
+TESTS=(tests/gpu/test_gpu_cuda_backend bench/gpu_train_bench
        tests/collective/nccl_collective_test tests/collective/collective_test)
 TARGETS=(resnet_ddp message_passing test_gpu_cuda_backend gpu_train_bench nccl_collective_test collective_test)
 
@@ -190,7 +190,7 @@ sha256sum "$OUT/payload.tar.xz" | cut -c1-16 >"$OUT/payload.id"
 cp "$ROOT/tools/gpu_bundle_run.sh" "$OUT/run"
 chmod +x "$OUT/run"
 cp "$ROOT/tools/gpu_check.sh" "$OUT/tools/gpu_check.sh"
-cp "$ROOT/tests/gpu/torch_gpu_bench.py" "$OUT/tools/torch_gpu_bench.py"
+cp "$ROOT/bench/torch_gpu_bench.py" "$OUT/tools/torch_gpu_bench.py"
 cp "$ROOT/tools/torch_reference.py" "$OUT/tools/torch_reference.py"  # torch_gpu_bench.py imports it
 {
   echo "resnet_ddp GPU bundle"

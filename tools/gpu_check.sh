@@ -95,8 +95,8 @@ echo "building for sm_$ARCH"
 INC=(-I"$CUDA_HOME/include") LIBDIRS=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
 if [[ -n "$PY" ]]; then
   NV=$("$PY" -c 'import nvidia,os;print(os.path.dirname(list(nvidia.__path__)[0]+"/x"))' 2>/dev/null || true)
-  # CUDA 13 wheels keep cuBLAS and cudart in nvidia/cu13 (review #13), CUDA 12 ones
-  # in nvidia/cublas and nvidia/cuda_runtime.
+  # CUDA 13 wheels keep cuBLAS and cudart in nvidia/cu13, CUDA 12 ones in
+  # nvidia/cublas and nvidia/cuda_runtime: search both layouts.
   for sub in cudnn cu13 cublas cuda_runtime nccl; do
     [[ -d "$NV/$sub/include" ]] && INC+=(-I"$NV/$sub/include")
     [[ -d "$NV/$sub/lib" ]] && LIBDIRS+=("$NV/$sub/lib")
@@ -151,10 +151,10 @@ if [ -n "$CATCH_INC" ]; then
   echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} $CATCH_FLAG -c $ROOT/tests/gpu/test_cuda_backend.cpp -o $OUT/obj/test.o" >> "$CMDS"
   echo "$LAUNCH $CXX -std=c++20 $CATCH_FLAG -c $ROOT/tests/common/catch_main.cpp -o $OUT/obj/catch_main.o" >> "$CMDS"
 else
-  # A failure, not a skip (review #13): without the op tests the run proves little.
+  # A failure, not a skip: without the op tests the run proves little.
   die "Catch2 header not found (RD_CATCH2_INCLUDE, .gpu_deps/include, /usr/include): carry .gpu_deps (docs/cuda.md)"
 fi
-echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/tests/gpu/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
+echo "$LAUNCH $CXX -std=c++20 ${COMMON[*]} -c $ROOT/bench/gpu_train_bench.cpp -o $OUT/obj/bench.o" >> "$CMDS"
 if ! xargs -P "$JOBS" -I{} sh -c '{} || exit 255' < "$CMDS" > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" -A3 "$OUT/build.log" | head -60
   die "build failed (full log: $OUT/build.log)"
@@ -416,7 +416,7 @@ elif [[ -n $BUNDLE ]]; then
   FAKE_RUN=$OUT/run_from_build
   {
     echo '#!/usr/bin/env bash'
-    echo "export PATH=\"$BUNDLE:$BUNDLE/tests/gpu:$BUNDLE/tests/collective:\$PATH\""
+    echo "export PATH=\"$BUNDLE:$BUNDLE/tests/gpu:$BUNDLE/bench:$BUNDLE/tests/collective:\$PATH\""
     echo 'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1'
     echo 'if [[ ${1:-} == --env ]]; then'
     echo "  echo \"build folder standing in for a bundle: $BUNDLE\""
@@ -433,12 +433,12 @@ if [[ -n $BUNDLE ]]; then
   TEST_CMD=("${RUN[@]}" test_gpu_cuda_backend)
   BENCH_CMD=("${RUN[@]}" gpu_train_bench)
   TORCH_BENCH=$ROOT/tools/torch_gpu_bench.py
-  [[ -f $TORCH_BENCH ]] || TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
+  [[ -f $TORCH_BENCH ]] || TORCH_BENCH=$ROOT/bench/torch_gpu_bench.py
 else
   step build "$SELF" --internal-build
   TEST_CMD=("$OUT/test_cuda_backend")
   BENCH_CMD=("$OUT/gpu_train_bench")
-  TORCH_BENCH=$ROOT/tests/gpu/torch_gpu_bench.py
+  TORCH_BENCH=$ROOT/bench/torch_gpu_bench.py
   BUILT_LD_DIRS=$(cat "$OUT/ld_dirs" 2>/dev/null)
   export LD_LIBRARY_PATH="$OUT/lib:${BUILT_LD_DIRS}${LD_LIBRARY_PATH:-}"
 fi

@@ -805,7 +805,7 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       Tensor& input = model_->input_buffer(batch.n, batch.h, batch.w);
       backend_->images_u8_to_activation(batch.images, input, norm_mean_, norm_std_);
       if (micro == 0) sync_buffers();
-      // No host wait here (review new-9): the upload runs on the copy stream while
+      // No host wait here: the upload runs on the copy stream while
       // the host queues the forward behind it; the backend orders the buffers'
       // reuse with events, and the loss read in forward waits for all of it.
       auto t1 = Clock::now();

@@ -266,7 +266,7 @@ inline void check_batchnorm(Backend& be, const BnCase& c, Tol tol = {}, bool fin
 
   // The reference starts from the values as stored: under bf16/fp16 the upload
   // rounds x, and an element near the fused ReLU's kink can change sides
-  // (review #2). For f32 activations this is xh itself.
+  // and flip its gradient. For f32 activations this is xh itself.
   ref::Vec rm = to_double(rm0), rv = to_double(rv0);
   const auto xs = download_activation(be, x);
   const ref::Act xr = to_act(xs, c.n, c.c, c.h, c.w);
@@ -478,7 +478,8 @@ inline void check_relu(Backend& be, const Dims& d, Tol tol = {}) {
 }
 
 // ReLU on a RowMajor F32 matrix (the MLP head's hidden layer), which every
-// backend takes in every precision (review #1): forward, backward, in place.
+// backend takes in every precision (matrices stay F32 even when activations are
+// fp16/bf16): forward, backward, in place.
 inline void check_relu_matrix(Backend& be, int64_t rows, int64_t cols, Tol tol = {}) {
   INFO("relu on a " << rows << "x" << cols << " matrix on " << be.name());
   const size_t n = static_cast<size_t>(rows * cols);
@@ -634,7 +635,8 @@ struct LinearCase {
 
 // fd_step: the loss is exactly linear in x, w and b, so any step is exact in real
 // arithmetic; under TF32 GEMMs pass a large one (0.25): TF32 rounds x +- h to a
-// 10-bit mantissa, which moves a 1e-2 step by up to ~2.4 % (review #3).
+// 10-bit mantissa, which moves a 1e-2 step by up to ~2.4 % (and the difference
+// quotient with it).
 inline void check_linear(Backend& be, const LinearCase& c, Tol tol = {}, double fd_step = 1e-2) {
   INFO(c.str() << " on " << be.name());
   const auto xh = random_floats(static_cast<size_t>(c.n * c.in), 101);

@@ -19,7 +19,8 @@ grep -qF 'ONE shot: run(command="tools/gpu_check.sh --out $OUT", carry=[".gpu_de
 grep -q 'hard deadline' <<<"$out" || fail "the deadline is not stated"
 
 # Inside a bundle (the layout tools/gpu_bundle.sh writes, in a checkout's bundle/gpu):
-# the bundle plan and the bundle's call, not the standalone one (review new-5).
+# the bundle plan and the bundle's call, not the standalone one (a bundle's host
+# may have no compiler).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git init -q "$tmp"

@@ -223,7 +223,7 @@ TEST_CASE("cuda backend: relu, residual add, accumulate", "[gpu]") {
     } else {
       check_reduced_precision_elementwise(*g.backend, Dims{2, 17, 3, 5});
     }
-    // The MLP head's hidden matrix stays F32 in every precision (review #1).
+    // The MLP head's hidden matrix stays F32 in every precision: its ReLU must take F32.
     check_relu_matrix(*g.backend, 16, 512);
     check_relu_matrix(*g.backend, 3, 7);
   }
@@ -248,7 +248,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
     const bool exact_gemm = g.label.rfind("fp32", 0) == 0;
     const Tol lin = exact_gemm ? Tol{1e-4, 1e-5} : Tol{1e-2, 5e-3};
     // TF32 GEMMs (every non-fp32 config) round x +- h: a large step keeps the
-    // finite differences of this linear loss exact (review #3).
+    // finite differences of this linear loss exact (see check_linear).
     const double fd_step = exact_gemm ? 1e-2 : 0.25;
     for (LinearCase c : {LinearCase{2, 5, 3}, LinearCase{1, 17, 10}, LinearCase{5, 64, 7}, LinearCase{16, 512, 512}})
       check_linear(be, c, lin, fd_step);

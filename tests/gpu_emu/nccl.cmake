@@ -4,7 +4,8 @@
 # - test_emu_nccl: the NCCL stand-in itself (src/backend/cuda_emu/nccl.cpp), every
 #   operation, type and root, groups, non-blocking init, abort, caught misuses;
 # - a peer that never joins an all-reduce (NcclComm's deadline and abort), 2 ranks;
-# - message_passing --device cuda at 4 ranks (its emulator build).
+# - message_passing --device cuda at 4 ranks (its emulator build);
+# - bench/allreduce_bench --comm nccl at 2 ranks: every row's #wrong must be 0.
 set(RD_EMU_NCCL_DEVICES RD_EMU_DEVICE_COUNT=4)  # one emulated GPU per rank at 4 ranks
 
 if(TARGET rd_cuda_emu)
@@ -29,6 +30,19 @@ if(TARGET rd_cuda_emu)
   set_property(TEST nccl_timeout_emu_np2 APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES}
                RD_COLLECTIVE_TIMEOUT_S=3)
   set_tests_properties(nccl_timeout_emu_np2 PROPERTIES SKIP_RETURN_CODE -1)
+
+  # The all-reduce benchmark's NCCL path (build/gpu_emu/allreduce_bench): small sizes,
+  # a short time per size; it exits 1 when a row's #wrong is not 0.
+  add_executable(allreduce_bench_emu ${PROJECT_SOURCE_DIR}/bench/allreduce_bench.cpp)
+  set_target_properties(allreduce_bench_emu PROPERTIES OUTPUT_NAME allreduce_bench
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/gpu_emu)
+  target_link_libraries(allreduce_bench_emu PRIVATE rd_cuda_emu rd_dist)
+  target_compile_options(allreduce_bench_emu PRIVATE ${RD_WARNINGS})
+  rd_add_mpi_test(allreduce_bench_emu_np2 2 COMMAND $<TARGET_FILE:allreduce_bench_emu> --comm nccl --min-kb 1
+                  --max-mb 1 --seconds 0.01 LABELS gpu_emu TIMEOUT 180)
+  set_property(TEST allreduce_bench_emu_np2 APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES})
+  set_tests_properties(allreduce_bench_emu_np2 PROPERTIES SKIP_RETURN_CODE -1
+                       PASS_REGULAR_EXPRESSION "#wrong" FAIL_REGULAR_EXPRESSION "wrong elements")
 endif()
 
 if(TARGET rd_cuda_emu_runtime)

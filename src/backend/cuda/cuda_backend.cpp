@@ -312,7 +312,7 @@ bool CudaBackend::stages_weights() const {
 // One staged copy per weight buffer. The forward stages it; backward-data reuses
 // that copy unless something may have written weights since (weights_version_:
 // optimizer steps, host copies, fills, new allocations), so a training step
-// converts each weight once, not twice (review #11). Copies unused for a whole
+// converts each weight once, not twice. Copies unused for a whole
 // optimizer step are released (prune_staged_weights), so reloaded models and
 // finite-difference tests do not keep stale device copies.
 const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
@@ -403,8 +403,8 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
 }
 
 CudaBackend::~CudaBackend() {
-  // Bounded (review #10): a stream stuck behind a dead peer's collective must not
-  // hang the exit; the watchdog or the caller's error path ends the process.
+  // Bounded, see Note [Bounded teardown waits] (cuda_backend.h): the watchdog or the
+  // caller's error path ends the process.
   const bool idle = wait_stream_bounded(compute_, collective_timeout_s_) &&
                     wait_stream_bounded(copy_, collective_timeout_s_);
   if (!idle) {
@@ -415,7 +415,7 @@ CudaBackend::~CudaBackend() {
     return;
   }
   // Buffers first: Scratch::release queries the streams it is bound to, so it must
-  // run while they exist (review new-3: members are destroyed after this body).
+  // run while they exist (members are destroyed only after this body).
   staged_weights_.clear();
   for (Scratch* buf : scratch_buffers()) buf->release();
   plans_.clear();
@@ -481,8 +481,8 @@ std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
   ++weights_version_;  // a new buffer may reuse a freed weight's address
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, want);
-  // The convolution workspace was sized while memory was free (review #5): give it
-  // back and retry; convolutions then fall back to algorithms whose workspace still
+  // The convolution workspace was sized while memory was free, so it may hold what
+  // a later tensor needs: give it back and retry; convolutions then fall back to algorithms whose workspace still
   // fits (affordable).
   if (e == cudaErrorMemoryAllocation && release_workspace_for_oom()) e = cudaMalloc(&p, want);
   if (e == cudaErrorMemoryAllocation) fail_oom(want, "a tensor", __FILE__, __LINE__);
@@ -616,8 +616,8 @@ cudnnStatus_t query_algorithms(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
 // Every usable algorithm of direction d within the workspace limit, fastest first;
 // empty when cuDNN has none for this type and layout (the caller falls back).
 std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, const char* op) {
-  // Search with the precision's own math type (review #4: the descriptor still
-  // carries the previous direction's choice).
+  // Search with the precision's own math type: the descriptor still carries the
+  // math type the previous direction's chosen algorithm set.
   RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));
   std::vector<Found> found;
   cudnnStatus_t s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, cudnn_heuristics_, found);
@@ -822,13 +822,15 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const BatchNormA
   const double count = static_cast<double>(xd.n * xd.h * xd.w);
   double* sums = bn_sums_.as<double>(2 * C, "batch-norm sums");
   float* ss = bn_scale_shift_.as<float>(2 * C, "batch-norm scale/shift");
-  // Sums shifted by the running mean (the same on every rank): review #7.
+  // Sums shifted by the running mean (the same on every rank), see Note [Shifted
+  // batch-norm sums] (batchnorm.cu, with the kernels).
   kern::bn_sums_forward(xd, x.data, a.running_mean, sums, compute_);
   const double* packed = nullptr;
   if (sync) {
     double* buf = bn_packed_.as<double>(2 * C + 1, "SyncBatchNorm buffer");
     kern::bn_pack_sums(sums, xd.c, count, buf, compute_);
-    // Ordered on the compute stream by events, no host wait (review #6); the
+    // Ordered on the compute stream by events, see Note [SyncBN without a host
+    // wait] (nccl_comm.cpp); the
     // kernels read the exact global count from buf[2C], the host records
     // local x participants (see BatchNormSaved::count).
     sync->allreduce_sum(buf, 2 * C + 1);

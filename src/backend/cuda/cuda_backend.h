@@ -74,8 +74,13 @@ class Scratch {
 
 // Waits until `s` finished its queued work, for at most `seconds`; false on
 // timeout. Destructors and buffer releases use it, bounded by the collective
-// deadline (BackendOptions::collective_timeout_s): a collective whose peer died can
-// block a stream for ever, and a leak at shutdown beats a hang.
+// deadline (BackendOptions::collective_timeout_s).
+//
+// Note [Bounded teardown waits]
+// A collective whose peer died can block a stream for ever, so no destructor waits
+// for a stream without a bound: past it, the owner leaks its stream, events and
+// buffers (or aborts its NCCL communicator) and returns. A leak at shutdown beats
+// a hang; the watchdog or the caller's error path ends the process.
 bool wait_stream_bounded(cudaStream_t s, double seconds);
 
 class CudaBackend final : public Backend {

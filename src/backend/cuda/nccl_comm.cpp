@@ -68,8 +68,8 @@ class NcclComm final : public dist::Comm {
   }
 
   ~NcclComm() override {
-    // Bounded: a collective stuck behind a dead peer must not hang the exit.
-    // Abort the communicator instead of destroying it then.
+    // Bounded, see Note [Bounded teardown waits] (cuda_backend.h): abort the
+    // communicator instead of destroying it then.
     if (stream_ && !wait_stream_bounded(stream_, timeout_s_)) {
       if (comm_ && !aborted_) ncclCommAbort(comm_);
       return;  // leak the stream, events and scratch: the process is ending
@@ -96,8 +96,8 @@ class NcclComm final : public dist::Comm {
     run("allreduce(int64)", [&] { return ncclAllReduce(data, data, count, ncclInt64, ncclSum, comm_, stream_); });
     if (op == dist::ReduceOp::Average && count) {
       // Integer average truncates toward zero (C++ division), as MpiComm does.
-      // Both copies run on the comm stream (review #9: not the legacy stream,
-      // which does not order against the non-blocking compute stream); the
+      // Both copies run on the comm stream (not the legacy stream, which does
+      // not order against the non-blocking compute stream); the
       // compute stream then waits for the write-back.
       std::vector<int64_t> h(count);
       const size_t bytes = count * sizeof(int64_t);
@@ -114,7 +114,10 @@ class NcclComm final : public dist::Comm {
     }
   }
   void allreduce_stream_ordered(double* data, size_t count, dist::ReduceOp op) override {
-    // SyncBatchNorm, once per BN layer: no host wait (review #6). A failure or
+    // Note [SyncBN without a host wait]
+    // SyncBatchNorm all-reduces once per BN layer, forward and backward: a host
+    // wait each time would stall the queue of kernels dozens of times a step, so
+    // the sum is ordered on the compute stream by events instead. A failure or
     // hang surfaces at the next waited collective (gradient buckets, deadline)
     // or through the watchdog.
     after_compute();
@@ -181,7 +184,7 @@ class NcclComm final : public dist::Comm {
   // Rank 0's unique id to all, then every rank's init; the ranks agree on success
   // over MPI before going on, so a failure on one rank ends all of them at once
   // instead of leaving the others in MPI_Bcast or polling init until the
-  // deadline (review #8). Runs on a duplicate of `base`: its messages match nobody else's.
+  // deadline. Runs on a duplicate of `base`: its messages match nobody else's.
   void bootstrap(MPI_Comm base) {
     MPI_Comm boot = MPI_COMM_NULL;
     RD_CHECK(MPI_Comm_dup(base, &boot) == MPI_SUCCESS, "NcclComm: MPI_Comm_dup failed");

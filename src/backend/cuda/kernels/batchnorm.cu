@@ -11,8 +11,13 @@ namespace rd::kern {
 namespace {
 
 // Per-element terms summed for the forward statistics: d and d^2 with
-// d = x - shift[c] (shift null: 0), so float partial sums stay near the spread
-// of x rather than its mean (review #7).
+// d = x - shift[c] (shift null: 0).
+//
+// Note [Shifted batch-norm sums]
+// Sum(x^2) - Sum(x)^2 / n loses every digit when the mean is large against the
+// spread. Summing d = x - shift instead, with shift the running mean (the same
+// on every rank, so SyncBN's sums still add up), keeps float partial sums near
+// the spread of x rather than its mean; the variance is unchanged by the shift.
 template <class T> struct ForwardTerms {
   const T* x;
   const float* shift;

@@ -53,7 +53,7 @@ __device__ __forceinline__ void act_coords_as(const ActDesc& d, I offset, int64_
 }
 
 // 32-bit unsigned division and remainder cost a fraction of 64-bit ones, which
-// would make these memory-bound kernels ALU-bound (review #14); every tensor
+// would make these memory-bound kernels ALU-bound; every tensor
 // below 2^32 elements (any realistic batch) takes the 32-bit path. The branch
 // is uniform across a launch.
 __device__ __forceinline__ bool fits_u32(const ActDesc& d) { return d.count() <= 0xffffffffLL; }

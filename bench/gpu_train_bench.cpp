@@ -6,7 +6,7 @@
 //   gpu_train_bench [--arch resnet34] [--size 244] [--batch 16] [--precision fp32|tf32|fp16|bf16]
 //                   [--layout nhwc|nchw] [--steps 20] [--warmup 5] [--head mlp|fc] [--classes 3]
 //
-// Prints one JSON object on stdout (keys as tests/gpu/torch_gpu_bench.py).
+// Prints one JSON object on stdout (keys as bench/torch_gpu_bench.py).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

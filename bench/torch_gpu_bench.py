@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch GPU reference for tests/gpu/gpu_train_bench: the same training step
+"""PyTorch GPU reference for bench/gpu_train_bench: the same training step
 (uint8 batch -> normalized float on the GPU, torchvision ResNet with the
 Linear-ReLU-Linear head, label-smoothed 0.1 cross-entropy, Adam lr 1e-4) in
 fp32 / tf32 / fp16 (autocast + GradScaler) / bf16 (autocast), optionally
@@ -15,7 +15,7 @@ import sys
 import time
 
 # tools/ of the source tree; the GPU bundle ships torch_reference.py next to this script.
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from torch_reference import ARCHS, build_model  # noqa: E402
 
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The hygiene checks must be able to fail: on a scratch tree, tools/check_layering.py
+# refuses a train header included from src/nn (and a dist header from src/core) and a
+# component whose DEPS reach up, and
+# tools/check_function_length.py refuses a 90-line function unless a "Long because:"
+# comment sits above it.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+mkdir -p "$tmp/src/nn" "$tmp/src/core" "$tmp/include/resnet_ddp/train" "$tmp/include/resnet_ddp/dist" "$tmp/tools"
+echo '#pragma once' > "$tmp/include/resnet_ddp/train/cli.h"
+echo '#pragma once' > "$tmp/include/resnet_ddp/dist/comm.h"
+: > "$tmp/tools/layering_allow.txt"
+printf '#include "resnet_ddp/dist/comm.h"\n' > "$tmp/src/nn/ok.cpp"  # dist sits above nn
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "nn including dist passed"
+grep -q "src/nn/ok.cpp:1: nn includes" "$tmp/out" || fail "nn -> dist not named: $(cat "$tmp/out")"
+printf '#include "resnet_ddp/train/cli.h"\n' > "$tmp/src/nn/ok.cpp"
+printf 'int x;\n#include "resnet_ddp/dist/comm.h"\n' > "$tmp/src/core/up.cpp"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "upward includes passed"
+grep -q "src/nn/ok.cpp:1: nn includes include/resnet_ddp/train/cli.h (train)" "$tmp/out" || fail "nn -> train: $(cat "$tmp/out")"
+grep -q "src/core/up.cpp:2: core includes include/resnet_ddp/dist/comm.h (dist)" "$tmp/out" || fail "core -> dist: $(cat "$tmp/out")"
+echo "core -> dist: a test" > "$tmp/tools/layering_allow.txt"
+rm "$tmp/src/nn/ok.cpp"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" || fail "an allowed edge failed: $(cat "$tmp/out")"
+rm "$tmp/src/core/up.cpp"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "a stale allowed edge passed"
+grep -q "no longer needed" "$tmp/out" || fail "stale edge not named: $(cat "$tmp/out")"
+
+printf 'rd_component(rd_nn DIRS src/nn DEPS rd_base rd_train)\nrd_component(rd_train DIRS src/train DEPS rd_base)\n' \
+  > "$tmp/CMakeLists.txt"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "rd_nn depending on rd_train passed"
+grep -q "rd_nn (nn) depends on rd_train (train)" "$tmp/out" || fail "component edge not named: $(cat "$tmp/out")"
+rm "$tmp/CMakeLists.txt"
+
+: > "$tmp/tools/function_length_allow.txt"
+long_fn() {  # name, then the comment line above it (may be empty)
+  [[ -n $2 ]] && echo "$2"
+  echo "int $1(int a) {"
+  for i in $(seq 1 88); do echo "  a += $i;  // { not a brace"; done
+  echo "  return a;"
+  echo "}"
+}
+{ echo "namespace rd {"; long_fn too_long ""; echo "}  // namespace rd"; } > "$tmp/src/core/long.cpp"
+python3 "$repo/tools/check_function_length.py" --root "$tmp" > "$tmp/out" && fail "a 91-line function passed"
+grep -q "src/core/long.cpp:2: too_long is 91 lines" "$tmp/out" || fail "long function not named: $(cat "$tmp/out")"
+{ echo "namespace rd {"; long_fn explained "// Long because: a test."; echo "}  // namespace rd"; } > "$tmp/src/core/long.cpp"
+python3 "$repo/tools/check_function_length.py" --root "$tmp" > "$tmp/out" || fail "a function with a reason failed: $(cat "$tmp/out")"
+echo "checks refuse what they must"

@@ -1,0 +1,203 @@
+// The train command line without MPI: defaults, both flag spellings, errors that name
+// the flag, --help, shell quoting and the recorded command line, launcher mismatch
+// and the path checks that run before MPI starts.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "parse_cli.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/train/cli.h"
+#include "train/train_test_util.h"
+
+namespace fs = std::filesystem;
+using namespace rd;
+using namespace rd::train;
+using rd::test::TempDir;
+
+namespace {
+
+ParsedCommand parse(std::vector<std::string> args) { return parse_cli(std::move(args)); }
+
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("train defaults are the reference recipe", "[train]") {
+  ParsedCommand pc = parse({"--data", "/tmp/Dataset_2"});
+  REQUIRE(pc.command == Command::Train);
+  const TrainOptions& t = pc.train;
+  CHECK(t.data == "/tmp/Dataset_2");
+  CHECK(t.arch == "resnet34");
+  CHECK(t.head == rd::HeadKind::Mlp);
+  CHECK(t.image_size == 244);
+  CHECK(t.batch_size == 16);
+  CHECK(t.epochs == 5);
+  CHECK(t.lr == 1e-4);
+  CHECK(t.optimizer == OptimizerKind::Adam);
+  CHECK(t.weight_decay == 0.0);
+  CHECK(t.label_smoothing == 0.1);
+  CHECK(t.scheduler == SchedulerKind::Plateau);
+  CHECK(t.output_dir == "output_model");
+  CHECK(t.resume == "auto");
+  CHECK(t.precision == rd::Precision::FP32);
+  CHECK(t.device == "auto");
+  CHECK(t.accum_steps == 1);
+  CHECK(t.metrics_path() == "output_model/metrics.csv");
+  CHECK(t.command_line == "resnet_ddp --data /tmp/Dataset_2");
+}
+
+TEST_CASE("train flags parse in both spellings", "[train]") {
+  ParsedCommand pc = parse({"train", "--data=/d", "--arch", "resnet18", "--head=fc", "--batch-size", "8",
+                            "--lr", "3e-3", "--optimizer", "sgd", "--momentum", "0.8", "--nesterov", "--sync-bn",
+                            "--scheduler", "cosine", "--max-steps", "5", "--deterministic", "--resume", "none",
+                            "--metrics", "m.csv", "--precision", "bf16"});
+  const TrainOptions& t = pc.train;
+  CHECK(t.data == "/d");
+  CHECK(t.arch == "resnet18");
+  CHECK(t.head == rd::HeadKind::Fc);
+  CHECK(t.batch_size == 8);
+  CHECK(t.lr == 3e-3);
+  CHECK(t.optimizer == OptimizerKind::Sgd);
+  CHECK(t.momentum == 0.8);
+  CHECK(t.nesterov);
+  CHECK(t.sync_bn);
+  CHECK(t.scheduler == SchedulerKind::Cosine);
+  CHECK(t.max_steps == 5);
+  CHECK(t.deterministic);
+  CHECK(t.resume == "none");
+  CHECK(t.metrics_path() == "m.csv");
+  CHECK(t.precision == rd::Precision::BF16);
+}
+
+TEST_CASE("CLI errors name the flag", "[train]") {
+  CHECK_THAT(usage_error({"--data", "x", "--lrr", "1"}), Catch::Contains("--lrr") && Catch::Contains("--lr?"));
+  CHECK_THAT(usage_error({"--data", "x", "--lr", "abc"}), Catch::Contains("--lr") && Catch::Contains("abc"));
+  CHECK_THAT(usage_error({"--data", "x", "--lr", "-1"}), Catch::Contains("--lr"));
+  CHECK_THAT(usage_error({"--data", "x", "--batch-size", "0"}), Catch::Contains("--batch-size"));
+  CHECK_THAT(usage_error({"--data", "x", "--epochs", "2.5"}), Catch::Contains("--epochs"));
+  CHECK_THAT(usage_error({"--data", "x", "--arch", "resnet99"}), Catch::Contains("--arch") && Catch::Contains("resnet18"));
+  CHECK_THAT(usage_error({"--data", "x", "--optimizer", "lion"}), Catch::Contains("--optimizer"));
+  CHECK_THAT(usage_error({"--data", "x", "--precision", "fp8"}), Catch::Contains("--precision"));
+  CHECK_THAT(usage_error({"--data"}), Catch::Contains("--data") && Catch::Contains("missing value"));
+  CHECK_THAT(usage_error({"--epochs", "3"}), Catch::Contains("--data") && Catch::Contains("required"));
+  CHECK_THAT(usage_error({"--data", "x", "stray"}), Catch::Contains("stray"));
+  CHECK_THAT(usage_error({"--data", "x", "--sync-bn=yes"}), Catch::Contains("--sync-bn"));
+  CHECK_THAT(usage_error({"--data", "x", "--nesterov"}), Catch::Contains("--nesterov"));
+  CHECK_THAT(usage_error({"frobnicate"}), Catch::Contains("frobnicate"));
+  CHECK_THAT(usage_error({"predict", "img.png"}), Catch::Contains("--checkpoint"));
+  CHECK_THAT(usage_error({"predict", "--checkpoint", "c.h5"}), Catch::Contains("no input"));
+  CHECK_THAT(usage_error({"info"}), Catch::Contains("checkpoint"));
+  CHECK_THAT(usage_error({}), Catch::Contains("--data"));
+}
+
+TEST_CASE("every subcommand has --help", "[train]") {
+  for (const char* cmd : {"train", "predict", "info"}) {
+    ParsedCommand pc = parse({cmd, "--help"});
+    CHECK(pc.command == Command::Help);
+    CHECK_THAT(pc.help_text, Catch::Contains(std::string("resnet_ddp ") + (std::string(cmd) == "train" ? "" : cmd)));
+  }
+  ParsedCommand top = parse({"--help"});
+  CHECK(top.command == Command::Help);
+  CHECK_THAT(top.help_text, Catch::Contains("predict") && Catch::Contains("synth"));
+  CHECK_THAT(train_help(), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
+                               Catch::Contains("--label-smoothing") && Catch::Contains("--resume"));
+  ParsedCommand synth = parse({"synth", "--help"});
+  CHECK(synth.command == Command::Synth);
+  CHECK(synth.passthrough == std::vector<std::string>{"synth", "--help"});
+}
+
+TEST_CASE("shell quoting round-trips awkward arguments", "[train]") {
+  CHECK(shell_quote("--lr") == "--lr");
+  CHECK(shell_quote("a b") == "'a b'");
+  CHECK(shell_quote("it's") == "'it'\\''s'");
+  CHECK(shell_quote("") == "''");
+}
+
+TEST_CASE("a recorded command line reads back into the same flags", "[train]") {
+  // Resume compares this run's flags with the ones the checkpoint's `args` recorded.
+  std::vector<std::string> args = {"resnet_ddp", "--data", "/d ir/it's", "--lr", "1e-2", "--no-sync-bn"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const std::string line = join_command_line(static_cast<int>(argv.size()), argv.data());
+  CHECK(split_command_line(line) == args);
+  const std::vector<std::string> words = split_command_line(line);
+  const ParsedCommand pc = parse(std::vector<std::string>(words.begin() + 1, words.end()));
+  CHECK(pc.train.given == std::vector<std::string>{"--data", "--lr", "--no-sync-bn"});
+  CHECK(pc.train.was_given("--lr"));
+  CHECK_FALSE(pc.train.was_given("--epochs"));
+  TrainOptions other = parse({"--data", "x", "--lr", "0.01"}).train;
+  auto value = [](const TrainOptions& o, const std::string& flag) {
+    for (auto& [f, v] : train_flag_values(o))
+      if (f == flag) return v;
+    return std::string("?");
+  };
+  CHECK(value(pc.train, "--lr") == "0.01");  // 1e-2 and 0.01 are one value
+  CHECK(value(pc.train, "--lr") == value(other, "--lr"));
+  CHECK(value(pc.train, "--sync-bn") == "off");
+  CHECK(value(other, "--sync-bn") == "on");
+  CHECK(value(other, "--epochs") == "5");
+}
+
+TEST_CASE("a world of 1 under a launcher that started more tasks is named with the fix", "[train]") {
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_NTASKS", "SLURM_NPROCS",
+                        "WORLD_SIZE"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    ::unsetenv(v);
+  }
+  CHECK(launcher_world_mismatch(1).empty());
+  ::setenv("SLURM_NTASKS", "4", 1);
+  CHECK(launcher_world_mismatch(1).empty());  // the batch script itself, not a step
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  const std::string m = launcher_world_mismatch(1);
+  CHECK(m.find("SLURM_NTASKS=4") != std::string::npos);
+  CHECK(m.find("srun --mpi=pmix") != std::string::npos);
+  CHECK(m.find("srun --mpi=list") != std::string::npos);
+  CHECK(m.find("mpirun -np N") != std::string::npos);
+  CHECK(launcher_world_mismatch(4).empty());
+  ::unsetenv("SLURM_STEP_ID");
+  ::unsetenv("SLURM_NTASKS");
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK(launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
+  ::unsetenv("WORLD_SIZE");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  CHECK(launcher_world_mismatch(1).empty());
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  CHECK(launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
+TEST_CASE("path checks run before MPI and name the flag", "[train]") {
+  TempDir dir;
+  TrainOptions o;
+  o.data = dir.file("nope");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--data"));
+  o.data = dir.path.string();
+  o.init = dir.file("missing.h5");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--init"));
+  o.init.clear();
+  o.resume = dir.file("missing.h5");
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--resume"));
+  o.resume = "auto";
+  std::ofstream(dir.file("plainfile")) << "x";
+  o.output_dir = dir.file("plainfile") + "/sub";
+  CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--output-dir"));
+  o.output_dir = dir.file("out");
+  CHECK_NOTHROW(check_train_paths(o, true));
+  CHECK(fs::is_directory(dir.file("out")));
+}
