@@ -10,6 +10,7 @@
 #include "train/parse_cli.h"
 #include "train/resume_plan.h"
 
+using namespace rd;
 using namespace rd::train;
 
 namespace {
