@@ -4,7 +4,6 @@
 // flags and metadata), so tests/train checks every decision in milliseconds.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 

@@ -108,20 +108,19 @@ void Trainer::train_epochs() {
   }
 }
 
-EpochStats Trainer::train_one_epoch(int64_t epoch) {
-  EpochStats st;
-  const auto t_start = Clock::now();
+// The epoch's permutation for this rank, minus what an interrupted epoch already
+// consumed (rank 0's sums take over that part's), and the loader started on it.
+Trainer::EpochShape Trainer::start_epoch(int64_t epoch, EpochStats& st) {
+  EpochShape e;
   sampler_->set_epoch(epoch);
   std::vector<int64_t> indices = sampler_->indices();
   const int64_t per_step = static_cast<int64_t>(o_.batch_size) * o_.accum_steps;
-  const int64_t micro_total = (static_cast<int64_t>(indices.size()) + o_.batch_size - 1) / o_.batch_size;
-  int64_t steps_total = (micro_total + o_.accum_steps - 1) / o_.accum_steps;
-  if (o_.max_steps > 0) steps_total = std::min(steps_total, o_.max_steps);
-  int64_t step = 0;
+  e.micro_total = (static_cast<int64_t>(indices.size()) + o_.batch_size - 1) / o_.batch_size;
+  e.steps_total = (e.micro_total + o_.accum_steps - 1) / o_.accum_steps;
+  if (o_.max_steps > 0) e.steps_total = std::min(e.steps_total, o_.max_steps);
   if (epoch == state_.epoch && state_.step_in_epoch > 0) {
-    // Continue an interrupted epoch: the same permutation, minus what was consumed.
-    step = std::min(state_.step_in_epoch, steps_total);
-    const size_t skip = std::min(indices.size(), static_cast<size_t>(step * per_step));
+    e.first_step = std::min(state_.step_in_epoch, e.steps_total);
+    const size_t skip = std::min(indices.size(), static_cast<size_t>(e.first_step * per_step));
     indices.erase(indices.begin(), indices.begin() + static_cast<long>(skip));
     if (rank0()) {
       st.loss_sum += state_.partial_loss_sum;
@@ -131,7 +130,18 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   }
   train_loader_->restart(std::move(indices), epoch);
   model_->train(true);
-  if (progress_) progress_->start_epoch(epoch + 1, o_.epochs, steps_total);
+  if (progress_) progress_->start_epoch(epoch + 1, o_.epochs, e.steps_total);
+  return e;
+}
+
+// The steps of one epoch around TrainStep; stops early (st.preempted) once the ranks
+// agreed on a preemption and last.h5 is written.
+EpochStats Trainer::train_one_epoch(int64_t epoch) {
+  EpochStats st;
+  const auto t_start = Clock::now();
+  const EpochShape e = start_epoch(epoch, st);
+  const int64_t steps_total = e.steps_total, micro_total = e.micro_total;
+  int64_t step = e.first_step;
   StepSums local;  // this rank's running sums for the progress display
   data::Batch batch;
   bool loader_done = false;

@@ -124,6 +124,10 @@ class Trainer {
 
   // trainer.cpp
   void train_epochs();
+  struct EpochShape {
+    int64_t micro_total = 0, steps_total = 0, first_step = 0;
+  };
+  EpochShape start_epoch(int64_t epoch, EpochStats& st);
   EpochStats train_one_epoch(int64_t epoch);
   int forward_backward(int group, data::Batch& batch, EpochStats& st, StepSums& local, StepSums& sums,
                        bool& nonfinite);
