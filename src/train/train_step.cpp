@@ -72,7 +72,7 @@ TrainStep::Seconds TrainStep::backward_and_reduce() {
   model_.backward(dlogits_, accumulate, reducer_);
   backend_.synchronize();
   const auto t1 = Clock::now();
-  // No synchronize after finish() (review new-9): it waited for every bucket on the
+  // No synchronize after finish(): it waited for every bucket on the
   // host and ordered the compute stream after them (NCCL), or ran on the host (MPI).
   reducer_->finish();
   const auto t2 = Clock::now();
