@@ -120,19 +120,13 @@ int check_main(const TrainOptions& opts) {
     }
 
     // The checkpoint a resume reads, and whether this command may continue it.
-    std::string resume_path;
-    if (o.resume == "auto") {
-      std::error_code ec;
-      const std::string last = (fs::path(o.output_dir) / "last.h5").string();
-      if (fs::exists(last, ec)) resume_path = last;
-    } else if (o.resume != "none") {
-      resume_path = o.resume;
-    }
+    const std::string resume_path = resume_source(o);
     std::vector<std::string> classes;
     if (!resume_path.empty()) {
       io::CheckpointReader ck(resume_path, true);
       const io::CheckpointMeta& m = ck.meta();
-      ResumePlan plan = plan_resume(o, resume_path, m, [&] { return device == "cuda"; });
+      ResumePlan plan = plan_resume(o, resume_path, m, {device == "cuda", 1});
+      plan.model.apply_to(o);
       if (!o.eval_only) refuse_new_experiment(o, resume_path, m, plan.differences);
       classes = m.class_names;
       say("resume", (o.eval_only ? "evaluates " : "continues ") + resume_path + " (" + std::to_string(m.epoch) +
@@ -141,8 +135,7 @@ int check_main(const TrainOptions& opts) {
       for (const auto& c : plan.changes) say("resume", c);
     } else if (!o.init.empty()) {
       io::CheckpointReader ck(o.init, true);
-      if (!ck.meta().arch.empty() && ck.meta().arch != o.arch)
-        throw UsageError("--init: '" + o.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " + o.arch);
+      check_init(o, ck.meta());
       say("init", "weights from " + o.init);
     } else if (o.eval_only) {
       throw UsageError("--eval-only: no checkpoint found (" + (fs::path(o.output_dir) / "last.h5").string() +

@@ -159,6 +159,25 @@ const char* MetricsCsv::header() {
   return line.c_str();
 }
 
+std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetrics& m, double step_ms) {
+  std::vector<std::string> lines;
+  lines.push_back(tag + " Time: " + std::to_string(static_cast<long long>(m.time_s)) + "s");
+  lines.push_back(tag + " Average train loss: " + py_float(m.train_loss) +
+                  ", Average train accuracy: " + py_float(m.train_acc));
+  lines.push_back(tag + " Val loss: " + py_float(m.val_loss) + ", Val accuracy: " + py_float(m.val_acc));
+  lines.push_back(tag + " Current best val acc: " + py_float(m.best_val_acc));
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s Throughput: %.1f img/s total, %.1f img/s per rank (%lld ranks)", tag.c_str(),
+                m.images_per_s, m.images_per_s_per_rank, static_cast<long long>(m.world_size));
+  lines.push_back(buf);
+  std::snprintf(buf, sizeof buf,
+                "%s Step time: %.1f ms = data wait %.1f + forward %.1f + backward %.1f + exposed comm %.1f + "
+                "optimizer %.1f ms",
+                tag.c_str(), step_ms, m.data_ms, m.forward_ms, m.backward_ms, m.comm_ms, m.optimizer_ms);
+  lines.push_back(buf);
+  return lines;
+}
+
 MetricsCsv::MetricsCsv(const std::string& path, bool append, int64_t first_epoch) : path_(path) {
   std::vector<std::string> keep;
   if (append) {

@@ -1,7 +1,10 @@
 #include "train/resume_plan.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <type_traits>
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/optimizer.h"
@@ -24,9 +27,11 @@ bool describes_execution(const std::string& flag) {
   return false;
 }
 
-ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
-                       const std::function<bool()>& this_run_cuda) {
-  ResumePlan plan;
+namespace {
+
+// The model flags the checkpoint fixes, applied to `o` (a copy of the command's), and
+// the line saying which the command left to it.
+void plan_model_flags(ResumePlan& plan, TrainOptions& o, const std::string& path, const io::CheckpointMeta& m) {
   auto fixed = [&](const std::string& flag, std::string& value, const std::string& theirs) {
     if (theirs.empty() || value == theirs) return;
     if (o.was_given(flag))
@@ -54,8 +59,15 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::Check
   if (!o.was_given("--normalize") && o.normalize != defaults.normalize)
     inherited += " --normalize " + o.normalize;
   if (!inherited.empty()) plan.model_settings = "Model settings from " + path + ":" + inherited;
-  if (o.eval_only) return plan;
-  const OptimizerState& os = m.optimizer;
+  plan.model = ModelFlags::of(o);
+}
+
+// Every other flag that differs from the checkpoint's run: honoured (one line each),
+// and, unless it only describes how the run executes, a difference that makes this
+// command another experiment.
+void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
+                       bool this_run_cuda) {
+  const io::OptimizerState& os = m.optimizer;
   const std::string optimizer = name_of(optimizer_names(), o.optimizer);
   if (os.present && os.config.type != o.optimizer)
     throw UsageError("--optimizer " + optimizer + ": checkpoint '" + path +
@@ -74,7 +86,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::Check
       // taking this run's device where the old one was "auto".
       if (pc.train.amp) {
         const bool cuda = pc.train.device == "cuda" ||
-                          (pc.train.device == "auto" && this_run_cuda());
+                          (pc.train.device == "auto" && this_run_cuda);
         pc.train.precision = amp_precision(cuda);
       }
       if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
@@ -117,7 +129,211 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::Check
     if (!describes_execution(flag))
       plan.differences.push_back(flag + " " + value + (given ? "" : " (default)") + " (that run: " + was + ")");
   }
+}
+
+// Where training continues: the checkpoint's position, optimizer and scheduler, with
+// the learning rate and cosine length the changed flags ask for.
+void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m) {
+  TrainState& s = plan.state;
+  s.epoch = m.epoch;
+  s.step_in_epoch = m.step_in_epoch;
+  s.global_step = m.global_step;
+  s.best_val_acc = m.best_val_acc;
+  s.best_val_loss = m.best_val_loss;
+  s.partial_loss_sum = m.partial_train_loss_sum;
+  s.partial_correct = m.partial_train_correct;
+  s.partial_count = m.partial_train_count;
+  s.lr = o.lr;
+  if (o.eval_only) return;  // evaluation uses the weights only
+  // The one place that decides the learning rate a resumed run continues with.
+  s.has_optimizer_state = true;
+  s.optimizer_steps = m.optimizer.step;
+  s.lr = plan.honour_lr ? o.lr : m.optimizer.lr;
+  const io::SchedulerState& sc = m.scheduler;
+  const std::string scheduler = name_of(scheduler_names(), o.scheduler);
+  if (sc.present && sc.type == scheduler) {
+    s.has_scheduler_state = true;
+    s.scheduler_last_epoch = sc.last_epoch;
+    s.plateau = sc.plateau;
+    s.cosine = sc.cosine;
+    if (plan.honour_lr) s.cosine.base_lr = o.lr;
+    if (plan.epochs_changed) s.cosine.t_max = std::max(o.epochs, 1);
+  } else if (sc.present) {
+    plan.start_lines.push_back("Notice: checkpoint used --scheduler " + sc.type + "; starting a fresh " + scheduler +
+                               " schedule");
+  }
+}
+
+// A mid-epoch position: the checkpoint's ranks consumed the first
+// step x world x batch x accum samples of the epoch's permutation (each rank takes
+// every world-th one). Any other shape continues at the last step boundary it has
+// inside that prefix, the sampler sharding the rest over this run's ranks; the few
+// samples past that boundary are trained again.
+void plan_position(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m, int world) {
+  TrainState& s = plan.state;
+  const int64_t old_world = m.world_size > 0 ? m.world_size : world;
+  const int64_t old_batch = m.batch_size > 0 ? m.batch_size : o.batch_size;
+  const int64_t old_accum = m.accum_steps > 0 ? m.accum_steps : o.accum_steps;
+  const int64_t old_global = old_world * old_batch * old_accum;
+  const int64_t new_global = static_cast<int64_t>(world) * o.batch_size * o.accum_steps;
+  const int64_t old_step = s.step_in_epoch;
+  int64_t replayed = 0;
+  const bool reshaped = old_step > 0 && old_global != new_global;
+  if (reshaped) {
+    const int64_t consumed = old_step * old_global;
+    s.step_in_epoch = consumed / new_global;
+    replayed = consumed - s.step_in_epoch * new_global;
+    if (s.step_in_epoch == 0) {
+      s.partial_loss_sum = 0;
+      s.partial_correct = s.partial_count = 0;
+    }
+  }
+  const std::string next = "epoch " + std::to_string(s.epoch + 1);
+  const std::string where = s.step_in_epoch > 0 ? next + " step " + std::to_string(s.step_in_epoch) : next;
+  if (!o.eval_only) plan.start_lines.push_back("Resuming from " + plan.checkpoint + " at " + where);
+  plan.start_lines.insert(plan.start_lines.end(), plan.changes.begin(), plan.changes.end());
+  if (m.world_size != world && m.world_size > 0)
+    plan.start_lines.push_back("Notice: checkpoint was trained on " + std::to_string(m.world_size) +
+                               " ranks, this run has " + std::to_string(world) + ": global batch " +
+                               std::to_string(m.world_size * m.batch_size) + " -> " +
+                               std::to_string(world * o.batch_size) +
+                               " (--batch-size is per rank), sampler re-sharded");
+  if (reshaped && !o.eval_only)
+    plan.start_lines.push_back(
+        "Notice: " + next + " was stopped after " + std::to_string(old_step) + " steps of " +
+        std::to_string(old_global) + " samples; at " + std::to_string(new_global) +
+        " samples per step it continues after step " + std::to_string(s.step_in_epoch) +
+        (replayed > 0 ? " and trains " + std::to_string(replayed) + " of its samples again" : std::string()));
+}
+
+// The plan crosses ranks as bytes: fixed-size fields as they are, strings and lists
+// length-prefixed (a class name may hold any byte).
+class Writer {
+ public:
+  template <class T>
+  void pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  void str(const std::string& v) {
+    pod(static_cast<uint64_t>(v.size()));
+    out += v;
+  }
+  void list(const std::vector<std::string>& v) {
+    pod(static_cast<uint64_t>(v.size()));
+    for (const auto& x : v) str(x);
+  }
+  std::string out;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  template <class T>
+  void pod(T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(&v, take(sizeof v), sizeof v);
+  }
+  void str(std::string& v) {
+    uint64_t n = 0;
+    pod(n);
+    v.assign(take(n), n);
+  }
+  void list(std::vector<std::string>& v) {
+    uint64_t n = 0;
+    pod(n);
+    v.resize(n);
+    for (auto& x : v) str(x);
+  }
+
+ private:
+  const char* take(uint64_t n) {
+    if (n > in_.size() - at_) throw Error("resume plan: truncated");
+    const char* p = in_.data() + at_;
+    at_ += n;
+    return p;
+  }
+  const std::string& in_;
+  size_t at_ = 0;
+};
+
+// One list of the fields, for both directions.
+template <class IO, class Plan>
+void transfer(IO& io, Plan& p) {
+  io.pod(p.resumed);
+  io.str(p.checkpoint);
+  io.str(p.model.arch);
+  io.pod(p.model.head);
+  io.pod(p.model.image_size);
+  io.str(p.model.normalize);
+  io.list(p.class_names);
+  io.pod(p.state);
+  io.pod(p.honour_lr);
+  io.pod(p.epochs_changed);
+  io.str(p.model_settings);
+  io.list(p.changes);
+  io.list(p.differences);
+  io.list(p.start_lines);
+}
+
+}  // namespace
+
+std::string resume_source(const TrainOptions& o) {
+  if (o.resume == "none") return "";
+  if (o.resume != "auto") return o.resume;
+  std::error_code ec;
+  const std::string last = (fs::path(o.output_dir) / "last.h5").string();
+  return fs::exists(last, ec) ? last : "";
+}
+
+ModelFlags ModelFlags::of(const TrainOptions& o) { return {o.arch, o.head, o.image_size, o.normalize}; }
+
+void ModelFlags::apply_to(TrainOptions& o) const {
+  o.arch = arch;
+  o.head = head;
+  o.image_size = image_size;
+  o.normalize = normalize;
+}
+
+ResumePlan plan_resume(const TrainOptions& opts, const std::string& path, const io::CheckpointMeta& m,
+                       const ThisRun& run) {
+  ResumePlan plan;
+  plan.resumed = true;
+  plan.checkpoint = path;
+  TrainOptions o = opts;
+  plan_model_flags(plan, o, path, m);
+  if (o.eval_only) plan.class_names = m.class_names;
+  if (!o.eval_only) plan_flag_changes(plan, o, path, m, run.cuda);
+  plan_state(plan, o, m);
+  if (!o.init.empty())
+    plan.start_lines.push_back("Notice: resuming from " + path + "; --init " + o.init + " is ignored");
+  plan_position(plan, o, m, run.world);
   return plan;
+}
+
+ResumePlan plan_fresh(const TrainOptions& o) {
+  ResumePlan plan;
+  plan.model = ModelFlags::of(o);
+  plan.state.lr = o.lr;
+  return plan;
+}
+
+void check_init(const TrainOptions& o, const io::CheckpointMeta& m) {
+  if (!m.arch.empty() && m.arch != o.arch)
+    throw UsageError("--init: '" + o.init + "' holds " + m.arch + " weights, this run uses --arch " + o.arch);
+}
+
+std::string ResumePlan::encode() const {
+  Writer w;
+  transfer(w, *this);
+  return w.out;
+}
+
+ResumePlan ResumePlan::decode(const std::string& bytes) {
+  ResumePlan p;
+  Reader r(bytes);
+  transfer(r, p);
+  return p;
 }
 
 void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,

@@ -1,15 +1,16 @@
-// Resuming a run: what a checkpoint fixes, what changed since, and whether a command is
-// a new experiment that must not silently continue the one in its output folder. Shared
-// by training and `train --check` (no MPI here: functions of flags and metadata).
+// Resuming a run: what a checkpoint fixes, what changed since, where training continues,
+// and whether a command is a new experiment that must not silently continue the one in
+// its output folder. Shared by training and `train --check`; no MPI here (functions of
+// flags and metadata), so tests/train checks every decision in milliseconds.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
+#include "train/train_state.h"
 
 namespace rd::train {
 
@@ -26,21 +27,59 @@ bool resume_ignores(const std::string& flag);
 // these is the same experiment.
 bool describes_execution(const std::string& flag);
 
-struct ResumePlan {
-  std::string model_settings;            // "Model settings from FILE: --arch ..." or empty
-  std::vector<std::string> changes;      // "Resume: --lr 0.01 instead of the checkpoint's ..." lines
-  std::vector<std::string> differences;  // what makes this command another experiment
-  bool honour_lr = false;                // --lr differs: the learning rate restarts from it
-  bool epochs_changed = false;
+// Which checkpoint a run starts from: --resume auto finds OUTPUT_DIR/last.h5 (empty
+// when there is none), --resume none is empty, anything else is the path given.
+std::string resume_source(const TrainOptions& o);
+
+// What plan_resume needs to know of the run that is starting.
+struct ThisRun {
+  bool cuda = false;  // computes on a GPU (for a checkpoint trained with --amp on --device auto)
+  int world = 1;      // ranks
 };
 
-// Applies to `o` the model-defining flags checkpoint `path` (metadata `m`) fixes: an
-// explicit conflicting flag is an rd::UsageError naming both values, an absent one takes
-// the checkpoint's. Then lists every other flag that differs from the checkpoint's run
-// (not for --eval-only). `this_run_cuda` says whether this run computes on a GPU (asked
-// only for a checkpoint trained with --amp on --device auto).
-ResumePlan plan_resume(TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
-                       const std::function<bool()>& this_run_cuda);
+// The flags that define the model; a checkpoint fixes them.
+struct ModelFlags {
+  std::string arch;
+  HeadKind head = HeadKind::Mlp;
+  int image_size = 0;
+  std::string normalize;
+  static ModelFlags of(const TrainOptions& o);
+  void apply_to(TrainOptions& o) const;
+};
+
+// Everything a resume decides, as one value: rank 0 reads the checkpoint's metadata,
+// makes the plan and broadcasts it (encode/decode); every rank applies it.
+struct ResumePlan {
+  bool resumed = false;                   // continues `checkpoint`
+  std::string checkpoint;                 // the file resumed, or empty
+  ModelFlags model;                       // this run's model flags, the checkpoint's where it fixes them
+  std::vector<std::string> class_names;   // --eval-only: the checkpoint's classes (no Train folder needed)
+  TrainState state;                       // where training continues
+  bool honour_lr = false;                 // --lr differs: the learning rate restarts from it
+  bool epochs_changed = false;
+  // Rank 0's words, in the order they are printed.
+  std::string model_settings;             // "Model settings from FILE: --arch ..." or empty
+  std::vector<std::string> changes;       // "Resume: --lr 0.01 instead of the checkpoint's ..." lines
+  std::vector<std::string> differences;   // what makes this command another experiment
+  std::vector<std::string> start_lines;   // said once the checkpoint is loaded ("Resuming from ...", notices)
+
+  std::string encode() const;
+  static ResumePlan decode(const std::string& bytes);
+};
+
+// Plans continuing checkpoint `path` (metadata `m`): the model-defining flags it fixes
+// (an explicit conflicting flag is an rd::UsageError naming both values, an absent one
+// takes the checkpoint's), every other flag that differs from the checkpoint's run (not
+// for --eval-only), and the state training continues from: the position in the epoch
+// (re-sharded when the global batch changed), the learning rate (the checkpoint's, or
+// --lr when it was changed), the scheduler's state.
+ResumePlan plan_resume(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m, const ThisRun& run);
+
+// The plan of a run that does not resume: a fresh start (or --init) at --lr.
+ResumePlan plan_fresh(const TrainOptions& o);
+
+// --init FILE: refuses weights of another --arch.
+void check_init(const TrainOptions& o, const io::CheckpointMeta& m);
 
 // Auto-resume is for continuing a run (a requeue, a rerun after a stop). Outside Slurm a
 // command whose settings differ from the run in its output folder is more likely a new

@@ -72,8 +72,8 @@ TrainStep::Seconds TrainStep::backward_and_reduce() {
   model_.backward(dlogits_, accumulate, reducer_);
   backend_.synchronize();
   const auto t1 = Clock::now();
-  // No synchronize after finish(): it already waited for every bucket on the host
-  // and ordered the compute stream after them (NCCL), or ran on the host (MPI).
+  // No synchronize after finish(): it waited for every bucket on the
+  // host and ordered the compute stream after them (NCCL), or ran on the host (MPI).
   reducer_->finish();
   const auto t2 = Clock::now();
   const double exposed = reducer_->exposed_comm_s() - exposed_before;

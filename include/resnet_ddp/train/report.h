@@ -3,7 +3,6 @@
 // the progress display.
 #pragma once
 
-#include <cstdio>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -56,6 +55,10 @@ struct EpochMetrics {
   };
   std::vector<Column> columns() const;
 };
+
+// The lines the trainer prints after an epoch (time, train and validation results, best
+// accuracy, throughput, where a step's time went); `step_ms` is the whole step's mean.
+std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetrics& m, double step_ms);
 
 class MetricsCsv {
  public:

@@ -1,0 +1,214 @@
+// The training program's one object, private to src/train. Its member functions live
+// by subject: trainer.cpp (run and the epoch loop), trainer_setup.cpp (device, threads,
+// output folder, data, model), trainer_checkpoint.cpp (resume, start state, saves: every
+// checkpoint read and write of a run) and trainer_report.cpp (what each step and epoch
+// print and record).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/loader.h"
+#include "resnet_ddp/data/sampler.h"
+#include "resnet_ddp/data/transforms.h"
+#include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/dist/ddp.h"
+#include "resnet_ddp/errors.h"
+#include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/io/checkpoint.h"
+#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/output_lock.h"
+#include "resnet_ddp/train/report.h"
+#include "resnet_ddp/train/tensorboard.h"
+#include "resnet_ddp/train/train_step.h"
+#include "train/evaluate.h"
+#include "train/resume_plan.h"
+#include "train/train_state.h"
+
+namespace rd::train {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Thrown on every rank once the ranks agreed to stop with this exit status (the
+// message was already printed by the rank that owns it).
+struct CollectiveExit {
+  int code;
+};
+
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
+  double total() const { return data + forward + backward + comm + optimizer; }
+  StepTimes minus(const StepTimes& b) const {
+    return {data - b.data, forward - b.forward, backward - b.backward, comm - b.comm, optimizer - b.optimizer};
+  }
+};
+
+// Training sums (one step's over all ranks for the per-step TensorBoard scalars, or one
+// rank's running sums). Counts travel as doubles: exact far beyond any batch.
+struct StepSums {
+  double loss = 0, correct = 0, seen = 0;
+  void add(double l, int64_t c, int n) {
+    loss += l;
+    correct += static_cast<double>(c);
+    seen += n;
+  }
+};
+
+// One epoch's training on this rank (rank 0's sums also hold the resumed part of an
+// interrupted epoch).
+struct EpochStats {
+  double loss_sum = 0;
+  int64_t correct = 0, seen = 0;
+  StepTimes times;
+  int64_t steps = 0;       // optimizer steps this run took
+  double seconds = 0;      // training time, validation excluded
+  bool preempted = false;  // the checkpoint is written; the caller exits 0
+};
+
+// An epoch's global results, as the summary lines and metrics.csv report them.
+struct EpochResult {
+  int64_t epoch = 0;  // 0-based
+  double lr_used = 0;
+  double train_loss = 0, train_acc = 0, val_loss = 0, val_acc = 0;
+  double images = 0;  // trained this epoch by all ranks (a resumed part excluded)
+  double seconds = 0;  // the whole epoch, validation included
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainOptions& opts, const dist::ProcessEnv& env) : o_(opts), env_(env) {}
+  int run();
+
+ private:
+  bool rank0() const { return env_.rank == 0; }
+  void say(const std::string& line) const {
+    if (!rank0()) return;
+    write_out(stdout, line + "\n");
+  }
+  void notice(const std::string& line) const { say("Notice: " + line); }
+
+  // Runs `fn` on the ranks where `participate` is true; if it throws anywhere,
+  // every rank learns it and leaves with the same status. The failing rank prints
+  // (rank 0's message wins when rank 0 failed too, so one message appears).
+  template <class F>
+  void agree(F&& fn, bool participate = true);
+
+  // trainer_setup.cpp
+  void setup_device();
+  void make_backend(const std::string& device, int threads, const std::string& amp_note, int& cuda_index);
+  std::string choose_device();
+  int resolve_threads();
+  void lock_output();
+  void setup_data();
+  void setup_model();
+  void check_output_space();
+
+  // trainer_checkpoint.cpp
+  void resolve_resume();
+  void load_start_state();
+  void load_checkpoint();
+  void load_init();
+  void broadcast_weights();
+  void apply_start_state();
+  void save(const std::string& path, int64_t epoch, int64_t step_in_epoch, double val_loss, double val_acc,
+            double partial_loss = 0, int64_t partial_correct = 0, int64_t partial_count = 0);
+  io::CheckpointMeta base_meta() const;
+  void evaluate_best();
+
+  // trainer.cpp
+  void train_epochs();
+  struct EpochShape {
+    int64_t micro_total = 0, steps_total = 0, first_step = 0;
+  };
+  EpochShape start_epoch(int64_t epoch, EpochStats& st);
+  EpochStats train_one_epoch(int64_t epoch);
+  int forward_backward(int group, data::Batch& batch, EpochStats& st, StepSums& local, StepSums& sums,
+                       bool& nonfinite);
+  void update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums, bool& preempt, StepTimes& times);
+  void save_mid_epoch(int64_t epoch, int64_t step, const EpochStats& st);
+  void validate(double& val_loss, double& val_acc);
+  void sync_buffers();
+  void check_replicas(int64_t epoch);
+  // Per-step agreement: any rank preempted / any rank saw a non-finite loss. `sums`,
+  // when given, is summed over the ranks in the same all-reduce (no extra latency).
+  void step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, StepSums* sums = nullptr);
+  void evaluate_only();
+
+  // trainer_report.cpp
+  void open_reports();
+  void report_start();
+  // Rank 0: the step's scalars (global loss and accuracy, rank 0's timings), progress.
+  void report_step(int64_t step, const StepSums& global, const StepTimes& times, double seconds,
+                   const StepSums& local, double epoch_seconds);
+  // The epoch's summary lines; returns its metrics.csv row.
+  EpochMetrics report_epoch(const EpochResult& r, const EpochStats& st);
+  // The row in metrics.csv and under TensorBoard's epoch/ (after the checkpoints).
+  void record_epoch(const EpochMetrics& m);
+  std::string epoch_tag(int64_t e) const {
+    return "(Epoch " + std::to_string(e + 1) + "/" + std::to_string(o_.epochs) + ")";
+  }
+
+  // A copy: on resume the model-defining flags the user left out come from the checkpoint.
+  TrainOptions o_;
+  dist::ProcessEnv env_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<dist::Comm> ctrl_;  // host communicator: flags, metrics, metadata
+  std::unique_ptr<dist::Comm> grad_;  // gradients and model state (device memory)
+  std::unique_ptr<data::Dataset> train_set_, val_set_;
+  std::optional<data::TransformPipeline> train_tf_, val_tf_;
+  std::unique_ptr<data::Loader> train_loader_, val_loader_;
+  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<ResNet> model_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<dist::GradientBucketer> bucketer_;
+  std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
+  std::unique_ptr<TrainStep> step_;
+  int64_t skipped_reported_ = 0;  // fp16 updates skipped and already reported
+  std::vector<std::string> class_names_;
+  std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's
+  Normalization norm_;
+  std::vector<int32_t> preds_;  // a micro-batch's predicted classes
+  ResumePlan plan_;    // decided on rank 0, the same value on every rank
+  TrainState state_;   // the run's live state: starts as plan_.state
+  std::unique_ptr<MetricsCsv> metrics_;
+  std::unique_ptr<Progress> progress_;
+  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0 with --tensorboard on; null after it failed to open
+  std::string last_path_, best_path_;
+  OutputLock lock_;  // rank 0, for the whole run
+};
+
+template <class F>
+void Trainer::agree(F&& fn, bool participate) {
+  int code = 0;
+  std::string msg;
+  if (participate) {
+    try {
+      fn();
+    } catch (const UsageError& e) {
+      code = 2;
+      msg = e.what();
+    } catch (const std::exception& e) {
+      code = 1;
+      msg = e.what();
+    }
+  }
+  int64_t votes[3] = {code == 2, code == 1, rank0() && code != 0};
+  ctrl_->allreduce(votes, 3, dist::ReduceOp::Sum);
+  if (votes[0] + votes[1] == 0) return;
+  if (code != 0 && (rank0() || votes[2] == 0)) {
+    std::string prefix = rank0() ? "" : "rank " + std::to_string(env_.rank) + ": ";
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", prefix.c_str(), msg.c_str());
+    std::fflush(stderr);
+  }
+  throw CollectiveExit{votes[0] > 0 ? 2 : 1};
+}
+
+}  // namespace rd::train

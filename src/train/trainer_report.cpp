@@ -1,0 +1,111 @@
+// What a training run prints and records: the start line, each step's TensorBoard
+// scalars and progress, each epoch's summary lines, metrics.csv row and epoch/ scalars.
+// All of it on rank 0.
+#include <algorithm>
+#include <cstdio>
+#include <string_view>
+
+#include "train/trainer.h"
+
+namespace rd::train {
+
+void Trainer::open_reports() {
+  agree([&] { metrics_ = std::make_unique<MetricsCsv>(o_.metrics_path(), plan_.resumed, state_.epoch + 1); },
+        rank0());
+  if (rank0()) progress_ = std::make_unique<Progress>(o_.progress, o_.log_every);
+  // A new event file per run; its steps continue the checkpoint's global step.
+  if (rank0() && o_.tensorboard && state_.epoch < o_.epochs)
+    tb_ = TensorBoardWriter::create(o_.output_dir, state_.global_step + 1);
+}
+
+void Trainer::report_start() {
+  if (!rank0()) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
+                "batch %d, %s lr %s, scheduler %s",
+                o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
+                py_float(opt_->lr()).c_str(), sched_->type().c_str());
+  say(buf);
+}
+
+void Trainer::report_step(int64_t step, const StepSums& s, const StepTimes& t, double seconds, const StepSums& local,
+                          double epoch_seconds) {
+  if (tb_) {
+    const double n = s.seen > 0 ? s.seen : 1.0;
+    tb_->scalars(state_.global_step, {{"step/loss", s.loss / n},
+                                      {"step/accuracy", s.correct / n},
+                                      {"step/lr", opt_->lr()},
+                                      {"step/images_per_s", seconds > 0 ? s.seen / seconds : 0.0},
+                                      {"step/time_ms", 1e3 * t.total()},
+                                      {"step/data_ms", 1e3 * t.data},
+                                      {"step/forward_ms", 1e3 * t.forward},
+                                      {"step/backward_ms", 1e3 * t.backward},
+                                      {"step/comm_ms", 1e3 * t.comm},
+                                      {"step/optimizer_ms", 1e3 * t.optimizer}});
+  }
+  if (progress_) {
+    progress_->step(step, local.seen ? local.loss / local.seen : 0.0, local.seen ? local.correct / local.seen : 0.0,
+                    epoch_seconds > 0 ? local.seen * env_.world / epoch_seconds : 0.0);
+  }
+}
+
+EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
+  const StepTimes& t = st.times;
+  const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
+  const double ips = st.seconds > 0 ? r.images / st.seconds : 0.0;
+  EpochMetrics m;
+  m.epoch = r.epoch + 1;
+  m.time_s = r.seconds;
+  m.train_loss = r.train_loss;
+  m.train_acc = r.train_acc;
+  m.val_loss = r.val_loss;
+  m.val_acc = r.val_acc;
+  m.best_val_acc = state_.best_val_acc;
+  m.lr = r.lr_used;
+  m.images_per_s = ips;
+  m.images_per_s_per_rank = ips / env_.world;
+  m.data_ms = 1e3 * t.data / steps;
+  m.forward_ms = 1e3 * t.forward / steps;
+  m.backward_ms = 1e3 * t.backward / steps;
+  m.comm_ms = 1e3 * t.comm / steps;
+  m.optimizer_ms = 1e3 * t.optimizer / steps;
+  m.world_size = env_.world;
+  m.global_step = state_.global_step;
+  const std::string tag = epoch_tag(r.epoch);
+  for (const auto& line : epoch_summary(tag, m, 1e3 * t.total() / steps)) say(line);
+  if (step_->scaler().enabled()) {
+    // Every rank skips the same updates (the all-reduce spreads a non-finite value).
+    const int64_t skipped = step_->skipped_steps() - skipped_reported_;
+    skipped_reported_ = step_->skipped_steps();
+    if (skipped > 0)
+      say(tag + " fp16: " + std::to_string(skipped) + (skipped == 1 ? " step" : " steps") +
+          " skipped for non-finite gradients (loss scale now " + py_float(step_->scaler().scale()) + ")");
+  }
+  say("");
+  say("");
+  return m;
+}
+
+void Trainer::record_epoch(const EpochMetrics& m) {
+  if (metrics_) {
+    try {
+      metrics_->write(m);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "resnet_ddp: warning: %s\n", e.what());
+    }
+  }
+  if (tb_) {
+    // The metrics.csv columns under epoch/, at the epoch's last global step (less the
+    // two that are not measurements).
+    std::vector<std::pair<std::string, double>> scalars;
+    for (const auto& c : m.columns())
+      if (std::string_view(c.name) != "world_size" && std::string_view(c.name) != "global_step")
+        scalars.emplace_back(std::string("epoch/") + c.name, c.value);
+    tb_->scalars(m.global_step, scalars);
+    tb_->flush();
+  }
+}
+
+}  // namespace rd::train

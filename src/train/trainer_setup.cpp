@@ -1,0 +1,285 @@
+// The trainer's set-up before the first step: device and backend, compute threads, the
+// output folder's lock and free space, datasets and loaders, model and optimizer.
+#include <omp.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "resnet_ddp/backend/nccl.h"
+#include "train/dataset_warnings.h"
+#include "train/trainer.h"
+
+namespace rd::train {
+
+// One choice for all ranks: CUDA only where every rank has a GPU (mixed devices would
+// start NCCL on some ranks and MPI on others). A GPU job that lands on the CPU is hours
+// slower, so it is said loudly, once, with each node's reason.
+std::string Trainer::choose_device() {
+  if (o_.device != "auto") return o_.device;
+  int64_t no_gpu = cuda_backend_available() ? 0 : 1;
+  ctrl_->allreduce(&no_gpu, 1, dist::ReduceOp::Sum);
+  if (no_gpu == 0) return "cuda";
+  const std::string reason = cuda_backend_available() ? std::string() : cuda_unavailable_reason();
+  std::vector<char> mine(512, 0), all(512 * static_cast<size_t>(env_.world), 0);
+  std::snprintf(mine.data(), mine.size(), "%s", reason.empty() ? "" : (env_.node + ": " + reason).c_str());
+  ctrl_->allgather(mine.data(), all.data(), mine.size());
+  if (rank0()) {
+    std::string first;
+    for (int r = 0; r < env_.world && first.empty(); ++r) first = all.data() + 512 * static_cast<size_t>(r);
+    std::fprintf(stderr,
+                 "resnet_ddp: WARNING: --device auto: training on the CPU backend, not a GPU (%lld of %d ranks "
+                 "have no usable GPU; %s). Pass --device cuda to make this an error.\n",
+                 static_cast<long long>(no_gpu), env_.world, first.c_str());
+    std::fflush(stderr);
+  }
+  return "cpu";
+}
+
+// The backend this rank computes on; a setting it cannot honour is a usage error.
+void Trainer::make_backend(const std::string& device, int threads, const std::string& amp_note, int& cuda_index) {
+  if (o_.precision == Precision::FP16 && device == "cpu")
+    throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
+  if (device == "cuda" && !cuda_backend_available())
+    throw UsageError("--device cuda on node " + env_.node + ": " + cuda_unavailable_reason());
+  if (o_.deterministic && device != "cpu")
+    throw UsageError("--deterministic: only supported on the CPU backend");
+  BackendOptions bo;
+  bo.threads = threads;
+  bo.precision = o_.precision;
+  bo.conv_algo = o_.conv_algo;
+  bo.collective_timeout_s = dist::collective_timeout_s();
+  if (device == "cuda") {
+    const int visible = cuda_device_count();
+    cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
+    if (cuda_index < 0)
+      throw UsageError("--device cuda: " + std::to_string(env_.local_world) + " ranks on node " + env_.node +
+                       " but " + std::to_string(visible) + " GPUs visible (one GPU per rank: start at most " +
+                       std::to_string(visible) + " ranks per node, or bind one GPU per task)");
+    bo.device_index = cuda_index;
+  }
+  if (o_.deterministic) omp_set_dynamic(0);
+  try {
+    backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+  } catch (const UsageError& e) {
+    if (o_.amp) throw UsageError(amp_note + e.what());
+    throw;
+  } catch (const Error& e) {
+    if (o_.amp) throw UsageError(amp_note + e.what());
+    // A precision the backend does not implement is a usage problem (exit 2).
+    if (o_.precision != Precision::FP32)
+      throw UsageError("--precision " + name_of(precision_names(), o_.precision) + ": " + e.what());
+    throw;
+  }
+}
+
+void Trainer::setup_device() {
+  ctrl_ = dist::make_mpi_comm(MPI_COMM_WORLD);
+  const std::string device = choose_device();
+  int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
+  const int threads = resolve_threads();
+  if (o_.amp) o_.precision = amp_precision(device == "cuda");
+  const std::string amp_note =
+      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
+  agree([&] { make_backend(device, threads, amp_note, cuda_index); });
+#ifdef RESNET_DDP_HAVE_CUDA
+  if (backend_->device() == DeviceKind::CUDA) {
+    agree([&] { grad_ = make_nccl_comm(MPI_COMM_WORLD, *backend_); });
+  }
+#endif
+  if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
+  dist::print_startup_lines(env_, backend_->name());
+  // Open MPI's mpirun answers Ctrl-C or a SIGTERM with SIGTERM to the ranks after
+  // odls_base_sigkill_timeout seconds and SIGKILL as many seconds later: at its default
+  // of 1 s no rank finishes a step and saves. The job scripts raise it; say so here.
+  if (env_.world > 1 && std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    const char* set = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    const int grace = set && *set ? std::atoi(set) : 1;
+    if (grace <= 1)
+      notice("Ctrl-C or a SIGTERM to mpirun kills the ranks " + std::to_string(grace) +
+             " s later, before they can save last.h5; export OMPI_MCA_odls_base_sigkill_timeout=10 (as the job "
+             "scripts do) so that they checkpoint at the next step and stop");
+  }
+}
+
+// Compute threads beyond the cores a rank may use (its CPU affinity) only contend: a
+// --threads 999 made 1005 threads that did not finish a step in 10 minutes. Each rank
+// clamps to its cores; the ranks that share one set of cores (no binding) must fit in it
+// together, or every SyncBatchNorm waits for the slowest: one warning line for the job.
+int Trainer::resolve_threads() {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int threads = o_.threads > 0 ? o_.threads : dist::default_threads_per_rank(env_);
+  const std::string source = o_.threads > 0                     ? "--threads " + std::to_string(o_.threads)
+                             : omp && std::atoi(omp) >= 1 ? std::string("OMP_NUM_THREADS=") + omp
+                                                                : std::string();
+  const int asked = threads;
+  if (threads > env_.cpus_available) threads = env_.cpus_available;
+  const bool oversubscribed = static_cast<int64_t>(threads) * env_.mask_sharers > env_.cpus_available;
+  // Per rank: asked, cores, sharers, oversubscribed (summed: each rank fills its slot).
+  std::vector<int64_t> all(static_cast<size_t>(env_.world) * 4, 0);
+  int64_t* mine = all.data() + static_cast<size_t>(env_.rank) * 4;
+  mine[0] = asked;
+  mine[1] = env_.cpus_available;
+  mine[2] = env_.mask_sharers;
+  mine[3] = oversubscribed ? 1 : 0;
+  ctrl_->allreduce(all.data(), all.size(), dist::ReduceOp::Sum);
+  if (!rank0()) return threads;
+  int clamped = 0, over = 0, first_clamped = -1, first_over = -1;
+  for (int r = 0; r < env_.world; ++r) {
+    const int64_t* v = all.data() + static_cast<size_t>(r) * 4;
+    if (v[0] > v[1] && clamped++ == 0) first_clamped = r;
+    if (v[3] && over++ == 0) first_over = r;
+  }
+  if (clamped) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_clamped) * 4;
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %s: more threads than the %lld core(s) rank %d may use (its CPU affinity); "
+                 "clamped to %lld%s\n",
+                 source.empty() ? ("--threads " + std::to_string(v[0])).c_str() : source.c_str(),
+                 static_cast<long long>(v[1]), first_clamped, static_cast<long long>(v[1]),
+                 clamped > 1 ? (" (and on " + std::to_string(clamped - 1) + " more rank(s))").c_str() : "");
+  }
+  if (over) {
+    const int64_t* v = all.data() + static_cast<size_t>(first_over) * 4;
+    const long long t = std::min(v[0], v[1]);
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %lld rank(s) x %lld thread(s) share the %lld core(s) of rank %d's node: "
+                 "oversubscribed, every rank will wait for the slowest (use --threads %lld, or fewer ranks per "
+                 "node)\n",
+                 static_cast<long long>(v[2]), t, static_cast<long long>(v[1]), first_over,
+                 std::max<long long>(1, v[1] / std::max<int64_t>(1, v[2])));
+  }
+  std::fflush(stderr);
+  return threads;
+}
+
+void Trainer::lock_output() {
+  if (o_.eval_only) return;  // reads only
+  std::string stale;
+  std::string unguarded;
+  agree([&] { lock_ = OutputLock::acquire(o_.output_dir, &stale, &unguarded); }, rank0());
+  if (!unguarded.empty() && rank0()) std::fprintf(stderr, "resnet_ddp: warning: --output-dir: %s\n", unguarded.c_str());
+  if (!stale.empty())
+    notice("the previous run in " + o_.output_dir + " (" + stale +
+           ") ended without releasing it (crashed or killed); this run holds it now");
+}
+
+void Trainer::setup_data() {
+  data::ScanOptions scan;
+  scan.strict = o_.strict_data;
+  scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
+  scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
+  scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
+  // Each rank decodes 1/world of the files; every rank then drops the same ones.
+  scan.shard = env_.rank;
+  scan.shards = env_.world;
+  scan.combine = [this](std::vector<int64_t>& v) { ctrl_->allreduce(v.data(), v.size(), dist::ReduceOp::Sum); };
+  if (rank0()) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  scan.folders.train = o_.train_split;
+  scan.folders.validation = o_.val_split;
+  if (o_.eval_only) {
+    // Scoring reads only Validation, with the checkpoint's classes, and every image
+    // decoded first: an unreadable one is an error (or, --skip-unreadable, a counted
+    // skip), never a black stand-in that gets classified.
+    scan.class_names = plan_.class_names;
+    scan.require_every_class = false;
+    scan.verify = data::ScanOptions::Verify::Full;
+    scan.strict = !o_.skip_unreadable;
+    if (!o_.strict_data) {
+      scan.strict_flag = "--eval-only";
+      scan.strict_hint = " (unreadable images are never scored; --skip-unreadable skips them)";
+    }
+  }
+  agree([&] {
+    if (!o_.eval_only) train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
+    val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
+  });
+  class_names_ = train_set_ ? train_set_->class_names() : val_set_->class_names();
+  if (rank0())
+    for (const auto& w : dataset_warnings(train_set_ ? *train_set_ : *val_set_, o_.image_size))
+      std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
+  data::TransformConfig tc;
+  tc.image_size = o_.image_size;
+  tc.augment = data::parse_augment(o_.augment);
+  train_tf_.emplace(tc, true);
+  data::TransformConfig vc = tc;
+  vc.augment = data::TransformConfig::Augment::None;
+  val_tf_.emplace(vc, false);
+  norm_ = normalization(o_.normalize);
+  data::LoaderOptions lo;
+  lo.batch_size = o_.batch_size;
+  lo.workers = o_.workers;
+  lo.seed = static_cast<uint64_t>(o_.seed);
+  if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
+  if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  if (train_set_) {
+    sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+                                                          static_cast<uint64_t>(o_.seed), false);
+    train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+  }
+  data::LoaderOptions vo = lo;
+  vo.batch_size = o_.effective_val_batch();
+  vo.workers = o_.workers;
+  val_loader_ = std::make_unique<data::Loader>(*val_set_, *val_tf_, vo, std::vector<int64_t>{}, 0);
+}
+
+void Trainer::setup_model() {
+  ResNetConfig mc;
+  mc.arch = o_.arch;
+  mc.head = o_.head;
+  mc.num_classes = static_cast<int>(class_names_.size());
+  mc.init_seed = static_cast<uint64_t>(o_.seed);
+  agree([&] {
+    model_ = std::make_unique<ResNet>(*backend_, mc);
+    model_->init_parameters(static_cast<uint64_t>(o_.seed));
+  });
+  model_->train(true);
+  if (o_.sync_bn && env_.world > 1) {
+    sync_bn_ = std::make_unique<dist::SyncBatchNormReducer>(*grad_);
+    model_->set_batchnorm_reducer(sync_bn_.get());
+  }
+  OptimizerConfig oc;
+  oc.type = o_.optimizer;
+  oc.lr = o_.lr;
+  oc.weight_decay = o_.weight_decay;
+  if (o_.optimizer == OptimizerKind::Sgd) {
+    oc.momentum = o_.momentum;
+    oc.nesterov = o_.nesterov;
+  }
+  opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
+  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
+  dist::BucketOptions bo;
+  bo.bucket_mb = o_.bucket_mb;
+  bo.progress_thread = o_.progress_thread;
+  bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
+  step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
+                                      o_.precision == Precision::FP16, o_.loss_scale);
+  // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
+  if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
+    const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");
+    if (env_.rank == (r && *r ? std::atoi(r) : 0)) step_->inject_overflow_at(std::atoll(at));
+  }
+}
+
+void Trainer::check_output_space() {
+  if (o_.eval_only) return;
+  agree(
+      [&] {
+        const double per_copy = static_cast<double>(model_->params().bytes()) * (1.0 + opt_->state_count()) +
+                                static_cast<double>(model_->buffers().bytes());
+        const double needed = per_copy * 1.05 + 1e6;  // the temp file sits next to the old one
+        struct statvfs st {};
+        if (::statvfs(o_.output_dir.c_str(), &st) != 0) return;  // probed writable before MPI
+        const double free_bytes = static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+        if (free_bytes < needed) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf, "only %.1f MB free in '%s', a checkpoint needs about %.1f MB",
+                        free_bytes / 1e6, o_.output_dir.c_str(), needed / 1e6);
+          throw UsageError(std::string("--output-dir: ") + buf);
+        }
+      },
+      rank0());
+}
+
+}  // namespace rd::train
