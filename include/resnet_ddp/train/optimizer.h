@@ -44,7 +44,6 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return step_; }
-  void set_steps(int64_t s) { step_ = s; }
 
   // One update of every parameter from the current gradients.
   void step();
@@ -82,7 +81,6 @@ class Scheduler {
   // End of an epoch: takes the current LR and the validation loss, returns the new LR.
   double step(double current_lr, double val_loss);
   int64_t last_epoch() const { return last_epoch_; }
-  void set_last_epoch(int64_t e) { last_epoch_ = e; }
 
   PlateauState plateau;
   CosineState cosine;
