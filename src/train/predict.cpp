@@ -33,7 +33,6 @@ class FileListDataset : public data::Dataset {
       : paths_(std::move(paths)), labels_(std::move(labels)), classes_(std::move(classes)) {}
   size_t size() const override { return paths_.size(); }
   int32_t label(size_t i) const override { return std::max(labels_[i], 0); }
-  int32_t true_label(size_t i) const { return labels_[i]; }
   const std::vector<std::string>& class_names() const override { return classes_; }
   std::string source(size_t i) const override { return paths_[i]; }
   std::string description() const override { return "files"; }
