@@ -8,6 +8,7 @@
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/commands.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/commands.h"
@@ -16,7 +17,7 @@ namespace {
 
 int run(int argc, char** argv) {
   using namespace rd::train;
-  const bool speaker = launcher_rank() == 0;
+  const bool speaker = rd::dist::launcher_rank() == 0;
   auto usage_error = [&](const std::exception& e) {
     if (speaker) std::fprintf(stderr, "resnet_ddp: error: %s\n", e.what());
     return 2;

@@ -14,6 +14,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
@@ -57,24 +58,12 @@ std::string check_output_dir(const std::string& dir) {
   return "'" + dir + "' will be created (in " + parent.string() + ", writable)";
 }
 
-// What the environment says about how this process was started; an error when the
-// launcher would give each task a world of its own (see launcher_world_mismatch).
-std::string check_launcher() {
-  if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"))
-    return std::string("Open MPI's mpirun, ") + n + " rank(s)";
-  if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) return "a PMI launcher (srun --mpi=..., mpiexec)";
-  if (const std::string why = launcher_world_mismatch(1); !why.empty()) throw UsageError(why);
-  if (const char* job = std::getenv("SLURM_JOB_ID"))
-    return std::string("Slurm job ") + job + ", no task launcher yet (the job script starts one)";
-  return "none: one process (mpirun -np N or srun starts the ranks)";
-}
-
 }  // namespace
 
 int check_main(const TrainOptions& opts) {
   // Every task of a launcher checks its own node (data and paths may be node-local);
   // rank 0 reports, the others only their errors.
-  const int rank = launcher_rank();
+  const int rank = dist::launcher_rank();
   const bool speaker = rank == 0;
   auto say = [&](const std::string& what, const std::string& detail) {
     if (!speaker) return;
@@ -179,7 +168,7 @@ int check_main(const TrainOptions& opts) {
                       std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
                       " classes (headers read)");
     }
-    say("launcher", check_launcher());
+    say("launcher", dist::describe_launcher());
     say("result", "ready; nothing was trained (run the same command without --check)");
     return 0;
   } catch (const UsageError& e) {

@@ -14,6 +14,7 @@
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
+#include "resnet_ddp/shell_quote.h"
 #include "train/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -435,106 +436,6 @@ std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOp
   add_train_flags(fs, copy);
   add_train_aliases(fs);
   return fs.values();
-}
-
-std::vector<std::string> split_command_line(const std::string& line) {
-  std::vector<std::string> out;
-  std::string word;
-  bool in_word = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (c == ' ') {
-      if (in_word) out.push_back(word);
-      word.clear();
-      in_word = false;
-    } else if (c == '\'' ) {
-      in_word = true;
-      const size_t end = line.find('\'', i + 1);
-      if (end == std::string::npos) throw UsageError("unterminated quote in command line: " + line);
-      word += line.substr(i + 1, end - i - 1);
-      i = end;
-    } else if (c == '\\' && i + 1 < line.size()) {
-      in_word = true;
-      word += line[++i];
-    } else {
-      in_word = true;
-      word += c;
-    }
-  }
-  if (in_word) out.push_back(word);
-  return out;
-}
-
-namespace {
-// A positive integer from the environment, 0 when unset or not a number.
-long env_count(const char* var) {
-  const char* v = std::getenv(var);
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return *end == '\0' && x > 0 ? x : 0;
-}
-}  // namespace
-
-std::string launcher_world_mismatch(int mpi_world) {
-  if (mpi_world != 1) return "";
-  const std::string fix =
-      ". Each task would train its own copy of the model alone. Start the ranks so that they share one MPI "
-      "world: inside the allocation `mpirun -np N resnet_ddp ...`, or `srun --mpi=pmix resnet_ddp ...` "
-      "(`srun --mpi=list` shows the PMI types this Slurm offers; jobs/*.slurm set RESNET_DDP_LAUNCHER)";
-  std::string what;
-  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
-    // Started by Open MPI's mpirun: it knows the world. A bigger number means this
-    // program's MPI library is not the one mpirun belongs to.
-    const long n = env_count("OMPI_COMM_WORLD_SIZE");
-    if (n > 1)
-      return "MPI gave this process a world of 1 rank, but mpirun started " + std::to_string(n) +
-             " (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) +
-             "): resnet_ddp is linked against another MPI than this mpirun's" + fix;
-    return "";
-  }
-  // Inside a job step (srun), not in the batch script itself, where SLURM_NTASKS is the
-  // allocation's and one process is normal.
-  const bool in_step = std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID");
-  for (const char* var : {"SLURM_NTASKS", "SLURM_NPROCS"}) {
-    const long n = env_count(var);
-    if (in_step && n > 1)
-      return "MPI gave this process a world of 1 rank, but Slurm started " + std::to_string(n) + " tasks (" +
-             var + "=" + std::to_string(n) + "): srun started them without PMI (add --mpi=pmix)" + fix;
-  }
-  if (const long n = env_count("WORLD_SIZE"); n > 1)
-    return "MPI gave this process a world of 1 rank, but WORLD_SIZE=" + std::to_string(n) +
-           " (torchrun or a similar launcher): resnet_ddp communicates through MPI, not torch.distributed" + fix;
-  return "";
-}
-
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
-  }
-  return 0;
-}
-
-std::string shell_quote(const std::string& a) {
-  if (!a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789-_./=:,+@%") == std::string::npos)
-    return a;
-  std::string q = "'";
-  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string join_command_line(int argc, char** argv) {
-  return join_command_line(std::vector<std::string>(argv, argv + argc));
-}
-
-std::string join_command_line(const std::vector<std::string>& words) {
-  std::string s;
-  for (size_t i = 0; i < words.size(); ++i) {
-    if (i) s += ' ';
-    s += shell_quote(words[i]);
-  }
-  return s;
 }
 
 }  // namespace rd::train

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::train {
@@ -204,9 +205,7 @@ Progress::Progress(const std::string& mode_flag, int64_t every) : every_(every) 
   else {
     // Open MPI hands every rank a pseudo-terminal even when mpirun's own output goes
     // to a file, so under a launcher only --progress bar asks for the bar.
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                          std::getenv("PMIX_RANK") || std::getenv("SLURM_STEP_ID");
-    mode_ = ::isatty(1) && !launched ? Mode::Bar : Mode::Lines;
+    mode_ = ::isatty(1) && !dist::under_launcher() ? Mode::Bar : Mode::Lines;
   }
   if (mode_ == Mode::Lines && every_ <= 0) mode_ = Mode::None;
 }

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/optimizer.h"
 
 namespace fs = std::filesystem;

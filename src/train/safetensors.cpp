@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;

@@ -21,6 +21,7 @@
 #include "resnet_ddp/data/transforms.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/dist/ddp.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/checkpoint.h"
@@ -1133,9 +1134,9 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
     std::fprintf(stderr, "resnet_ddp: error: cannot initialise MPI: %s\n", e.what());
     return 1;
   }
-  if (const std::string why = launcher_world_mismatch(env.world); !why.empty()) {
+  if (const std::string why = dist::launcher_world_mismatch(env.world); !why.empty()) {
     // Every task is a world of its own here; the launcher's task 0 speaks for all.
-    if (launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
+    if (dist::launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
     std::fflush(stderr);
     try {
       dist::finalize_process();

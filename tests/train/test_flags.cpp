@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/cli.h"
 #include "parse_cli.h"
 

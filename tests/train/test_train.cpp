@@ -17,8 +17,10 @@
 
 #include "common/compare.h"
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "parse_cli.h"
@@ -267,25 +269,25 @@ TEST_CASE("a world of 1 under a launcher that started more tasks is named with t
     if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
     ::unsetenv(v);
   }
-  CHECK(launcher_world_mismatch(1).empty());
+  CHECK(dist::launcher_world_mismatch(1).empty());
   ::setenv("SLURM_NTASKS", "4", 1);
-  CHECK(launcher_world_mismatch(1).empty());  // the batch script itself, not a step
+  CHECK(dist::launcher_world_mismatch(1).empty());  // the batch script itself, not a step
   ::setenv("SLURM_STEP_ID", "0", 1);
-  const std::string m = launcher_world_mismatch(1);
+  const std::string m = dist::launcher_world_mismatch(1);
   CHECK(m.find("SLURM_NTASKS=4") != std::string::npos);
   CHECK(m.find("srun --mpi=pmix") != std::string::npos);
   CHECK(m.find("srun --mpi=list") != std::string::npos);
   CHECK(m.find("mpirun -np N") != std::string::npos);
-  CHECK(launcher_world_mismatch(4).empty());
+  CHECK(dist::launcher_world_mismatch(4).empty());
   ::unsetenv("SLURM_STEP_ID");
   ::unsetenv("SLURM_NTASKS");
   ::setenv("WORLD_SIZE", "2", 1);
-  CHECK(launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
+  CHECK(dist::launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
   ::unsetenv("WORLD_SIZE");
   ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
-  CHECK(launcher_world_mismatch(1).empty());
+  CHECK(dist::launcher_world_mismatch(1).empty());
   ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
-  CHECK(launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
+  CHECK(dist::launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }

@@ -141,21 +141,4 @@ std::string export_help();
 // "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.
 std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o);
 
-// Reads back a command line written by join_command_line (POSIX single quotes).
-std::vector<std::string> split_command_line(const std::string& line);
-
-// When MPI's world is 1 but the launcher's environment says the job has more tasks
-// (srun without PMI, torchrun, an mpirun of another MPI), the reason and the fix;
-// empty when nothing disagrees.
-std::string launcher_world_mismatch(int mpi_world);
-
-// Rank and world size from the launcher's environment (Open MPI, PMI, PMIx,
-// Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
-int launcher_rank();
-
-// Quotes one argument so a POSIX shell reads it back unchanged.
-std::string shell_quote(const std::string& arg);
-std::string join_command_line(int argc, char** argv);
-std::string join_command_line(const std::vector<std::string>& words);
-
 }  // namespace rd::train
