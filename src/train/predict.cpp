@@ -166,7 +166,7 @@ int predict_main(const PredictOptions& o) {
       bo.threads = cores;
     }
     std::unique_ptr<Backend> backend;
-    if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
+    if (o.device == Device::Cuda || (o.device == Device::Auto && cuda_backend_available())) {
       backend = make_cuda_backend(bo);
     } else {
       bo.layout = default_cpu_layout(bo.precision);

@@ -198,10 +198,10 @@ void MetricsCsv::write(const EpochMetrics& m) {
 
 // ---- progress --------------------------------------------------------------------------
 
-Progress::Progress(const std::string& mode_flag, int64_t every) : every_(every) {
-  if (mode_flag == "bar") mode_ = Mode::Bar;
-  else if (mode_flag == "lines") mode_ = Mode::Lines;
-  else if (mode_flag == "none") mode_ = Mode::None;
+Progress::Progress(ProgressMode mode, int64_t every) : every_(every) {
+  if (mode == ProgressMode::Bar) mode_ = Mode::Bar;
+  else if (mode == ProgressMode::Lines) mode_ = Mode::Lines;
+  else if (mode == ProgressMode::None) mode_ = Mode::None;
   else {
     // Open MPI hands every rank a pseudo-terminal even when mpirun's own output goes
     // to a file, so under a launcher only --progress bar asks for the bar.

@@ -38,22 +38,26 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
     value = theirs;
   };
   std::string image = std::to_string(o.image_size);
-  fixed("--arch", o.arch, m.arch);
+  std::string arch = name_of(arch_names(), o.arch);
+  fixed("--arch", arch, m.arch);
+  o.arch = value_of(arch_names(), arch, "--arch");
   std::string head = head_name(o.head);
   fixed("--head", head, m.head);
   o.head = parse_head(head);
   fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
   o.image_size = std::stoi(image);
-  fixed("--normalize", o.normalize, m.normalize);
+  std::string normalize = name_of(normalize_names(), o.normalize);
+  fixed("--normalize", normalize, m.normalize);
+  o.normalize = value_of(normalize_names(), normalize, "--normalize");
   // Say what the checkpoint decided that the command line did not.
   const TrainOptions defaults;
   std::string inherited;
-  if (!o.was_given("--arch") && o.arch != defaults.arch) inherited += " --arch " + o.arch;
+  if (!o.was_given("--arch") && o.arch != defaults.arch) inherited += " --arch " + arch;
   if (!o.was_given("--head") && o.head != defaults.head) inherited += std::string(" --head ") + head_name(o.head);
   if (!o.was_given("--image-size") && o.image_size != defaults.image_size)
     inherited += " --image-size " + std::to_string(o.image_size);
   if (!o.was_given("--normalize") && o.normalize != defaults.normalize)
-    inherited += " --normalize " + o.normalize;
+    inherited += " --normalize " + normalize;
   if (!inherited.empty()) plan.model_settings = "Model settings from " + path + ":" + inherited;
   if (o.eval_only) return plan;
   const OptimizerMeta& os = m.optimizer;
@@ -74,8 +78,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
       // --amp ran as the device's reduced precision (setup_device); compare that,
       // taking this run's device where the old one was "auto".
       if (pc.train.amp) {
-        const bool cuda = pc.train.device == "cuda" ||
-                          (pc.train.device == "auto" && this_run_cuda());
+        const bool cuda = pc.train.device == Device::Cuda || (pc.train.device == Device::Auto && this_run_cuda());
         pc.train.precision = amp_precision(cuda);
       }
       if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
@@ -123,7 +126,7 @@ ResumePlan plan_resume(TrainOptions& o, const std::string& path, const Checkpoin
 
 void refuse_new_experiment(const TrainOptions& o, const std::string& path, const CheckpointMeta& m,
                            const std::vector<std::string>& differences) {
-  if (differences.empty() || o.resume != "auto" || o.was_given("--resume")) return;
+  if (differences.empty() || o.resume != ResumeMode::Auto || o.was_given("--resume")) return;
   if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;
   std::string msg = "--output-dir " + o.output_dir + " holds another run (" + path + ", " +
                     std::to_string(m.epoch) + " epoch(s) done) whose settings differ from this command's:";

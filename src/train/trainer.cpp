@@ -205,14 +205,14 @@ void Trainer::agree(F&& fn, bool participate) {
 
 void Trainer::setup_device() {
   ctrl_ = dist::make_mpi_comm(MPI_COMM_WORLD);
-  std::string device = o_.device;
-  if (device == "auto") {
+  Device device = o_.device;
+  if (device == Device::Auto) {
     // One choice for all ranks: CUDA only where every rank has a GPU (mixed devices
     // would start NCCL on some ranks and MPI on others). A GPU job that lands on the
     // CPU is hours slower, so it is said loudly, once, with each node's reason.
     int64_t no_gpu = cuda_backend_available() ? 0 : 1;
     ctrl_->allreduce(&no_gpu, 1, dist::ReduceOp::Sum);
-    device = no_gpu == 0 ? "cuda" : "cpu";
+    device = no_gpu == 0 ? Device::Cuda : Device::Cpu;
     if (no_gpu > 0) {
       const std::string reason = cuda_backend_available() ? std::string() : cuda_unavailable_reason();
       std::vector<char> mine(512, 0), all(512 * static_cast<size_t>(env_.world), 0);
@@ -231,21 +231,21 @@ void Trainer::setup_device() {
   }
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
   const int threads = resolve_threads();
-  if (o_.amp) o_.precision = amp_precision(device == "cuda");
+  if (o_.amp) o_.precision = amp_precision(device == Device::Cuda);
   const std::string amp_note =
-      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
+      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + name_of(device_names(), device) + "): " : "";
   agree([&] {
-    if (o_.precision == Precision::FP16 && device == "cpu")
+    if (o_.precision == Precision::FP16 && device == Device::Cpu)
       throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
-    if (device == "cuda" && !cuda_backend_available())
+    if (device == Device::Cuda && !cuda_backend_available())
       throw UsageError("--device cuda on node " + env_.node + ": " + cuda_unavailable_reason());
-    if (o_.deterministic && device != "cpu")
+    if (o_.deterministic && device != Device::Cpu)
       throw UsageError("--deterministic: only supported on the CPU backend");
     BackendOptions bo;
     bo.threads = threads;
     bo.precision = o_.precision;
     bo.conv_algo = o_.conv_algo;
-    if (device == "cuda") {
+    if (device == Device::Cuda) {
       const int visible = cuda_device_count();
       cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
       if (cuda_index < 0)
@@ -254,10 +254,10 @@ void Trainer::setup_device() {
                          std::to_string(visible) + " ranks per node, or bind one GPU per task)");
       bo.device_index = cuda_index;
     }
-    if (device == "cpu") bo.layout = default_cpu_layout(bo.precision);
+    if (device == Device::Cpu) bo.layout = default_cpu_layout(bo.precision);
     if (o_.deterministic) omp_set_dynamic(0);
     try {
-      backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+      backend_ = device == Device::Cuda ? make_cuda_backend(bo) : make_cpu_backend(bo);
     } catch (const UsageError& e) {
       if (o_.amp) throw UsageError(amp_note + e.what());
       throw;
@@ -359,14 +359,7 @@ void Trainer::resolve_resume() {
   std::string blob;
   agree(
       [&] {
-        std::string path;
-        if (o_.resume == "auto") {
-          std::error_code ec;
-          const std::string last = (fs::path(o_.output_dir) / "last.h5").string();
-          if (fs::exists(last, ec)) path = last;
-        } else if (o_.resume != "none") {
-          path = o_.resume;
-        }
+        const std::string path = o_.resume_checkpoint();
         if (path.empty()) return;
         std::unique_ptr<CheckpointReader> reader;
         try {
@@ -389,7 +382,8 @@ void Trainer::resolve_resume() {
       },
       rank0());
   if (rank0()) {
-    blob = o_.arch + '\n' + head_name(o_.head) + '\n' + std::to_string(o_.image_size) + '\n' + o_.normalize + '\n' +
+    blob = name_of(arch_names(), o_.arch) + '\n' + head_name(o_.head) + '\n' + std::to_string(o_.image_size) + '\n' +
+           name_of(normalize_names(), o_.normalize) + '\n' +
            (honour_lr_ ? "1" : "0") + (epochs_changed_ ? "1" : "0");
   }
   int64_t n = static_cast<int64_t>(blob.size());
@@ -400,10 +394,10 @@ void Trainer::resolve_resume() {
   size_t at = 0;
   for (size_t nl; (nl = blob.find('\n', at)) != std::string::npos; at = nl + 1) f.push_back(blob.substr(at, nl - at));
   f.push_back(blob.substr(at));
-  o_.arch = f.at(0);
+  o_.arch = value_of(arch_names(), f.at(0), "--arch");
   o_.head = parse_head(f.at(1));
   o_.image_size = std::stoi(f.at(2));
-  o_.normalize = f.at(3);
+  o_.normalize = value_of(normalize_names(), f.at(3), "--normalize");
   honour_lr_ = f.at(4)[0] == '1';
   epochs_changed_ = f.at(4)[1] == '1';
   if (o_.eval_only) {
@@ -425,7 +419,7 @@ void Trainer::setup_data() {
   data::ScanOptions scan;
   scan.strict = o_.strict_data;
   scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
-  scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
+  scan.verify = o_.verify_data;
   scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.
   scan.shard = env_.rank;
@@ -457,12 +451,12 @@ void Trainer::setup_data() {
       std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
   data::TransformConfig tc;
   tc.image_size = o_.image_size;
-  tc.augment = data::parse_augment(o_.augment);
+  tc.augment = o_.augment;
   train_tf_.emplace(tc, true);
   data::TransformConfig vc = tc;
   vc.augment = data::TransformConfig::Augment::None;
   val_tf_.emplace(vc, false);
-  if (o_.normalize == "imagenet") {
+  if (o_.normalize == Normalize::ImageNet) {
     norm_mean_ = data::kImagenetMean;
     norm_std_ = data::kImagenetStd;
   }
@@ -485,7 +479,7 @@ void Trainer::setup_data() {
 
 void Trainer::setup_model() {
   ResNetConfig mc;
-  mc.arch = o_.arch;
+  mc.arch = name_of(arch_names(), o_.arch);
   mc.head = o_.head;
   mc.num_classes = static_cast<int>(class_names_.size());
   mc.init_seed = static_cast<uint64_t>(o_.seed);
@@ -543,7 +537,7 @@ void Trainer::check_output_space() {
 
 CheckpointMeta Trainer::base_meta() const {
   CheckpointMeta m;
-  m.arch = o_.arch;
+  m.arch = name_of(arch_names(), o_.arch);
   m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
   m.image_size = o_.image_size;
@@ -554,7 +548,7 @@ CheckpointMeta Trainer::base_meta() const {
   m.args = o_.command_line;
   m.args_history = args_history_;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
-  m.normalize = o_.normalize;
+  m.normalize = name_of(normalize_names(), o_.normalize);
   m.class_names = class_names_;
   return m;
 }
@@ -566,13 +560,7 @@ void Trainer::load_start_state() {
   bool loaded = false;
   agree(
       [&] {
-        std::string path;
-        if (o_.resume == "auto") {
-          std::error_code ec;
-          if (fs::exists(last_path_, ec)) path = last_path_;
-        } else if (o_.resume != "none") {
-          path = o_.resume;
-        }
+        const std::string path = o_.resume_checkpoint();
         if (!path.empty()) {
          try {
           // Streamed into the arenas: no host copy of the weights and optimizer state.
@@ -625,9 +613,10 @@ void Trainer::load_start_state() {
          }
         } else if (!o_.init.empty()) {
           CheckpointReader ck(o_.init, true);
-          if (!ck.meta().arch.empty() && ck.meta().arch != o_.arch)
+          const std::string arch = name_of(arch_names(), o_.arch);
+          if (!ck.meta().arch.empty() && ck.meta().arch != arch)
             throw UsageError("--init: '" + o_.init + "' holds " + ck.meta().arch + " weights, this run uses --arch " +
-                             o_.arch);
+                             arch);
           auto skipped = ck.load_model(*model_, true);
           run_.num_batches_tracked = model_->num_batches_tracked();
           loaded = true;
@@ -1109,7 +1098,7 @@ int Trainer::run() {
     std::snprintf(buf, sizeof buf,
                   "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                   "batch %d, %s lr %s, scheduler %s",
-                  o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                  name_of(arch_names(), o_.arch).c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
                   o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
                   py_float(opt_->lr()).c_str(), sched_->type().c_str());
     say(buf);

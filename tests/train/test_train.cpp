@@ -150,7 +150,7 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   REQUIRE(pc.command == Command::Train);
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/tmp/Dataset_2");
-  CHECK(t.arch == "resnet34");
+  CHECK(t.arch == Arch::ResNet34);
   CHECK(t.head == rd::HeadKind::Mlp);
   CHECK(t.image_size == 244);
   CHECK(t.batch_size == 16);
@@ -161,9 +161,9 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   CHECK(t.label_smoothing == 0.1);
   CHECK(t.scheduler == SchedulerKind::Plateau);
   CHECK(t.output_dir == "output_model");
-  CHECK(t.resume == "auto");
+  CHECK(t.resume == ResumeMode::Auto);
   CHECK(t.precision == rd::Precision::FP32);
-  CHECK(t.device == "auto");
+  CHECK(t.device == Device::Auto);
   CHECK(t.accum_steps == 1);
   CHECK(t.metrics_path() == "output_model/metrics.csv");
   CHECK(t.command_line == "resnet_ddp --data /tmp/Dataset_2");
@@ -176,7 +176,7 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
                             "--metrics", "m.csv", "--precision", "bf16"});
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/d");
-  CHECK(t.arch == "resnet18");
+  CHECK(t.arch == Arch::ResNet18);
   CHECK(t.head == rd::HeadKind::Fc);
   CHECK(t.batch_size == 8);
   CHECK(t.lr == 3e-3);
@@ -187,7 +187,7 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
   CHECK(t.scheduler == SchedulerKind::Cosine);
   CHECK(t.max_steps == 5);
   CHECK(t.deterministic);
-  CHECK(t.resume == "none");
+  CHECK(t.resume == ResumeMode::None);
   CHECK(t.metrics_path() == "m.csv");
   CHECK(t.precision == rd::Precision::BF16);
 }
@@ -222,7 +222,7 @@ TEST_CASE("every subcommand has --help", "[train]") {
   ParsedCommand top = parse({"--help"});
   CHECK(top.command == Command::Help);
   CHECK_THAT(top.help_text, Catch::Contains("predict") && Catch::Contains("synth"));
-  CHECK_THAT(train_help(), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
+  CHECK_THAT(command_help(Command::Train), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
                                Catch::Contains("--label-smoothing") && Catch::Contains("--resume"));
   ParsedCommand synth = parse({"synth", "--help"});
   CHECK(synth.command == Command::Synth);
@@ -742,9 +742,10 @@ TEST_CASE("path checks run before MPI and name the flag", "[train]") {
   o.init = dir.file("missing.h5");
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--init"));
   o.init.clear();
-  o.resume = dir.file("missing.h5");
+  o.resume = ResumeMode::File;
+  o.resume_file = dir.file("missing.h5");
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--resume"));
-  o.resume = "auto";
+  o.resume = ResumeMode::Auto;
   std::ofstream(dir.file("plainfile")) << "x";
   o.output_dir = dir.file("plainfile") + "/sub";
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--output-dir"));
