@@ -44,7 +44,9 @@ std::string TrainOptions::resume_checkpoint() const {
 
 namespace {
 
-void add_train_flags(FlagSet& fs, TrainOptions& o) {
+// The train flags in --help (and values()) order, declared in two parts only to keep
+// each function short.
+void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--data", &o.data, "PATH",
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
   fs.text("--train-split", &o.train_split, "NAME", "folder of the training split under --data (ImageNet-style: train)");
@@ -71,6 +73,9 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--sync-bn", &o.sync_bn,
              "batch-norm statistics over all ranks (SyncBatchNorm) [default: on, as the reference recipe]");
   fs.negated("--no-sync-bn", &o.sync_bn, "per-rank batch-norm statistics (plain BatchNorm under DDP)");
+}
+
+void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--workers", &o.workers, 1, "data loader threads per rank", 256);
   fs.integer("--threads", &o.threads, 0, "compute threads per rank (0 = node cores / ranks on node)", 1024);
   fs.integer("--seed", &o.seed, 0, "seed for initialisation, sampler order and augmentation",
@@ -130,6 +135,11 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
              "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
              std::numeric_limits<int64_t>::max());
+}
+
+void add_train_flags(FlagSet& fs, TrainOptions& o) {
+  add_train_recipe_flags(fs, o);
+  add_train_run_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same
