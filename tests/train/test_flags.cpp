@@ -350,3 +350,48 @@ TEST_CASE("config file errors name the file and the line", "[train][flags]") {
   // A bad flag on the command line is reported before the file is read.
   CHECK_THAT(usage_error({"--data", "d", "--config", missing, "--lrr", "1"}), Catch::StartsWith("unknown flag '--lrr'"));
 }
+
+TEST_CASE("word-valued options arrive typed and read back as typed", "[train][flags]") {
+  const TrainOptions t = parse_train({"--data", "d", "--device", "cpu", "--arch", "resnet_tiny", "--augment", "flip",
+                                      "--normalize", "imagenet", "--progress", "lines", "--verify-data", "header",
+                                      "--resume", "run/last.h5"});
+  CHECK(t.device == Device::Cpu);
+  CHECK(t.arch == Arch::ResNetTiny);
+  CHECK(t.augment == Augment::Flip);
+  CHECK(t.normalize == Normalize::ImageNet);
+  CHECK(t.progress == ProgressMode::Lines);
+  CHECK(t.verify_data == VerifyData::Header);
+  CHECK(t.resume == ResumeMode::File);
+  CHECK(t.resume_file == "run/last.h5");
+  CHECK(t.resume_checkpoint() == "run/last.h5");
+  // A recorded run is compared through these texts: each reads back as it was typed.
+  for (const auto& [flag, value] : train_flag_values(t)) {
+    if (flag == "--device") CHECK(value == "cpu");
+    if (flag == "--arch") CHECK(value == "resnet_tiny");
+    if (flag == "--resume") CHECK(value == "run/last.h5");
+    if (flag == "--verify-data") CHECK(value == "header");
+  }
+  CHECK(parse_train({"--data", "d", "--resume", "none"}).resume_checkpoint().empty());
+  // A checkpoint's text back to the enum, refused by name when this version lacks it.
+  CHECK(value_of(arch_names(), "resnet50", "--arch") == Arch::ResNet50);
+  CHECK_THROWS_WITH(value_of(normalize_names(), "cifar", "--normalize"),
+                    "--normalize: expected one of none|imagenet, got 'cifar'");
+}
+
+TEST_CASE("the subcommand table lists, helps and names every command", "[train][flags]") {
+  const std::string top = top_level_help();
+  for (Command c : {Command::Train, Command::Predict, Command::Info, Command::Export, Command::Synth, Command::Pack}) {
+    const std::string name = command_name(c);
+    INFO(name);
+    CHECK_THAT(top, Catch::Contains("  " + name + " "));
+    if (c == Command::Synth || c == Command::Pack) continue;  // their own --help
+    const ParsedCommand pc = parse_args({name, "--help"});
+    CHECK(pc.command == Command::Help);
+    CHECK(pc.help_text == command_help(c));
+    CHECK(parse_args({"help", name}).help_text == command_help(c));
+  }
+  CHECK(usage_error({"bogus"}) ==
+        "unknown command 'bogus' (commands: train, predict, info, export, synth, pack; see resnet_ddp --help)");
+  CHECK(usage_error({"help", "version"}) == "unknown command 'version'; see resnet_ddp --help");
+  CHECK(parse_args({"--version"}).command == Command::Version);
+}
