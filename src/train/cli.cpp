@@ -221,7 +221,8 @@ struct Subcommand {
   int (*main)(ParsedCommand& pc, int& argc, char**& argv);
 };
 
-bool speaker() { return dist::launcher_rank() == 0; }
+// The launcher's task 0 prints help and version; every task parses the same argv.
+bool is_speaker() { return dist::launcher_rank() == 0; }
 
 void train_flags(FlagSet& fs, ParsedCommand& pc) {
   add_train_flags(fs, pc.train);
@@ -234,8 +235,10 @@ void train_finish(ParsedCommand& pc, Parsed& p) {
   if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
   data::check_split_folder("--train-split", t.train_split);
   data::check_split_folder("--val-split", t.val_split);
-  if (t.train_split == t.val_split) throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
-  if (t.resume == ResumeMode::File && t.resume_file.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
+  if (t.train_split == t.val_split)
+    throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
+  if (t.resume == ResumeMode::File && t.resume_file.empty())
+    throw UsageError("--resume: expected auto, none or a checkpoint path");
   if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
   if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
   if (t.skip_unreadable && !t.eval_only)
@@ -290,12 +293,11 @@ void passthrough_finish(ParsedCommand& pc, Parsed& p) {
   pc.passthrough.insert(pc.passthrough.end(), p.words.args.begin(), p.words.args.end());
 }
 
-int passthrough_run(ParsedCommand& pc, int&, char**&) {
+int run_data_tool(ParsedCommand& pc, int (*tool_main)(int, char**)) {
   std::vector<char*> args;
   for (auto& a : pc.passthrough) args.push_back(a.data());
   args.push_back(nullptr);
-  const int n = static_cast<int>(pc.passthrough.size());
-  return pc.command == Command::Synth ? data::synth_main(n, args.data()) : data::pack_main(n, args.data());
+  return tool_main(static_cast<int>(pc.passthrough.size()), args.data());
 }
 
 const Subcommand* find_listed(const std::string& name);
@@ -316,13 +318,13 @@ void help_finish(ParsedCommand& pc, Parsed& p) {
 }
 
 int help_run(ParsedCommand& pc, int&, char**&) {
-  if (speaker()) std::fputs(pc.help_text.c_str(), stdout);
+  if (is_speaker()) std::fputs(pc.help_text.c_str(), stdout);
   return 0;
 }
 
 int version_run(ParsedCommand&, int&, char**&) {
   // The backends line lets a login-node pre-flight see whether GPUs can be used.
-  if (speaker())
+  if (is_speaker())
     std::printf("resnet_ddp %s\nbackends: cpu, cuda %s\n", RESNET_DDP_VERSION,
                 cuda_backend_built() ? "(built)" : "(not built)");
   return 0;
@@ -364,9 +366,11 @@ const std::vector<Subcommand>& table() {
        [](FlagSet& fs, ParsedCommand& pc) { add_export_flags(fs, pc.exp); }, false, export_finish, nullptr,
        [](ParsedCommand& pc, int&, char**&) { return export_main(pc.exp); }},
       {Command::Synth, {"synth"}, "write a small synthetic ImageFolder dataset (for tests and demos)", "", nullptr,
-       true, passthrough_finish, nullptr, passthrough_run},
+       true, passthrough_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return run_data_tool(pc, data::synth_main); }},
       {Command::Pack, {"pack"}, "pack an ImageFolder tree into one HDF5 file for fast loading", "", nullptr, true,
-       passthrough_finish, nullptr, passthrough_run},
+       passthrough_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return run_data_tool(pc, data::pack_main); }},
       {Command::Help, {"help", "--help", "-h"}, nullptr, "", nullptr, true, help_finish, nullptr, help_run},
       {Command::Version, {"version", "--version"}, nullptr, "", nullptr, true, no_words, nullptr, version_run},
   };

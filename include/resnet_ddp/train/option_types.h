@@ -43,7 +43,9 @@ inline NameTable<ProgressMode> progress_names() {
 }
 
 using VerifyData = data::ScanOptions::Verify;
-inline NameTable<VerifyData> verify_data_names() { return {{"full", VerifyData::Full}, {"header", VerifyData::Header}}; }
+inline NameTable<VerifyData> verify_data_names() {
+  return {{"full", VerifyData::Full}, {"header", VerifyData::Header}};
+}
 
 // --resume auto | none | FILE.
 enum class ResumeMode { Auto, None, File };
