@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/backend/nccl.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
       rd::BackendOptions bo;
       bo.device_index = env.local_rank;
       device = rd::make_cuda_backend(bo);
-      comm = rd::dist::make_nccl_comm(MPI_COMM_WORLD, env.local_rank);
+      comm = rd::make_nccl_comm(MPI_COMM_WORLD, *device);
 #else
       throw rd::Error("--comm nccl: this build has no CUDA backend (configure with -DRESNET_DDP_CUDA=ON)");
 #endif

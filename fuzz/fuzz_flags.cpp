@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/cli.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -42,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   argv.push_back(nullptr);
   try {
     rd::train::ParsedCommand cmd = rd::train::parse_command_line(static_cast<int>(args.size()), argv.data());
-    (void)rd::train::join_command_line(static_cast<int>(args.size()), argv.data());
+    (void)rd::join_command_line(static_cast<int>(args.size()), argv.data());
     if (cmd.command == rd::train::Command::Train) (void)cmd.train.metrics_path();
   } catch (const rd::UsageError&) {
   }

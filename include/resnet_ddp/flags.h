@@ -58,9 +58,10 @@ class FlagSet {
   // A flag that switches a default-on option off.
   void negated(const std::string& name, bool* target, const std::string& help);
   // Any other value: `set` parses it (throwing UsageError naming the flag) and may be
-  // called once per occurrence (repeatable flags).
+  // called once per occurrence (repeatable flags). `get`, when given, spells the current
+  // value (the --help default, values()).
   void custom(const std::string& name, const std::string& metavar, const std::string& help,
-              std::function<void(const std::string& value)> set);
+              std::function<void(const std::string& value)> set, std::function<std::string()> get = nullptr);
   // Another name for the flag `target` (registered before): "-b" for "--batch-size".
   void alias(const std::string& name, const std::string& target);
   // Also runs `then` each time flag `name` is set (after its value is stored): lets a

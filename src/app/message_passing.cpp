@@ -14,14 +14,17 @@
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
+#include "resnet_ddp/train/option_types.h"
 
 namespace {
 
 constexpr int kTagData = 1;
 constexpr int kTagAck = 2;
 
+using rd::train::Device;
+
 struct Options {
-  std::string device = "auto";
+  Device device = Device::Auto;
   size_t elements = 1;
   bool verbose = false;
 };
@@ -35,7 +38,8 @@ Options parse(int argc, char** argv, std::string* help) {
   Options o;
   int64_t elements = 1;
   rd::FlagSet fs("", "message_passing");
-  fs.choice("--device", &o.device, {"cpu", "cuda", "auto"},
+  fs.enumeration("--device", &o.device,
+                 rd::NameTable<Device>{{"cpu", Device::Cpu}, {"cuda", Device::Cuda}, {"auto", Device::Auto}},
             "cpu: MPI over host memory; cuda: NCCL over GPU memory (GPU = local rank); auto: cuda when a GPU "
             "is visible, else cpu");
   fs.integer("--elements", &elements, 1, "floats in the tensor rank 0 sends", int64_t{1} << 31);
@@ -87,70 +91,69 @@ std::string device_problem(const rd::dist::ProcessEnv& env, bool use_cuda) {
 #endif
 }
 
-int run(const rd::dist::ProcessEnv& env, const Options& opt) {
-  bool use_cuda = opt.device == "cuda";
-  if (opt.device == "auto") {
+// The communicator and buffer of the chosen device.
+struct Channel {
+  Buffer buf;
+  std::unique_ptr<rd::dist::Comm> comm;
+  std::string device_desc = "cpu";
+};
+
+// Opens the channel on every rank; false (after saying why) when some rank cannot use
+// the device. Device problems can differ between nodes: the ranks agree on the outcome,
+// so every one exits 2 cleanly instead of some waiting for peers that gave up.
+bool open_channel(const rd::dist::ProcessEnv& env, const Options& opt, rd::dist::Comm& control, Channel& ch) {
+  bool use_cuda = opt.device == Device::Cuda;
+  if (opt.device == Device::Auto) {
     use_cuda = rd::cuda_backend_available();
     if (!use_cuda && env.rank == 0)
       std::fprintf(stderr, "message_passing: no GPU visible, using MPI over host memory\n");
   }
-  // Acknowledgements and verdicts always travel over MPI.
-  auto control = rd::dist::make_mpi_comm(MPI_COMM_WORLD);
-
-  // Device problems can differ between nodes: agree on the outcome, so every
-  // rank exits 2 cleanly instead of some waiting for peers that gave up.
   const std::string problem = device_problem(env, use_cuda);
   int64_t problems = problem.empty() ? 0 : 1;
-  control->allreduce(&problems, 1, rd::dist::ReduceOp::Sum);
+  control.allreduce(&problems, 1, rd::dist::ReduceOp::Sum);
   if (problems) {
     if (!problem.empty()) std::fprintf(stderr, "message_passing: rank %d: %s\n", env.rank, problem.c_str());
-    return 2;
+    return false;
   }
-
-  Buffer buf;
-  std::unique_ptr<rd::dist::Comm> comm;
-  std::string device_desc = "cpu";
 #ifdef RESNET_DDP_HAVE_CUDA
   if (use_cuda) {
     rd::BackendOptions bo;
     bo.device_index = rd::cuda_device_for_rank(env.local_rank, env.local_world, rd::cuda_device_count());
     bo.collective_timeout_s = rd::dist::collective_timeout_s();
-    buf.backend = rd::make_cuda_backend(bo);
-    buf.device_mem = buf.backend->allocate(opt.elements * sizeof(float));
-    buf.data = static_cast<float*>(buf.device_mem.get());
-    comm = rd::make_nccl_comm(MPI_COMM_WORLD, *buf.backend);
-    device_desc = "cuda:" + std::to_string(bo.device_index);
+    ch.buf.backend = rd::make_cuda_backend(bo);
+    ch.buf.device_mem = ch.buf.backend->allocate(opt.elements * sizeof(float));
+    ch.buf.data = static_cast<float*>(ch.buf.device_mem.get());
+    ch.comm = rd::make_nccl_comm(MPI_COMM_WORLD, *ch.buf.backend);
+    ch.device_desc = "cuda:" + std::to_string(bo.device_index);
   }
 #endif
-  if (!comm) comm = rd::dist::make_mpi_comm(MPI_COMM_WORLD);
+  if (!ch.comm) ch.comm = rd::dist::make_mpi_comm(MPI_COMM_WORLD);
+  return true;
+}
 
-  if (opt.verbose) rd::dist::print_startup_lines(env, device_desc);
-  if (env.world == 1) {
-    std::fprintf(stderr, "message_passing: only one rank, nothing to send "
-                         "(start it with mpirun -np N, N >= 2)\n");
-    return 0;
-  }
-
+// Rank 0 sends each other rank its tensor and waits for its acknowledgement (so the
+// lines alternate as in the tutorial); the receiver checks every value. 1 when some rank
+// received wrong data.
+int exchange(const rd::dist::ProcessEnv& env, const Options& opt, rd::dist::Comm& control, Channel& ch) {
   const size_t bytes = opt.elements * sizeof(float);
   int mismatches = 0;
   if (env.rank == 0) {
     for (int dest = 1; dest < env.world; ++dest) {
       std::vector<float> v(opt.elements);
       for (size_t i = 0; i < v.size(); ++i) v[i] = expected_value(dest, i);
-      buf.upload(v);
-      comm->send(buf.data, bytes, dest, kTagData);
+      ch.buf.upload(v);
+      ch.comm->send(ch.buf.data, bytes, dest, kTagData);
       std::printf("worker_%d sent data to Rank %d\n\n", 0, dest);
       std::fflush(stdout);
-      // Wait until `dest` has printed, so the lines alternate as in the tutorial.
       int ack = 0;
-      control->recv(&ack, sizeof ack, dest, kTagAck);
+      control.recv(&ack, sizeof ack, dest, kTagAck);
       mismatches += ack;
     }
   } else {
     std::vector<float> init(opt.elements, -1.0f);
-    buf.upload(init);
-    comm->recv(buf.data, bytes, 0, kTagData);
-    std::vector<float> got = buf.download(opt.elements);
+    ch.buf.upload(init);
+    ch.comm->recv(ch.buf.data, bytes, 0, kTagData);
+    std::vector<float> got = ch.buf.download(opt.elements);
     int bad = 0;
     for (size_t i = 0; i < got.size(); ++i) bad += got[i] != expected_value(env.rank, i);
     std::printf("worker_%d has received data from rank %d\n\n", env.rank, 0);
@@ -160,14 +163,28 @@ int run(const rd::dist::ProcessEnv& env, const Options& opt) {
                    env.rank, bad, opt.elements);
       mismatches = 1;
     }
-    control->send(&mismatches, sizeof mismatches, 0, kTagAck);
+    control.send(&mismatches, sizeof mismatches, 0, kTagAck);
   }
   int64_t failed = mismatches ? 1 : 0;
-  control->allreduce(&failed, 1, rd::dist::ReduceOp::Sum);
+  control.allreduce(&failed, 1, rd::dist::ReduceOp::Sum);
   if (failed && env.rank == 0)
     std::fprintf(stderr, "message_passing: %lld rank(s) received wrong data\n",
                  static_cast<long long>(failed));
   return failed ? 1 : 0;
+}
+
+int run(const rd::dist::ProcessEnv& env, const Options& opt) {
+  // Acknowledgements and verdicts always travel over MPI.
+  auto control = rd::dist::make_mpi_comm(MPI_COMM_WORLD);
+  Channel ch;
+  if (!open_channel(env, opt, *control, ch)) return 2;
+  if (opt.verbose) rd::dist::print_startup_lines(env, ch.device_desc);
+  if (env.world == 1) {
+    std::fprintf(stderr, "message_passing: only one rank, nothing to send "
+                         "(start it with mpirun -np N, N >= 2)\n");
+    return 0;
+  }
+  return exchange(env, opt, *control, ch);
 }
 
 }  // namespace

@@ -127,8 +127,9 @@ void FlagSet::negated(const std::string& name, bool* target, const std::string& 
 }
 
 void FlagSet::custom(const std::string& name, const std::string& metavar, const std::string& help,
-                     std::function<void(const std::string&)> set) {
-  add({name, metavar, help, "", false, [set](const std::string&, const std::string& v) { set(v); }, nullptr});
+                     std::function<void(const std::string&)> set, std::function<std::string()> get) {
+  add({name, metavar, help, get ? get() : "", false, [set](const std::string&, const std::string& v) { set(v); },
+       std::move(get)});
 }
 
 void FlagSet::alias(const std::string& name, const std::string& target) {
@@ -237,13 +238,9 @@ std::string unquote(const std::string& s) {
   return s;
 }
 
-}  // namespace
-
-void FlagSet::apply_file(const std::string& path, std::vector<std::string>* given,
-                         std::vector<std::string>* applied) {
-  const std::string& flag = config_;
-  // A cap, so that a wrong file (a dataset archive, /dev/zero) fails at once instead
-  // of filling memory: a flag file is a few hundred bytes.
+// The config file's text. A cap, so that a wrong file (a dataset archive, /dev/zero)
+// fails at once instead of filling memory: a flag file is a few hundred bytes.
+std::string read_config_text(const std::string& flag, const std::string& path) {
   constexpr size_t kMaxBytes = 1 << 20;
   struct stat st{};
   if (::stat(path.c_str(), &st) != 0)
@@ -262,77 +259,99 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
       throw UsageError(flag + " " + path + ": larger than 1 MiB; expected a short text file of flags");
   }
   if (in.bad()) throw UsageError(flag + " " + path + ": read error");
-  const auto ends_with = [&](const char* ext) {
-    const std::string e(ext);
-    return path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
-  };
-  if (ends_with(".yaml") || ends_with(".yml") || ends_with(".YAML") || ends_with(".YML")) {
+  return text;
+}
+
+bool is_yaml_path(const std::string& path) {
+  for (const std::string e : {".yaml", ".yml", ".YAML", ".YML"})
+    if (path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) return true;
+  return false;
+}
+
+// One setting of a flag file's line.
+struct ConfigEntry {
+  std::string name, value;
+  bool has_value = false;
+};
+
+// Reads one line of a flag file: `--flag value`, `--flag=value`, `--switch`, `flag =
+// value` or a bare `flag`, after a comment (a '#' that starts the line or follows a
+// blank, outside quotes). false for a blank line. `line` is left as read: without its
+// comment and surrounding blanks.
+bool parse_config_line(std::string& line, ConfigEntry& e) {
+  if (line.find('\0') != std::string::npos) throw UsageError("not a text file (NUL byte)");
+  if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
+  char quote = 0;
+  for (size_t k = 0; k < line.size(); ++k) {
+    const char c = line[k];
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#' && (k == 0 || line[k - 1] == ' ' || line[k - 1] == '\t')) {
+      line.resize(k);
+      break;
+    }
+  }
+  line = trim(line);
+  if (line.empty()) return false;
+  if (line[0] == '-') {  // --flag value, --flag=value, --switch
+    const size_t blank = line.find_first_of(" \t");
+    const std::string word = line.substr(0, blank);
+    if (const size_t eq = word.find('='); eq != std::string::npos) {
+      e.name = word.substr(0, eq);
+      e.value = line.substr(eq + 1);
+      e.has_value = true;
+    } else {
+      e.name = word;
+      if (blank != std::string::npos) {
+        e.value = trim(line.substr(blank));
+        // "--lr = 0.1": the two formats mixed, read as meant.
+        if (e.value[0] == '=') e.value = trim(e.value.substr(1));
+        e.has_value = true;
+      }
+    }
+  } else {  // flag = value, or a bare switch
+    const size_t eq = line.find('=');
+    std::string key = trim(line.substr(0, eq));
+    if (key.empty() || key.find_first_of(" \t") != std::string::npos)
+      throw UsageError("expected '--flag value' or 'flag = value', got '" + line + "'");
+    // timm's args.yaml and Python spell flags with underscores.
+    std::replace(key.begin(), key.end(), '_', '-');
+    e.name = (key.size() == 1 ? "-" : "--") + key;  // "b = 32" is -b
+    if (eq != std::string::npos) {
+      e.value = trim(line.substr(eq + 1));
+      e.has_value = true;
+    }
+  }
+  e.value = unquote(e.value);
+  return true;
+}
+
+}  // namespace
+
+void FlagSet::apply_file(const std::string& path, std::vector<std::string>* given,
+                         std::vector<std::string>* applied) {
+  const std::string& flag = config_;
+  const std::string text = read_config_text(flag, path);
+  if (is_yaml_path(path)) {
     if (text.find('\0') != std::string::npos) throw UsageError(flag + " " + path + ": not a text file (NUL byte)");
     apply_yaml(path, text, given, applied);
     return;
   }
-
   size_t line_no = 0;
-  size_t at = 0;
-  while (at < text.size()) {
+  for (size_t at = 0; at < text.size();) {
     size_t nl = text.find('\n', at);
     if (nl == std::string::npos) nl = text.size();
     std::string line = text.substr(at, nl - at);
     at = nl + 1;
     ++line_no;
-    const std::string where = path + ":" + std::to_string(line_no) + ": ";
     try {
-      if (line.find('\0') != std::string::npos) throw UsageError("not a text file (NUL byte)");
-      if (!line.empty() && line.back() == '\r') line.pop_back();  // written on Windows
-      // A comment runs from a '#' that starts the line or follows a blank, outside quotes.
-      char quote = 0;
-      for (size_t k = 0; k < line.size(); ++k) {
-        const char c = line[k];
-        if (quote) {
-          if (c == quote) quote = 0;
-        } else if (c == '"' || c == '\'') {
-          quote = c;
-        } else if (c == '#' && (k == 0 || line[k - 1] == ' ' || line[k - 1] == '\t')) {
-          line.resize(k);
-          break;
-        }
-      }
-      line = trim(line);
-      if (line.empty()) continue;
-      std::string name, value;
-      bool has_value = false;
-      if (line[0] == '-') {  // --flag value, --flag=value, --switch
-        const size_t blank = line.find_first_of(" \t");
-        const std::string word = line.substr(0, blank);
-        if (const size_t eq = word.find('='); eq != std::string::npos) {
-          name = word.substr(0, eq);
-          value = line.substr(eq + 1);
-          has_value = true;
-        } else {
-          name = word;
-          if (blank != std::string::npos) {
-            value = trim(line.substr(blank));
-            // "--lr = 0.1": the two formats mixed, read as meant.
-            if (value[0] == '=') value = trim(value.substr(1));
-            has_value = true;
-          }
-        }
-      } else {  // flag = value, or a bare switch
-        const size_t eq = line.find('=');
-        std::string key = trim(line.substr(0, eq));
-        if (key.empty() || key.find_first_of(" \t") != std::string::npos)
-          throw UsageError("expected '--flag value' or 'flag = value', got '" + line + "'");
-        // timm's args.yaml and Python spell flags with underscores.
-        std::replace(key.begin(), key.end(), '_', '-');
-        name = (key.size() == 1 ? "-" : "--") + key;  // "b = 32" is -b
-        if (eq != std::string::npos) {
-          value = trim(line.substr(eq + 1));
-          has_value = true;
-        }
-      }
-      apply_entry(name, unquote(value), has_value, given, applied);
-    } catch (const UsageError& e) {
-      throw UsageError(where + e.what() +
+      ConfigEntry e;
+      if (parse_config_line(line, e)) apply_entry(e.name, e.value, e.has_value, given, applied);
+    } catch (const UsageError& err) {
+      // "key: value" (without its comment) is how YAML looks.
+      throw UsageError(path + ":" + std::to_string(line_no) + ": " + err.what() +
                        (line.find(": ") != std::string::npos && line[0] != '-'
                             ? " (a YAML file needs the extension .yaml or .yml)"
                             : ""));

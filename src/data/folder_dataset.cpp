@@ -251,27 +251,10 @@ void agree_on_listing(const ScanOptions& opts, const std::exception_ptr& failed,
 
 bool sharded(const ScanOptions& opts) { return opts.shards > 1 && static_cast<bool>(opts.combine); }
 
-}  // namespace
-
-FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts) {
-  const auto log = [&](const std::string& line) {
-    if (opts.log) opts.log(line);
-  };
-  const std::string split_dir = root + "/" + opts.folders[split];
-  FolderScan scan;
-  std::vector<std::string> problems;
-  std::exception_ptr failed;
-  try {
-    list_folder_split(root, split, opts, scan, problems);
-  } catch (...) {
-    if (!sharded(opts)) throw;
-    failed = std::current_exception();
-  }
-  // All shards agree on the listing before dividing the files by index.
-  if (sharded(opts))
-    agree_on_listing(opts, failed, static_cast<int64_t>(scan.entries.size()), listing_hash(scan), split_dir);
-
-  // Validate candidates in parallel; report in scan order so logs are deterministic.
+// Each listed file decoded (or its header read), in parallel; this shard's share only
+// when sharded, then the shards' verdicts combined. The errors in scan order (empty:
+// usable), so logs are deterministic.
+std::vector<std::string> verify_entries(const FolderScan& scan, const ScanOptions& opts) {
   const bool full = opts.strict || opts.verify == ScanOptions::Verify::Full;
   auto check = [&](size_t i) -> std::string {
     try {
@@ -303,6 +286,43 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
         if (errors[i].empty()) errors[i] = scan.entries[i].path + ": unreadable on another rank (node copies differ?)";
       }
   }
+  return errors;
+}
+
+// Which extensions were passed over, most frequent first (": 12 .txt, 3 .xml"): a
+// dataset of a format this program does not read says so instead of only "no usable image".
+std::string extension_summary(const FolderScan& scan) {
+  std::string by_ext;
+  std::vector<std::pair<size_t, std::string>> v;
+  for (const auto& [ext, n] : scan.ignored_by_extension) v.emplace_back(n, ext);
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < v.size() && i < 5; ++i)
+    by_ext += (i ? ", " : ": ") + std::to_string(v[i].first) + " " + (v[i].second.empty() ? "without extension" : v[i].second);
+  if (v.size() > 5) by_ext += ", ...";
+  return by_ext;
+}
+
+}  // namespace
+
+FolderScan scan_folder_split(const std::string& root, Split split, const ScanOptions& opts) {
+  const auto log = [&](const std::string& line) {
+    if (opts.log) opts.log(line);
+  };
+  const std::string split_dir = root + "/" + opts.folders[split];
+  FolderScan scan;
+  std::vector<std::string> problems;
+  std::exception_ptr failed;
+  try {
+    list_folder_split(root, split, opts, scan, problems);
+  } catch (...) {
+    if (!sharded(opts)) throw;
+    failed = std::current_exception();
+  }
+  // All shards agree on the listing before dividing the files by index.
+  if (sharded(opts))
+    agree_on_listing(opts, failed, static_cast<int64_t>(scan.entries.size()), listing_hash(scan), split_dir);
+
+  const std::vector<std::string> errors = verify_entries(scan, opts);
   std::vector<FolderEntry> usable;
   usable.reserve(scan.entries.size());
   for (size_t i = 0; i < scan.entries.size(); ++i) {
@@ -329,17 +349,7 @@ FolderScan scan_folder_split(const std::string& root, Split split, const ScanOpt
     throw UsageError(msg);
   }
   for (const auto& p : problems) log("warning: skipping " + p);
-  // Which extensions were passed over, most frequent first: a dataset of a format this
-  // program does not read says so instead of only "no usable image".
-  std::string by_ext;
-  {
-    std::vector<std::pair<size_t, std::string>> v;
-    for (const auto& [ext, n] : scan.ignored_by_extension) v.emplace_back(n, ext);
-    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    for (size_t i = 0; i < v.size() && i < 5; ++i)
-      by_ext += (i ? ", " : ": ") + std::to_string(v[i].first) + " " + (v[i].second.empty() ? "without extension" : v[i].second);
-    if (v.size() > 5) by_ext += ", ...";
-  }
+  const std::string by_ext = extension_summary(scan);
   if (scan.entries.empty())
     throw UsageError(split_dir + ": no usable image in the " + split_name(split) + " split" +
                      (scan.skipped ? " (" + std::to_string(scan.skipped) + " unreadable)" : std::string()) +

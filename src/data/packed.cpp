@@ -244,6 +244,79 @@ void progress(bool on, const char* split, size_t done, size_t total) {
   std::fflush(stderr);
 }
 
+// One split into `file` (group SPLIT with images, labels, sources): decoded and resized
+// in parallel blocks, written in order with `lock` (HDF5's) held only while writing.
+void pack_split(hid_t file, Split split, const FolderScan& scan, const PackOptions& opts, const std::string& data_dir,
+                const std::string& tmp_path, std::unique_lock<std::mutex>& lock, PackStats& stats) {
+  const int size = opts.image_size;
+  const size_t image_bytes = static_cast<size_t>(size) * size * 3;
+  Handle group(H5Gcreate2(file, split_name(split), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  const hsize_t dims0[4] = {0, static_cast<hsize_t>(size), static_cast<hsize_t>(size), 3};
+  const hsize_t maxdims[4] = {H5S_UNLIMITED, dims0[1], dims0[2], 3};
+  const hsize_t chunk[4] = {1, dims0[1], dims0[2], 3};
+  Handle space(H5Screate_simple(4, dims0, maxdims), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), 4, chunk);
+  if (opts.compress_level > 0) H5Pset_deflate(dcpl.get(), static_cast<unsigned>(opts.compress_level));
+  Handle images(H5Dcreate2(group.get(), "images", H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT,
+                           dcpl.get(), H5P_DEFAULT), H5Dclose);
+  if (!images.ok()) throw Error("HDF5: cannot create " + std::string(split_name(split)) + "/images");
+
+  std::vector<int32_t> labels;
+  std::vector<std::string> sources;
+  const size_t block = 64;
+  std::vector<uint8_t> pixels(block * image_bytes);
+  std::vector<std::string> errors(block);
+  size_t written = 0;
+  progress(opts.progress, split_name(split), 0, scan.entries.size());
+  for (size_t begin = 0; begin < scan.entries.size(); begin += block) {
+    const size_t n = std::min(block, scan.entries.size() - begin);
+    lock.unlock();  // decoding does not touch HDF5
+    parallel_for(n, opts.threads, [&](size_t k) {
+      thread_local Image img;
+      errors[k].clear();
+      try {
+        decode_image_file(scan.entries[begin + k].path, img, opts.scan.max_pixels, opts.scan.jpeg_draft);
+        resize_bilinear_into(img, size, size, pixels.data() + k * image_bytes);
+      } catch (const Error& e) {
+        errors[k] = e.what();
+      }
+    });
+    lock.lock();
+    for (size_t k = 0; k < n; ++k) {
+      const FolderEntry& e = scan.entries[begin + k];
+      if (!errors[k].empty()) {
+        if (opts.scan.strict) throw UsageError("--strict-data: " + errors[k]);
+        if (opts.scan.log) opts.scan.log("warning: skipping " + errors[k]);
+        ++stats.skipped;
+        continue;
+      }
+      const hsize_t new_dims[4] = {written + 1, dims0[1], dims0[2], 3};
+      H5Dset_extent(images.get(), new_dims);
+      Handle fspace(H5Dget_space(images.get()), H5Sclose);
+      const hsize_t start[4] = {written, 0, 0, 0};
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, chunk, nullptr);
+      Handle mspace(H5Screate_simple(4, chunk, nullptr), H5Sclose);
+      if (H5Dwrite(images.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT,
+                   pixels.data() + k * image_bytes) < 0)
+        throw Error("HDF5: writing image " + std::to_string(written) + " to " + tmp_path + " failed (disk full?)");
+      labels.push_back(e.label);
+      sources.push_back(e.relative);
+      ++written;
+    }
+    progress(opts.progress, split_name(split), begin + n, scan.entries.size());
+  }
+  if (written == 0) throw UsageError(data_dir + ": no usable image in the " + std::string(split_name(split)) + " split");
+  const hsize_t ldims[1] = {labels.size()};
+  Handle lspace(H5Screate_simple(1, ldims, nullptr), H5Sclose);
+  Handle lds(H5Dcreate2(group.get(), "labels", H5T_NATIVE_INT32, lspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  if (!lds.ok() || H5Dwrite(lds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0)
+    throw Error("HDF5: cannot write labels");
+  write_strings(group.get(), "sources", sources);
+  stats.images[static_cast<int>(split)] = written;
+  stats.skipped += scan.skipped;
+}
+
 }  // namespace
 
 PackStats pack_dataset(const std::string& data_dir, const std::string& out_path, const PackOptions& opts) {
@@ -262,8 +335,6 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
 
   const std::string tmp_path = out_path + ".partial";
   PackStats stats;
-  const int size = opts.image_size;
-  const size_t image_bytes = static_cast<size_t>(size) * size * 3;
   try {
     std::unique_lock<std::mutex> lock(hdf5_mutex());
     QuietHdf5 quiet;
@@ -271,80 +342,10 @@ PackStats pack_dataset(const std::string& data_dir, const std::string& out_path,
     if (!file.ok()) throw UsageError("--out " + out_path + ": cannot create " + tmp_path);
     write_attr_string(file.get(), "format", kPackFormatName);
     write_attr_int(file.get(), "format_version", kPackFormatVersion);
-    write_attr_int(file.get(), "image_size", size);
+    write_attr_int(file.get(), "image_size", opts.image_size);
     write_strings(file.get(), "class_names", splits.front().second.class_names);
 
-    for (auto& split_scan : splits) {
-      // Named references, not a structured binding: clang < 16 (the fuzz and
-      // sanitizer builds) cannot capture bindings in the lambda below.
-      const Split split = split_scan.first;
-      FolderScan& scan = split_scan.second;
-      Handle group(H5Gcreate2(file.get(), split_name(split), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      const hsize_t dims0[4] = {0, static_cast<hsize_t>(size), static_cast<hsize_t>(size), 3};
-      const hsize_t maxdims[4] = {H5S_UNLIMITED, dims0[1], dims0[2], 3};
-      const hsize_t chunk[4] = {1, dims0[1], dims0[2], 3};
-      Handle space(H5Screate_simple(4, dims0, maxdims), H5Sclose);
-      Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-      H5Pset_chunk(dcpl.get(), 4, chunk);
-      if (opts.compress_level > 0) H5Pset_deflate(dcpl.get(), static_cast<unsigned>(opts.compress_level));
-      Handle images(H5Dcreate2(group.get(), "images", H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT,
-                               dcpl.get(), H5P_DEFAULT), H5Dclose);
-      if (!images.ok()) throw Error("HDF5: cannot create " + std::string(split_name(split)) + "/images");
-
-      std::vector<int32_t> labels;
-      std::vector<std::string> sources;
-      const size_t block = 64;
-      std::vector<uint8_t> pixels(block * image_bytes);
-      std::vector<std::string> errors(block);
-      size_t written = 0;
-      progress(opts.progress, split_name(split), 0, scan.entries.size());
-      for (size_t begin = 0; begin < scan.entries.size(); begin += block) {
-        const size_t n = std::min(block, scan.entries.size() - begin);
-        lock.unlock();  // decoding does not touch HDF5
-        parallel_for(n, opts.threads, [&](size_t k) {
-          thread_local Image img;
-          errors[k].clear();
-          try {
-            decode_image_file(scan.entries[begin + k].path, img, opts.scan.max_pixels, opts.scan.jpeg_draft);
-            resize_bilinear_into(img, size, size, pixels.data() + k * image_bytes);
-          } catch (const Error& e) {
-            errors[k] = e.what();
-          }
-        });
-        lock.lock();
-        for (size_t k = 0; k < n; ++k) {
-          const FolderEntry& e = scan.entries[begin + k];
-          if (!errors[k].empty()) {
-            if (opts.scan.strict) throw UsageError("--strict-data: " + errors[k]);
-            if (opts.scan.log) opts.scan.log("warning: skipping " + errors[k]);
-            ++stats.skipped;
-            continue;
-          }
-          const hsize_t new_dims[4] = {written + 1, dims0[1], dims0[2], 3};
-          H5Dset_extent(images.get(), new_dims);
-          Handle fspace(H5Dget_space(images.get()), H5Sclose);
-          const hsize_t start[4] = {written, 0, 0, 0};
-          H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, chunk, nullptr);
-          Handle mspace(H5Screate_simple(4, chunk, nullptr), H5Sclose);
-          if (H5Dwrite(images.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT,
-                       pixels.data() + k * image_bytes) < 0)
-            throw Error("HDF5: writing image " + std::to_string(written) + " to " + tmp_path + " failed (disk full?)");
-          labels.push_back(e.label);
-          sources.push_back(e.relative);
-          ++written;
-        }
-        progress(opts.progress, split_name(split), begin + n, scan.entries.size());
-      }
-      if (written == 0) throw UsageError(data_dir + ": no usable image in the " + std::string(split_name(split)) + " split");
-      const hsize_t ldims[1] = {labels.size()};
-      Handle lspace(H5Screate_simple(1, ldims, nullptr), H5Sclose);
-      Handle lds(H5Dcreate2(group.get(), "labels", H5T_NATIVE_INT32, lspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-      if (!lds.ok() || H5Dwrite(lds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0)
-        throw Error("HDF5: cannot write labels");
-      write_strings(group.get(), "sources", sources);
-      stats.images[static_cast<int>(split)] = written;
-      stats.skipped += scan.skipped;
-    }
+    for (const auto& [split, scan] : splits) pack_split(file.get(), split, scan, opts, data_dir, tmp_path, lock, stats);
     if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Error("HDF5: flushing " + tmp_path + " failed");
   } catch (...) {
     std::remove(tmp_path.c_str());

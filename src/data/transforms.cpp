@@ -39,22 +39,6 @@ int64_t SampleRng::below(int64_t bound) {
 const float kImagenetMean[3] = {0.485f, 0.456f, 0.406f};
 const float kImagenetStd[3] = {0.229f, 0.224f, 0.225f};
 
-TransformConfig::Augment parse_augment(const std::string& name) {
-  if (name == "autoaugment") return TransformConfig::Augment::AutoAugment;
-  if (name == "flip") return TransformConfig::Augment::Flip;
-  if (name == "none") return TransformConfig::Augment::None;
-  throw UsageError("--augment " + name + ": expected autoaugment, flip or none");
-}
-
-const char* augment_name(TransformConfig::Augment a) {
-  switch (a) {
-    case TransformConfig::Augment::AutoAugment: return "autoaugment";
-    case TransformConfig::Augment::Flip: return "flip";
-    case TransformConfig::Augment::None: return "none";
-  }
-  return "?";
-}
-
 TransformPipeline::TransformPipeline(const TransformConfig& cfg, bool train) : cfg_(cfg), train_(train) {
   if (cfg.image_size < 8 || cfg.image_size > 4096)
     throw UsageError("--image-size " + std::to_string(cfg.image_size) + ": expected 8..4096");

@@ -22,14 +22,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 }  // namespace
 
-double parse_bucket_mb(const std::string& text, const std::string& flag) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v <= 0)
-    throw UsageError(flag + " '" + text + "': expected a positive size in MB (e.g. 25 or 0.5)");
-  return v;
-}
-
 std::vector<Bucket> plan_buckets(const Arena& grads, double first_bucket_mb, double bucket_mb) {
   RD_CHECK(first_bucket_mb > 0 && bucket_mb > 0,
            "bucket sizes must be positive (got " << first_bucket_mb << " and " << bucket_mb << " MB)");

@@ -14,6 +14,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/dist/comm.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
@@ -57,16 +58,108 @@ std::string check_output_dir(const std::string& dir) {
   return "'" + dir + "' will be created (in " + parent.string() + ", writable)";
 }
 
-// What the environment says about how this process was started; an error when the
-// launcher would give each task a world of its own (see launcher_world_mismatch).
-std::string check_launcher() {
-  if (const char* n = std::getenv("OMPI_COMM_WORLD_SIZE"))
-    return std::string("Open MPI's mpirun, ") + n + " rank(s)";
-  if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) return "a PMI launcher (srun --mpi=..., mpiexec)";
-  if (const std::string why = launcher_world_mismatch(1); !why.empty()) throw UsageError(why);
-  if (const char* job = std::getenv("SLURM_JOB_ID"))
-    return std::string("Slurm job ") + job + ", no task launcher yet (the job script starts one)";
-  return "none: one process (mpirun -np N or srun starts the ranks)";
+// Prints one "check: WHAT: DETAIL" line (rank 0 only; the other tasks print only errors).
+struct Say {
+  bool speaker;
+  void operator()(const std::string& what, const std::string& detail) const {
+    if (!speaker) return;
+    std::printf("check: %-10s %s\n", (what + ":").c_str(), detail.c_str());
+    std::fflush(stdout);
+  }
+};
+
+// The device, precision and threads: the backend the run would build. Returns whether it
+// computes on a GPU; `o.precision` becomes --amp's choice.
+bool check_device(TrainOptions& o, const Say& say) {
+  const bool cuda = o.device == Device::Cuda || (o.device == Device::Auto && cuda_backend_available());
+  // A login node has no GPU: only a binary without the CUDA backend is a problem
+  // here; the run itself stops at start if its nodes have no GPU.
+  if (cuda && !cuda_backend_built()) throw UsageError("--device cuda: " + cuda_unavailable_reason());
+  if (o.amp) o.precision = amp_precision(cuda);
+  // Repeated from the parser for --device auto, which resolves to the CPU only here.
+  if (o.precision == Precision::FP16 && !cuda) throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
+  if (cuda) {
+    say("device", cuda_backend_available()
+                      ? "cuda (" + std::to_string(cuda_device_count()) + " visible)"
+                      : "cuda (backend built; no GPU visible on this node: the run checks its nodes' GPUs at start)");
+    return true;
+  }
+  BackendOptions bo;
+  bo.precision = o.precision;
+  bo.conv_algo = o.conv_algo;
+  const int cores = dist::affinity_cpus();
+  bo.threads = o.threads > 0 ? std::min(o.threads, cores) : cores;
+  if (o.threads > cores)
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: --threads %d: more threads than the %d core(s) this process may use (its "
+                 "CPU affinity); a run clamps to %d\n",
+                 o.threads, cores, cores);
+  try {
+    say("device", make_cpu_backend(bo)->name());
+  } catch (const Error& e) {
+    throw UsageError("--precision " + name_of(precision_names(), o.precision) + ": " + e.what());
+  }
+  return false;
+}
+
+// The checkpoint a resume reads and whether this command may continue it, or the --init
+// weights. Returns the checkpoint's class names (empty without a resume).
+std::vector<std::string> check_start(TrainOptions& o, bool cuda, const Say& say) {
+  const std::string resume_path = o.resume_checkpoint();
+  if (!resume_path.empty()) {
+    io::CheckpointReader ck(resume_path, true);
+    const io::CheckpointMeta& m = ck.meta();
+    ResumePlan plan = plan_resume(o, resume_path, m, {cuda, 1});
+    plan.model.apply_to(o);
+    if (!o.eval_only) refuse_new_experiment(o, resume_path, m, plan.differences);
+    say("resume", (o.eval_only ? "evaluates " : "continues ") + resume_path + " (" + std::to_string(m.epoch) +
+                      " epoch(s) done" + (o.eval_only ? ")" : " of --epochs " + std::to_string(o.epochs) + ")"));
+    if (!plan.model_settings.empty()) say("resume", plan.model_settings);
+    for (const auto& c : plan.changes) say("resume", c);
+    return m.class_names;
+  }
+  if (!o.init.empty()) {
+    io::CheckpointReader ck(o.init, true);
+    check_init(o, ck.meta());
+    say("init", "weights from " + o.init);
+  } else if (o.eval_only) {
+    throw UsageError("--eval-only: no checkpoint found (" + (fs::path(o.output_dir) / "last.h5").string() +
+                     " does not exist)");
+  } else {
+    say("resume", "none: a fresh start");
+  }
+  return {};
+}
+
+// The dataset, headers only (a run decodes every image unless --verify-data header).
+// `classes`: the resumed checkpoint's, which the data must have.
+void check_data(const TrainOptions& o, const std::vector<std::string>& classes, const Say& say) {
+  if (is_archive(o.data)) {
+    say("data", o.data + " is an archive: the job scripts stage and unpack it; its images are checked then");
+    return;
+  }
+  data::ScanOptions scan;
+  scan.strict = o.strict_data;
+  scan.verify = data::ScanOptions::Verify::Header;
+  scan.folders.train = o.train_split;
+  scan.folders.validation = o.val_split;
+  if (say.speaker) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+  if (o.eval_only) {
+    scan.class_names = classes;
+    scan.require_every_class = false;
+  }
+  std::unique_ptr<data::Dataset> train;
+  if (!o.eval_only) train = data::open_dataset(o.data, data::Split::Train, scan);
+  auto val = data::open_dataset(o.data, data::Split::Validation, scan);
+  const auto& names = train ? train->class_names() : val->class_names();
+  if (!classes.empty() && names != classes)
+    throw UsageError("--data " + o.data + ": its classes differ from those of " + o.resume_checkpoint() + kStartFresh);
+  if (say.speaker)
+    for (const auto& w : dataset_warnings(train ? *train : *val, o.image_size))
+      std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
+  say("data", (train ? std::to_string(train->size()) + " training + " : std::string()) +
+                  std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
+                  " classes (headers read)");
 }
 
 }  // namespace
@@ -74,113 +167,26 @@ std::string check_launcher() {
 int check_main(const TrainOptions& opts) {
   // Every task of a launcher checks its own node (data and paths may be node-local);
   // rank 0 reports, the others only their errors.
-  const int rank = launcher_rank();
-  const bool speaker = rank == 0;
-  auto say = [&](const std::string& what, const std::string& detail) {
-    if (!speaker) return;
-    std::printf("check: %-10s %s\n", (what + ":").c_str(), detail.c_str());
-    std::fflush(stdout);
-  };
+  const int rank = dist::launcher_rank();
+  const Say say{rank == 0};
+  const std::string who = say.speaker ? "" : "rank " + std::to_string(rank) + ": ";
   try {
     TrainOptions o = opts;
     say("flags", std::to_string(o.given.size()) + " given, all valid" +
                      (o.was_given("--config") ? " (with the --config file's)" : std::string()));
     check_train_paths(o, false);
     if (!o.eval_only) say("output", check_output_dir(o.output_dir));
-
-    // Device, precision, threads: the backend the run would build.
-    std::string device = o.device;
-    if (device == "auto") device = cuda_backend_available() ? "cuda" : "cpu";
-    // A login node has no GPU: only a binary without the CUDA backend is a problem
-    // here; the run itself stops at start if its nodes have no GPU.
-    if (device == "cuda" && !cuda_backend_built()) throw UsageError("--device cuda: " + cuda_unavailable_reason());
-    if (o.amp) o.precision = amp_precision(device == "cuda");
-    if (o.precision == Precision::FP16 && device == "cpu")
-      throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
-    if (device == "cpu") {
-      BackendOptions bo;
-      bo.precision = o.precision;
-      bo.conv_algo = o.conv_algo;
-      const int cores = dist::affinity_cpus();
-      bo.threads = o.threads > 0 ? std::min(o.threads, cores) : cores;
-      if (o.threads > cores)
-        std::fprintf(stderr,
-                     "resnet_ddp: warning: --threads %d: more threads than the %d core(s) this process may use (its "
-                     "CPU affinity); a run clamps to %d\n",
-                     o.threads, cores, cores);
-      try {
-        say("device", make_cpu_backend(bo)->name());
-      } catch (const Error& e) {
-        throw UsageError("--precision " + name_of(precision_names(), o.precision) + ": " + e.what());
-      }
-    } else {
-      say("device", cuda_backend_available()
-                        ? "cuda (" + std::to_string(cuda_device_count()) + " visible)"
-                        : "cuda (backend built; no GPU visible on this node: the run checks its nodes' GPUs at start)");
-    }
-
-    // The checkpoint a resume reads, and whether this command may continue it.
-    const std::string resume_path = resume_source(o);
-    std::vector<std::string> classes;
-    if (!resume_path.empty()) {
-      io::CheckpointReader ck(resume_path, true);
-      const io::CheckpointMeta& m = ck.meta();
-      ResumePlan plan = plan_resume(o, resume_path, m, {device == "cuda", 1});
-      plan.model.apply_to(o);
-      if (!o.eval_only) refuse_new_experiment(o, resume_path, m, plan.differences);
-      classes = m.class_names;
-      say("resume", (o.eval_only ? "evaluates " : "continues ") + resume_path + " (" + std::to_string(m.epoch) +
-                        " epoch(s) done" + (o.eval_only ? ")" : " of --epochs " + std::to_string(o.epochs) + ")"));
-      if (!plan.model_settings.empty()) say("resume", plan.model_settings);
-      for (const auto& c : plan.changes) say("resume", c);
-    } else if (!o.init.empty()) {
-      io::CheckpointReader ck(o.init, true);
-      check_init(o, ck.meta());
-      say("init", "weights from " + o.init);
-    } else if (o.eval_only) {
-      throw UsageError("--eval-only: no checkpoint found (" + (fs::path(o.output_dir) / "last.h5").string() +
-                       " does not exist)");
-    } else {
-      say("resume", "none: a fresh start");
-    }
-
-    // The dataset, headers only (a run decodes every image unless --verify-data header).
-    if (is_archive(o.data)) {
-      say("data", o.data + " is an archive: the job scripts stage and unpack it; its images are checked then");
-    } else {
-      data::ScanOptions scan;
-      scan.strict = o.strict_data;
-      scan.verify = data::ScanOptions::Verify::Header;
-      scan.folders.train = o.train_split;
-      scan.folders.validation = o.val_split;
-      if (speaker) scan.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
-      if (o.eval_only) {
-        scan.class_names = classes;
-        scan.require_every_class = false;
-      }
-      std::unique_ptr<data::Dataset> train;
-      if (!o.eval_only) train = data::open_dataset(o.data, data::Split::Train, scan);
-      auto val = data::open_dataset(o.data, data::Split::Validation, scan);
-      const auto& names = train ? train->class_names() : val->class_names();
-      if (!classes.empty() && names != classes)
-        throw UsageError("--data " + o.data + ": its classes differ from those of " + resume_path + kStartFresh);
-      if (speaker)
-        for (const auto& w : dataset_warnings(train ? *train : *val, o.image_size))
-          std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
-      say("data", (train ? std::to_string(train->size()) + " training + " : std::string()) +
-                      std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
-                      " classes (headers read)");
-    }
-    say("launcher", check_launcher());
+    const bool cuda = check_device(o, say);
+    const std::vector<std::string> classes = check_start(o, cuda, say);
+    check_data(o, classes, say);
+    say("launcher", dist::describe_launcher());
     say("result", "ready; nothing was trained (run the same command without --check)");
     return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", speaker ? "" : ("rank " + std::to_string(rank) + ": ").c_str(),
-                 e.what());
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", who.c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", speaker ? "" : ("rank " + std::to_string(rank) + ": ").c_str(),
-                 e.what());
+    std::fprintf(stderr, "resnet_ddp: error: %s%s\n", who.c_str(), e.what());
     return 1;
   }
 }

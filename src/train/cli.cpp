@@ -11,28 +11,19 @@
 #include <filesystem>
 #include <limits>
 
+#include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/data/commands.h"
 #include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"
 #include "resnet_ddp/io/safetensors.h"
+#include "resnet_ddp/shell_quote.h"
+#include "resnet_ddp/train/commands.h"
 
 namespace fs = std::filesystem;
 
 namespace rd::train {
-
-const char* command_name(Command c) {
-  switch (c) {
-    case Command::Train: return "train";
-    case Command::Predict: return "predict";
-    case Command::Info: return "info";
-    case Command::Export: return "export";
-    case Command::Synth: return "synth";
-    case Command::Pack: return "pack";
-    case Command::Help: return "help";
-    case Command::Version: return "version";
-  }
-  return "?";
-}
 
 bool TrainOptions::was_given(const std::string& flag) const {
   return std::find(given.begin(), given.end(), flag) != given.end();
@@ -43,16 +34,26 @@ std::string TrainOptions::metrics_path() const {
   return (fs::path(output_dir) / "metrics.csv").string();
 }
 
+std::string TrainOptions::resume_checkpoint() const {
+  if (resume == ResumeMode::File) return resume_file;
+  if (resume == ResumeMode::None) return "";
+  std::error_code ec;
+  const std::string last = (fs::path(output_dir) / "last.h5").string();
+  return fs::exists(last, ec) ? last : "";
+}
+
 namespace {
 
-void add_train_flags(FlagSet& fs, TrainOptions& o) {
+// The train flags in --help (and values()) order, declared in two parts only to keep
+// each function short.
+void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.path("--data", &o.data, "PATH",
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
   fs.text("--train-split", &o.train_split, "NAME", "folder of the training split under --data (ImageNet-style: train)");
   fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split under --data (ImageNet-style: val)");
   fs.config("--config", "more flags from FILE, one per line ('--batch-size 32' or 'batch-size = 32', # comments); "
                         "the command line wins");
-  fs.choice("--arch", &o.arch, {"resnet18", "resnet34", "resnet50", "resnet_tiny"},
+  fs.enumeration("--arch", &o.arch, arch_names(),
             "network depth (resnet_tiny: a miniature model for tests)");
   fs.enumeration("--head", &o.head, head_names(),
             "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
@@ -72,19 +73,30 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--sync-bn", &o.sync_bn,
              "batch-norm statistics over all ranks (SyncBatchNorm) [default: on, as the reference recipe]");
   fs.negated("--no-sync-bn", &o.sync_bn, "per-rank batch-norm statistics (plain BatchNorm under DDP)");
+}
+
+void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--workers", &o.workers, 1, "data loader threads per rank", 256);
   fs.integer("--threads", &o.threads, 0, "compute threads per rank (0 = node cores / ranks on node)", 1024);
   fs.integer("--seed", &o.seed, 0, "seed for initialisation, sampler order and augmentation",
              std::numeric_limits<int64_t>::max());
   fs.path("--output-dir", &o.output_dir, "DIR", "where last.h5, best_model.h5 and metrics.csv go");
-  fs.text("--resume", &o.resume, "auto|none|FILE",
-          "auto = continue from OUTPUT_DIR/last.h5 if present; none = start fresh; or a checkpoint");
+  fs.custom(
+      "--resume", "auto|none|FILE",
+      "auto = continue from OUTPUT_DIR/last.h5 if present; none = start fresh; or a checkpoint",
+      [&o](const std::string& v) {
+        o.resume = v == "auto" ? ResumeMode::Auto : v == "none" ? ResumeMode::None : ResumeMode::File;
+        o.resume_file = o.resume == ResumeMode::File ? v : "";
+      },
+      [&o] {
+        return o.resume == ResumeMode::File ? o.resume_file : o.resume == ResumeMode::None ? "none" : "auto";
+      });
   fs.path("--init", &o.init, "FILE", "initial weights only: .h5 (e.g. converted ImageNet weights) or .safetensors");
   fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient all-reduce bucket size in MiB");
   fs.boolean("--progress-thread", &o.progress_thread,
              "drive MPI progress from a helper thread during backward (worth it when a core is spare)");
   fs.integer("--accum-steps", &o.accum_steps, 1, "micro-batches accumulated per optimizer step", 65536);
-  fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device (auto = CUDA when available)");
+  fs.enumeration("--device", &o.device, device_names(), "compute device (auto = CUDA when available)");
   fs.enumeration("--precision", &o.precision, precision_names(),
             "compute precision (fp16 uses dynamic loss scaling)");
   fs.real("--loss-scale", &o.loss_scale, 0.0, true,
@@ -103,11 +115,11 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
              "bit-reproducible runs on the CPU backend, also across a resume");
   fs.integer("--log-every", &o.log_every, 0, "steps between progress lines when stdout is not a terminal (0 = off)",
              std::numeric_limits<int64_t>::max());
-  fs.choice("--progress", &o.progress, {"auto", "bar", "lines", "none"},
+  fs.enumeration("--progress", &o.progress, progress_names(),
             "progress display: bar on a terminal, lines (--log-every) otherwise");
-  fs.choice("--augment", &o.augment, {"autoaugment", "flip", "none"},
+  fs.enumeration("--augment", &o.augment, augment_names(),
             "training augmentation before Resize (reference: autoaugment)");
-  fs.choice("--normalize", &o.normalize, {"none", "imagenet"},
+  fs.enumeration("--normalize", &o.normalize, normalize_names(),
             "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
   fs.boolean("--skip-unreadable", &o.skip_unreadable,
@@ -115,7 +127,7 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--jpeg-draft", &o.jpeg_draft,
              "decode JPEGs scaled down by 1/2-1/8 in the DCT domain to >= --image-size (faster for large "
              "photos; pixels differ from torchvision's full decode)");
-  fs.choice("--verify-data", &o.verify_data, {"full", "header"},
+  fs.enumeration("--verify-data", &o.verify_data, verify_data_names(),
             "scan check: decode every image before training (full) or read headers only");
   fs.boolean("--check", &o.check,
              "dry run: validate the flags, config file, paths, output folder, device, checkpoint, dataset "
@@ -123,6 +135,11 @@ void add_train_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--checkpoint-every", &o.checkpoint_every, 0,
              "also write OUTPUT_DIR/last.h5 every N optimizer steps inside an epoch (0 = only at epoch ends)",
              std::numeric_limits<int64_t>::max());
+}
+
+void add_train_flags(FlagSet& fs, TrainOptions& o) {
+  add_train_recipe_flags(fs, o);
+  add_train_run_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same
@@ -148,7 +165,7 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.choice("--split", &o.split, {"Train", "Validation", "Test"},
             "split to use when an input is a dataset root or a packed .h5");
   fs.integer("--batch-size", &o.batch_size, 1, "images per forward pass", 65536);
-  fs.choice("--device", &o.device, {"auto", "cpu", "cuda"}, "compute device");
+  fs.enumeration("--device", &o.device, device_names(), "compute device");
   fs.integer("--threads", &o.threads, 0, "compute threads (0 = all cores)", 1024);
   fs.integer("--workers", &o.workers, 1, "image decoding threads", 256);
   fs.text("--train-split", &o.train_split, "NAME", "folder of the training split in a dataset root");
@@ -170,206 +187,283 @@ void add_info_flags(FlagSet& fs, InfoOptions& o) {
   fs.boolean("--json", &o.json, "print JSON instead of text");
 }
 
-const char* kTrainUsage =
-    "Usage: resnet_ddp [train] --data PATH [flags]\n"
-    "       mpirun -np N resnet_ddp --data PATH [flags]\n\n"
-    "Trains a ResNet classifier data-parallel over all MPI ranks (one rank per GPU or\n"
-    "per share of a CPU node). Defaults reproduce the reference recipe.\n\nFlags:\n";
-const char* kPredictUsage =
-    "Usage: resnet_ddp predict --checkpoint FILE.h5 [flags] IMAGE... | DIR | DATA.h5\n\n"
-    "Classifies images with a trained checkpoint (one process). For each image prints the\n"
-    "predicted class and the class probabilities. Over a labelled ImageFolder (DIR/<class>/...,\n"
-    "or a dataset root / packed .h5 with --split) it also prints accuracy and the confusion\n"
-    "matrix. The class names come from the checkpoint: a dataset root needs only the split\n"
-    "it reads. An input that cannot be read as an image is an error (exit 2) unless\n"
-    "--skip-unreadable.\n\nFlags:\n";
-const char* kInfoUsage =
-    "Usage: resnet_ddp info [flags] FILE.h5\n\n"
-    "Prints a checkpoint's metadata: format, arch, head, classes, epoch, step, best\n"
-    "accuracy, optimizer and scheduler state, and the command line that produced it.\n\nFlags:\n";
+// ---- the subcommand table ----------------------------------------------------------------
+// One row per subcommand: how it is named and listed, how its words are read, and what
+// runs it. parse_command_line, every --help text and the program's main read this one
+// table, so a new subcommand is a row (with its options, flags and main function).
 
-const char* kExportUsage =
-    "Usage: resnet_ddp export --checkpoint FILE.h5 --out FILE.safetensors\n\n"
-    "Writes the model's weights as safetensors with torchvision's state_dict names (float32,\n"
-    "num_batches_tracked int64), loadable with safetensors.torch.load_file into torchvision's\n"
-    "model with strict=True. The metadata holds the class names, arch, head, image size and\n"
-    "normalisation. Optimizer state is not exported. See docs/interop.md.\n\nFlags:\n";
+// The words of one subcommand as parse_command_line hands them to its row.
+struct Words {
+  std::vector<std::string> prefix;  // argv[0] and the command word as typed (a recorded command line)
+  std::vector<std::string> args;    // the words after the command word
+};
+
+// What FlagSet::parse returned, for a row's checks across flags.
+struct Parsed {
+  const Words& words;
+  std::vector<std::string> positional, given, applied;
+};
+
+struct Subcommand {
+  Command command;
+  std::vector<std::string> names;  // the name, then other spellings
+  const char* summary;             // its line in resnet_ddp --help; nullptr: not listed
+  const char* usage;               // its --help text above the flag table
+  // Declares its flags, targets in `pc`; nullptr for a command that reads its own words.
+  void (*flags)(FlagSet& fs, ParsedCommand& pc);
+  bool positional;  // takes positional arguments
+  // After the flags: positionals and checks across flags (rd::UsageError naming the
+  // flag). For a command without flags of its own: the whole reading of its words.
+  void (*finish)(ParsedCommand& pc, Parsed& p);
+  // Checks that need the filesystem but no MPI, before main; `speaker`: this task probes
+  // the output folder. nullptr: none.
+  void (*preflight)(const ParsedCommand& pc, bool speaker);
+  int (*main)(ParsedCommand& pc, int& argc, char**& argv);
+};
+
+// The launcher's task 0 prints help and version; every task parses the same argv.
+bool is_speaker() { return dist::launcher_rank() == 0; }
+
+void train_flags(FlagSet& fs, ParsedCommand& pc) {
+  add_train_flags(fs, pc.train);
+  add_train_aliases(fs);
+}
+
+void train_finish(ParsedCommand& pc, Parsed& p) {
+  TrainOptions& t = pc.train;
+  t.given = std::move(p.given);
+  if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
+  data::check_split_folder("--train-split", t.train_split);
+  data::check_split_folder("--val-split", t.val_split);
+  if (t.train_split == t.val_split)
+    throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
+  if (t.resume == ResumeMode::File && t.resume_file.empty())
+    throw UsageError("--resume: expected auto, none or a checkpoint path");
+  if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
+  if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
+  if (t.skip_unreadable && !t.eval_only)
+    throw UsageError("--skip-unreadable: only with --eval-only (training skips unreadable images unless "
+                     "--strict-data)");
+  if (t.skip_unreadable && t.strict_data) throw UsageError("--skip-unreadable: contradicts --strict-data");
+  if (t.eval_only && t.resume == ResumeMode::None && t.init.empty())
+    throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
+  if (t.precision == Precision::FP16 && t.device == Device::Cpu)
+    throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
+  if (t.deterministic && t.device == Device::Cuda)
+    throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
+  // With a config file's flags written out: a resume reads them back from the
+  // checkpoint, whatever became of the file.
+  std::vector<std::string> words = p.words.prefix;
+  words.insert(words.end(), p.applied.begin(), p.applied.end());
+  t.command_line = join_command_line(words);
+}
+
+void train_preflight(const ParsedCommand& pc, bool speaker) {
+  if (!pc.train.check) check_train_paths(pc.train, speaker);  // --check reports these itself
+}
+
+int train_run(ParsedCommand& pc, int& argc, char**& argv) {
+  return pc.train.check ? check_main(pc.train) : train_main(pc.train, argc, argv);
+}
+
+void predict_finish(ParsedCommand& pc, Parsed& p) {
+  PredictOptions& o = pc.predict;
+  o.inputs = std::move(p.positional);
+  if (o.checkpoint.empty()) throw UsageError("--checkpoint: required");
+  data::check_split_folder("--train-split", o.train_split);
+  data::check_split_folder("--val-split", o.val_split);
+  if (o.inputs.empty()) throw UsageError("predict: no input given (image files, a directory, or a packed .h5)");
+}
+
+void info_finish(ParsedCommand& pc, Parsed& p) {
+  if (p.positional.empty()) throw UsageError("info: expected a checkpoint file (resnet_ddp info FILE.h5)");
+  if (p.positional.size() > 1)
+    throw UsageError("info: expected one checkpoint file, got " + std::to_string(p.positional.size()));
+  pc.info.checkpoint = p.positional.front();
+}
+
+void export_finish(ParsedCommand& pc, Parsed&) {
+  if (pc.exp.checkpoint.empty()) throw UsageError("--checkpoint: required (the checkpoint to export)");
+  if (pc.exp.out.empty()) throw UsageError("--out: required (the .safetensors file to write)");
+}
+
+// The data tools parse their own flags (and their own --help).
+void passthrough_finish(ParsedCommand& pc, Parsed& p) {
+  pc.passthrough = {p.words.prefix.back()};
+  pc.passthrough.insert(pc.passthrough.end(), p.words.args.begin(), p.words.args.end());
+}
+
+int run_data_tool(ParsedCommand& pc, int (*tool_main)(int, char**)) {
+  std::vector<char*> args;
+  for (auto& a : pc.passthrough) args.push_back(a.data());
+  args.push_back(nullptr);
+  return tool_main(static_cast<int>(pc.passthrough.size()), args.data());
+}
+
+const Subcommand* find_listed(const std::string& name);
+
+// `help [COMMAND]`: the top-level text, a command's, or a data tool's own --help.
+void help_finish(ParsedCommand& pc, Parsed& p) {
+  pc.help_text = top_level_help();
+  if (p.words.args.empty()) return;
+  const std::string& what = p.words.args.front();
+  const Subcommand* sc = find_listed(what);
+  if (!sc) throw UsageError("unknown command '" + what + "'; see resnet_ddp --help");
+  if (sc->flags) {
+    pc.help_text = command_help(sc->command);
+  } else {
+    pc.command = sc->command;
+    pc.passthrough = {what, "--help"};
+  }
+}
+
+int help_run(ParsedCommand& pc, int&, char**&) {
+  if (is_speaker()) std::fputs(pc.help_text.c_str(), stdout);
+  return 0;
+}
+
+int version_run(ParsedCommand&, int&, char**&) {
+  // The backends line lets a login-node pre-flight see whether GPUs can be used.
+  if (is_speaker())
+    std::printf("resnet_ddp %s\nbackends: cpu, cuda %s\n", RESNET_DDP_VERSION,
+                cuda_backend_built() ? "(built)" : "(not built)");
+  return 0;
+}
+
+void no_words(ParsedCommand&, Parsed&) {}
+
+const std::vector<Subcommand>& table() {
+  static const std::vector<Subcommand> rows = {
+      {Command::Train, {"train"}, "train a model (the default when the first argument is a flag)",
+       "Usage: resnet_ddp [train] --data PATH [flags]\n"
+       "       mpirun -np N resnet_ddp --data PATH [flags]\n\n"
+       "Trains a ResNet classifier data-parallel over all MPI ranks (one rank per GPU or\n"
+       "per share of a CPU node). Defaults reproduce the reference recipe.\n\nFlags:\n",
+       train_flags, false, train_finish, train_preflight, train_run},
+      {Command::Predict, {"predict"}, "classify images with a checkpoint",
+       "Usage: resnet_ddp predict --checkpoint FILE.h5 [flags] IMAGE... | DIR | DATA.h5\n\n"
+       "Classifies images with a trained checkpoint (one process). For each image prints the\n"
+       "predicted class and the class probabilities. Over a labelled ImageFolder (DIR/<class>/...,\n"
+       "or a dataset root / packed .h5 with --split) it also prints accuracy and the confusion\n"
+       "matrix. The class names come from the checkpoint: a dataset root needs only the split\n"
+       "it reads. An input that cannot be read as an image is an error (exit 2) unless\n"
+       "--skip-unreadable.\n\nFlags:\n",
+       [](FlagSet& fs, ParsedCommand& pc) { add_predict_flags(fs, pc.predict); }, true, predict_finish,
+       [](const ParsedCommand& pc, bool) { check_predict_paths(pc.predict); },
+       [](ParsedCommand& pc, int&, char**&) { return predict_main(pc.predict); }},
+      {Command::Info, {"info"}, "print a checkpoint's metadata",
+       "Usage: resnet_ddp info [flags] FILE.h5\n\n"
+       "Prints a checkpoint's metadata: format, arch, head, classes, epoch, step, best\n"
+       "accuracy, optimizer and scheduler state, and the command line that produced it.\n\nFlags:\n",
+       [](FlagSet& fs, ParsedCommand& pc) { add_info_flags(fs, pc.info); }, true, info_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return info_main(pc.info); }},
+      {Command::Export, {"export"}, "write a checkpoint's weights as .safetensors (torchvision names)",
+       "Usage: resnet_ddp export --checkpoint FILE.h5 --out FILE.safetensors\n\n"
+       "Writes the model's weights as safetensors with torchvision's state_dict names (float32,\n"
+       "num_batches_tracked int64), loadable with safetensors.torch.load_file into torchvision's\n"
+       "model with strict=True. The metadata holds the class names, arch, head, image size and\n"
+       "normalisation. Optimizer state is not exported. See docs/interop.md.\n\nFlags:\n",
+       [](FlagSet& fs, ParsedCommand& pc) { add_export_flags(fs, pc.exp); }, false, export_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return export_main(pc.exp); }},
+      {Command::Synth, {"synth"}, "write a small synthetic ImageFolder dataset (for tests and demos)", "", nullptr,
+       true, passthrough_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return run_data_tool(pc, data::synth_main); }},
+      {Command::Pack, {"pack"}, "pack an ImageFolder tree into one HDF5 file for fast loading", "", nullptr, true,
+       passthrough_finish, nullptr,
+       [](ParsedCommand& pc, int&, char**&) { return run_data_tool(pc, data::pack_main); }},
+      {Command::Help, {"help", "--help", "-h"}, nullptr, "", nullptr, true, help_finish, nullptr, help_run},
+      {Command::Version, {"version", "--version"}, nullptr, "", nullptr, true, no_words, nullptr, version_run},
+  };
+  return rows;
+}
+
+const Subcommand& row(Command c) {
+  for (const auto& r : table())
+    if (r.command == c) return r;
+  throw std::logic_error("resnet_ddp: no subcommand row for command " + std::to_string(static_cast<int>(c)));
+}
+
+const Subcommand* find_any(const std::string& word) {
+  for (const auto& r : table())
+    if (std::find(r.names.begin(), r.names.end(), word) != r.names.end()) return &r;
+  return nullptr;
+}
+
+const Subcommand* find_listed(const std::string& name) {
+  const Subcommand* r = find_any(name);
+  return r && r->summary && r->names.front() == name ? r : nullptr;
+}
 
 }  // namespace
 
-std::string export_help() {
-  ExportOptions o;
-  FlagSet fs("export");
-  add_export_flags(fs, o);
-  return std::string(kExportUsage) + fs.help() + "  --help                      this text\n";
-}
+const char* command_name(Command c) { return row(c).names.front().c_str(); }
 
-std::string train_help() {
-  TrainOptions o;
-  FlagSet fs("train");
-  add_train_flags(fs, o);
-  add_train_aliases(fs);
-  return std::string(kTrainUsage) + fs.help() + "  --help                      this text\n";
-}
-std::string predict_help() {
-  PredictOptions o;
-  FlagSet fs("predict");
-  add_predict_flags(fs, o);
-  return std::string(kPredictUsage) + fs.help() + "  --help                      this text\n";
-}
-std::string info_help() {
-  InfoOptions o;
-  FlagSet fs("info");
-  add_info_flags(fs, o);
-  return std::string(kInfoUsage) + fs.help() + "  --help                      this text\n";
+std::string command_help(Command c) {
+  const Subcommand& sc = row(c);
+  if (!sc.flags) return top_level_help();
+  ParsedCommand defaults;
+  FlagSet fs(sc.names.front());
+  sc.flags(fs, defaults);
+  return std::string(sc.usage) + fs.help() + "  --help                      this text\n";
 }
 
 std::string top_level_help() {
+  std::string list;
+  for (const auto& r : table()) {
+    if (!r.summary) continue;
+    std::string name = r.names.front();
+    name.resize(std::max<size_t>(name.size(), 11), ' ');
+    list += "  " + name + r.summary + "\n";
+  }
   return "Usage: resnet_ddp [COMMAND] [flags]\n\n"
          "Data-parallel ResNet training with MPI (CPU: oneDNN; GPU: CUDA + NCCL).\n\n"
-         "Commands:\n"
-         "  train      train a model (the default when the first argument is a flag)\n"
-         "  predict    classify images with a checkpoint\n"
-         "  info       print a checkpoint's metadata\n"
-         "  export     write a checkpoint's weights as .safetensors (torchvision names)\n"
-         "  synth      write a small synthetic ImageFolder dataset (for tests and demos)\n"
-         "  pack       pack an ImageFolder tree into one HDF5 file for fast loading\n\n"
+         "Commands:\n" +
+         list +
+         "\n"
          "Run 'resnet_ddp COMMAND --help' for the flags of a command.\n"
          "Example: mpirun -np 8 resnet_ddp --data /tmp/Dataset_2\n";
 }
 
 ParsedCommand parse_command_line(int argc, char** argv) {
-  ParsedCommand pc;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) {
-    throw UsageError("no command or flags given (the training data is required: --data PATH); "
-                     "see resnet_ddp --help");
-  }
-  std::string first = args.front();
-  Command cmd = Command::Train;
-  bool consumed_name = true;
-  if (first == "train") cmd = Command::Train;
-  else if (first == "predict") cmd = Command::Predict;
-  else if (first == "info") cmd = Command::Info;
-  else if (first == "export") cmd = Command::Export;
-  else if (first == "synth") cmd = Command::Synth;
-  else if (first == "pack") cmd = Command::Pack;
-  else if (first == "help" || first == "--help" || first == "-h") {
-    pc.command = Command::Help;
-    pc.help_text = top_level_help();
-    if (args.size() > 1) {
-      const std::string& what = args[1];
-      if (what == "train") pc.help_text = train_help();
-      else if (what == "predict") pc.help_text = predict_help();
-      else if (what == "info") pc.help_text = info_help();
-      else if (what == "export") pc.help_text = export_help();
-      else if (what == "synth" || what == "pack") {
-        pc.command = what == "synth" ? Command::Synth : Command::Pack;
-        pc.passthrough = {what, "--help"};
-      } else {
-        throw UsageError("unknown command '" + what + "'; see resnet_ddp --help");
-      }
-    }
-    return pc;
-  } else if (first == "--version" || first == "version") {
-    pc.command = Command::Version;
-    return pc;
+  Words w{{argv[0]}, std::vector<std::string>(argv + 1, argv + argc)};
+  if (w.args.empty())
+    throw UsageError("no command or flags given (the training data is required: --data PATH); see resnet_ddp --help");
+  const std::string first = w.args.front();
+  const Subcommand* sc = find_any(first);
+  if (sc) {
+    w.prefix.push_back(first);
+    w.args.erase(w.args.begin());
   } else if (first.rfind("-", 0) == 0) {
-    cmd = Command::Train;
-    consumed_name = false;
+    sc = &row(Command::Train);  // flags without a command: train
   } else {
-    throw UsageError("unknown command '" + first +
-                     "' (commands: train, predict, info, export, synth, pack; see resnet_ddp --help)");
+    std::string names;
+    for (const auto& r : table())
+      if (r.summary) names += (names.empty() ? "" : ", ") + r.names.front();
+    throw UsageError("unknown command '" + first + "' (commands: " + names + "; see resnet_ddp --help)");
   }
-  if (consumed_name) args.erase(args.begin());
-  pc.command = cmd;
-
-  bool help = false;
-  switch (cmd) {
-    case Command::Train: {
-      FlagSet fs("train");
-      add_train_flags(fs, pc.train);
-      add_train_aliases(fs);
-      std::vector<std::string> applied;
-      fs.parse(args, false, &help, &pc.train.given, &applied);
-      if (help) break;
-      TrainOptions& t = pc.train;
-      if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
-      data::check_split_folder("--train-split", t.train_split);
-      data::check_split_folder("--val-split", t.val_split);
-      if (t.train_split == t.val_split)
-        throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
-      if (t.resume.empty()) throw UsageError("--resume: expected auto, none or a checkpoint path");
-      if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
-      if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
-      if (t.skip_unreadable && !t.eval_only)
-        throw UsageError("--skip-unreadable: only with --eval-only (training skips unreadable images unless "
-                         "--strict-data)");
-      if (t.skip_unreadable && t.strict_data)
-        throw UsageError("--skip-unreadable: contradicts --strict-data");
-      if (t.eval_only && t.resume == "none" && t.init.empty())
-        throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
-      if (t.precision == Precision::FP16 && t.device == "cpu")
-        throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
-      if (t.deterministic && t.device == "cuda")
-        throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
-      // With a config file's flags written out: a resume reads them back from the
-      // checkpoint, whatever became of the file.
-      std::vector<std::string> words{argv[0]};
-      if (consumed_name) words.push_back(argv[1]);
-      words.insert(words.end(), applied.begin(), applied.end());
-      t.command_line = join_command_line(words);
-      break;
-    }
-    case Command::Predict: {
-      FlagSet fs("predict");
-      add_predict_flags(fs, pc.predict);
-      pc.predict.inputs = fs.parse(args, true, &help);
-      if (help) break;
-      if (pc.predict.checkpoint.empty()) throw UsageError("--checkpoint: required");
-      data::check_split_folder("--train-split", pc.predict.train_split);
-      data::check_split_folder("--val-split", pc.predict.val_split);
-      if (pc.predict.inputs.empty())
-        throw UsageError("predict: no input given (image files, a directory, or a packed .h5)");
-      break;
-    }
-    case Command::Info: {
-      FlagSet fs("info");
-      add_info_flags(fs, pc.info);
-      auto pos = fs.parse(args, true, &help);
-      if (help) break;
-      if (pos.empty()) throw UsageError("info: expected a checkpoint file (resnet_ddp info FILE.h5)");
-      if (pos.size() > 1) throw UsageError("info: expected one checkpoint file, got " + std::to_string(pos.size()));
-      pc.info.checkpoint = pos.front();
-      break;
-    }
-    case Command::Export: {
-      FlagSet fs("export");
-      add_export_flags(fs, pc.exp);
-      fs.parse(args, false, &help);
-      if (help) break;
-      if (pc.exp.checkpoint.empty()) throw UsageError("--checkpoint: required (the checkpoint to export)");
-      if (pc.exp.out.empty()) throw UsageError("--out: required (the .safetensors file to write)");
-      break;
-    }
-    case Command::Synth:
-    case Command::Pack:
-      // The data tools parse their own flags (and their own --help).
-      pc.passthrough.push_back(command_name(cmd));
-      pc.passthrough.insert(pc.passthrough.end(), args.begin(), args.end());
+  ParsedCommand pc;
+  pc.command = sc->command;
+  Parsed p{w, {}, {}, {}};
+  if (sc->flags) {
+    FlagSet fs(sc->names.front());
+    sc->flags(fs, pc);
+    bool help = false;
+    p.positional = fs.parse(w.args, sc->positional, &help, &p.given, &p.applied);
+    if (help) {
+      pc.command = Command::Help;
+      pc.help_text = command_help(sc->command);
       return pc;
-    default:
-      break;
+    }
   }
-  if (help) {
-    pc.help_text = cmd == Command::Train     ? train_help()
-                   : cmd == Command::Predict ? predict_help()
-                   : cmd == Command::Export  ? export_help()
-                                             : info_help();
-    pc.command = Command::Help;
-  }
+  sc->finish(pc, p);
   return pc;
 }
+
+void preflight(const ParsedCommand& pc, bool speaker) {
+  if (const auto check = row(pc.command).preflight) check(pc, speaker);
+}
+
+int run_command(ParsedCommand& pc, int& argc, char**& argv) { return row(pc.command).main(pc, argc, argv); }
 
 namespace {
 
@@ -407,11 +501,12 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
   if (!o.init.empty())
     if (const std::string p = io::safetensors::torch_file_problem(o.init); !p.empty())
       throw UsageError("--init: '" + o.init + "' " + p);
-  if (o.resume != "auto" && o.resume != "none") {
-    if (!exists(o.resume)) throw UsageError("--resume: no such file: '" + o.resume + "'");
-    if (fs::is_directory(o.resume)) throw UsageError("--resume: '" + o.resume + "' is a directory, expected a .h5 file");
-    if (const std::string p = io::safetensors::torch_file_problem(o.resume); !p.empty())
-      throw UsageError("--resume: '" + o.resume + "' " + p +
+  if (o.resume == ResumeMode::File) {
+    const std::string& f = o.resume_file;
+    if (!exists(f)) throw UsageError("--resume: no such file: '" + f + "'");
+    if (fs::is_directory(f)) throw UsageError("--resume: '" + f + "' is a directory, expected a .h5 file");
+    if (const std::string p = io::safetensors::torch_file_problem(f); !p.empty())
+      throw UsageError("--resume: '" + f + "' " + p +
                        " (a converted file holds weights only: start from it with --init)");
   }
   if (probe_output && !o.eval_only) {
@@ -435,97 +530,6 @@ std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOp
   add_train_flags(fs, copy);
   add_train_aliases(fs);
   return fs.values();
-}
-
-std::vector<std::string> split_command_line(const std::string& line) {
-  std::vector<std::string> out;
-  std::string word;
-  bool in_word = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (c == ' ') {
-      if (in_word) out.push_back(word);
-      word.clear();
-      in_word = false;
-    } else if (c == '\'' ) {
-      in_word = true;
-      const size_t end = line.find('\'', i + 1);
-      if (end == std::string::npos) throw UsageError("unterminated quote in command line: " + line);
-      word += line.substr(i + 1, end - i - 1);
-      i = end;
-    } else if (c == '\\' && i + 1 < line.size()) {
-      in_word = true;
-      word += line[++i];
-    } else {
-      in_word = true;
-      word += c;
-    }
-  }
-  if (in_word) out.push_back(word);
-  return out;
-}
-
-namespace {
-// A positive integer from the environment, 0 when unset or not a number.
-long env_count(const char* var) {
-  const char* v = std::getenv(var);
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return *end == '\0' && x > 0 ? x : 0;
-}
-}  // namespace
-
-std::string launcher_world_mismatch(int mpi_world) {
-  if (mpi_world != 1) return "";
-  const std::string fix =
-      ". Each task would train its own copy of the model alone. Start the ranks so that they share one MPI "
-      "world: inside the allocation `mpirun -np N resnet_ddp ...`, or `srun --mpi=pmix resnet_ddp ...` "
-      "(`srun --mpi=list` shows the PMI types this Slurm offers; jobs/*.slurm set RESNET_DDP_LAUNCHER)";
-  std::string what;
-  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
-    // Started by Open MPI's mpirun: it knows the world. A bigger number means this
-    // program's MPI library is not the one mpirun belongs to.
-    const long n = env_count("OMPI_COMM_WORLD_SIZE");
-    if (n > 1)
-      return "MPI gave this process a world of 1 rank, but mpirun started " + std::to_string(n) +
-             " (OMPI_COMM_WORLD_SIZE=" + std::to_string(n) +
-             "): resnet_ddp is linked against another MPI than this mpirun's" + fix;
-    return "";
-  }
-  // Inside a job step (srun), not in the batch script itself, where SLURM_NTASKS is the
-  // allocation's and one process is normal.
-  const bool in_step = std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID");
-  for (const char* var : {"SLURM_NTASKS", "SLURM_NPROCS"}) {
-    const long n = env_count(var);
-    if (in_step && n > 1)
-      return "MPI gave this process a world of 1 rank, but Slurm started " + std::to_string(n) + " tasks (" +
-             var + "=" + std::to_string(n) + "): srun started them without PMI (add --mpi=pmix)" + fix;
-  }
-  if (const long n = env_count("WORLD_SIZE"); n > 1)
-    return "MPI gave this process a world of 1 rank, but WORLD_SIZE=" + std::to_string(n) +
-           " (torchrun or a similar launcher): resnet_ddp communicates through MPI, not torch.distributed" + fix;
-  return "";
-}
-
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
-  }
-  return 0;
-}
-
-std::string join_command_line(int argc, char** argv) {
-  return join_command_line(std::vector<std::string>(argv, argv + argc));
-}
-
-std::string join_command_line(const std::vector<std::string>& words) {
-  std::string s;
-  for (size_t i = 0; i < words.size(); ++i) {
-    if (i) s += ' ';
-    s += shell_quote(words[i]);
-  }
-  return s;
 }
 
 }  // namespace rd::train

@@ -167,7 +167,7 @@ std::unique_ptr<Backend> make_backend(const PredictOptions& o) {
     bo.threads = cores;
   }
   std::unique_ptr<Backend> backend;
-  if (o.device == "cuda" || (o.device == "auto" && cuda_backend_available())) {
+  if (o.device == Device::Cuda || (o.device == Device::Auto && cuda_backend_available())) {
     backend = make_cuda_backend(bo);
   } else {
     backend = make_cpu_backend(bo);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 
 namespace rd::train {
@@ -216,16 +217,14 @@ void MetricsCsv::write(const EpochMetrics& m) {
 
 // ---- progress --------------------------------------------------------------------------
 
-Progress::Progress(const std::string& mode_flag, int64_t every) : every_(every) {
-  if (mode_flag == "bar") mode_ = Mode::Bar;
-  else if (mode_flag == "lines") mode_ = Mode::Lines;
-  else if (mode_flag == "none") mode_ = Mode::None;
+Progress::Progress(ProgressMode mode, int64_t every) : every_(every) {
+  if (mode == ProgressMode::Bar) mode_ = Mode::Bar;
+  else if (mode == ProgressMode::Lines) mode_ = Mode::Lines;
+  else if (mode == ProgressMode::None) mode_ = Mode::None;
   else {
     // Open MPI hands every rank a pseudo-terminal even when mpirun's own output goes
     // to a file, so under a launcher only --progress bar asks for the bar.
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                          std::getenv("PMIX_RANK") || std::getenv("SLURM_STEP_ID");
-    mode_ = ::isatty(1) && !launched ? Mode::Bar : Mode::Lines;
+    mode_ = ::isatty(1) && !dist::under_launcher() ? Mode::Bar : Mode::Lines;
   }
   if (mode_ == Mode::Lines && every_ <= 0) mode_ = Mode::None;
 }

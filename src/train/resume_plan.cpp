@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/optimizer.h"
 
 namespace fs = std::filesystem;
@@ -42,22 +43,26 @@ void plan_model_flags(ResumePlan& plan, TrainOptions& o, const std::string& path
     value = theirs;
   };
   std::string image = std::to_string(o.image_size);
-  fixed("--arch", o.arch, m.arch);
+  std::string arch = name_of(arch_names(), o.arch);
+  fixed("--arch", arch, m.arch);
+  o.arch = value_of(arch_names(), arch, "--arch");
   std::string head = head_name(o.head);
   fixed("--head", head, m.head);
   o.head = parse_head(head);
   fixed("--image-size", image, m.image_size > 0 ? std::to_string(m.image_size) : "");
   o.image_size = std::stoi(image);
-  fixed("--normalize", o.normalize, m.normalize);
+  std::string normalize = name_of(normalize_names(), o.normalize);
+  fixed("--normalize", normalize, m.normalize);
+  o.normalize = value_of(normalize_names(), normalize, "--normalize");
   // Say what the checkpoint decided that the command line did not.
   const TrainOptions defaults;
   std::string inherited;
-  if (!o.was_given("--arch") && o.arch != defaults.arch) inherited += " --arch " + o.arch;
+  if (!o.was_given("--arch") && o.arch != defaults.arch) inherited += " --arch " + arch;
   if (!o.was_given("--head") && o.head != defaults.head) inherited += std::string(" --head ") + head_name(o.head);
   if (!o.was_given("--image-size") && o.image_size != defaults.image_size)
     inherited += " --image-size " + std::to_string(o.image_size);
   if (!o.was_given("--normalize") && o.normalize != defaults.normalize)
-    inherited += " --normalize " + o.normalize;
+    inherited += " --normalize " + normalize;
   if (!inherited.empty()) plan.model_settings = "Model settings from " + path + ":" + inherited;
   plan.model = ModelFlags::of(o);
 }
@@ -85,8 +90,7 @@ void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::strin
       // --amp ran as the device's reduced precision (setup_device); compare that,
       // taking this run's device where the old one was "auto".
       if (pc.train.amp) {
-        const bool cuda = pc.train.device == "cuda" ||
-                          (pc.train.device == "auto" && this_run_cuda);
+        const bool cuda = pc.train.device == Device::Cuda || (pc.train.device == Device::Auto && this_run_cuda);
         pc.train.precision = amp_precision(cuda);
       }
       if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
@@ -262,10 +266,10 @@ template <class IO, class Plan>
 void transfer(IO& io, Plan& p) {
   io.pod(p.resumed);
   io.str(p.checkpoint);
-  io.str(p.model.arch);
+  io.pod(p.model.arch);
   io.pod(p.model.head);
   io.pod(p.model.image_size);
-  io.str(p.model.normalize);
+  io.pod(p.model.normalize);
   io.list(p.class_names);
   io.pod(p.state);
   io.pod(p.honour_lr);
@@ -277,14 +281,6 @@ void transfer(IO& io, Plan& p) {
 }
 
 }  // namespace
-
-std::string resume_source(const TrainOptions& o) {
-  if (o.resume == "none") return "";
-  if (o.resume != "auto") return o.resume;
-  std::error_code ec;
-  const std::string last = (fs::path(o.output_dir) / "last.h5").string();
-  return fs::exists(last, ec) ? last : "";
-}
 
 ModelFlags ModelFlags::of(const TrainOptions& o) { return {o.arch, o.head, o.image_size, o.normalize}; }
 
@@ -319,8 +315,9 @@ ResumePlan plan_fresh(const TrainOptions& o) {
 }
 
 void check_init(const TrainOptions& o, const io::CheckpointMeta& m) {
-  if (!m.arch.empty() && m.arch != o.arch)
-    throw UsageError("--init: '" + o.init + "' holds " + m.arch + " weights, this run uses --arch " + o.arch);
+  const std::string arch = name_of(arch_names(), o.arch);
+  if (!m.arch.empty() && m.arch != arch)
+    throw UsageError("--init: '" + o.init + "' holds " + m.arch + " weights, this run uses --arch " + arch);
 }
 
 std::string ResumePlan::encode() const {
@@ -338,7 +335,7 @@ ResumePlan ResumePlan::decode(const std::string& bytes) {
 
 void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                            const std::vector<std::string>& differences) {
-  if (differences.empty() || o.resume != "auto" || o.was_given("--resume")) return;
+  if (differences.empty() || o.resume != ResumeMode::Auto || o.was_given("--resume")) return;
   if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;
   std::string msg = "--output-dir " + o.output_dir + " holds another run (" + path + ", " +
                     std::to_string(m.epoch) + " epoch(s) done) whose settings differ from this command's:";

@@ -27,10 +27,6 @@ bool resume_ignores(const std::string& flag);
 // these is the same experiment.
 bool describes_execution(const std::string& flag);
 
-// Which checkpoint a run starts from: --resume auto finds OUTPUT_DIR/last.h5 (empty
-// when there is none), --resume none is empty, anything else is the path given.
-std::string resume_source(const TrainOptions& o);
-
 // What plan_resume needs to know of the run that is starting.
 struct ThisRun {
   bool cuda = false;  // computes on a GPU (for a checkpoint trained with --amp on --device auto)
@@ -39,10 +35,10 @@ struct ThisRun {
 
 // The flags that define the model; a checkpoint fixes them.
 struct ModelFlags {
-  std::string arch;
+  Arch arch = Arch::ResNet34;
   HeadKind head = HeadKind::Mlp;
   int image_size = 0;
-  std::string normalize;
+  Normalize normalize = Normalize::None;
   static ModelFlags of(const TrainOptions& o);
   void apply_to(TrainOptions& o) const;
 };

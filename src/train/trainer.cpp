@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -304,9 +305,9 @@ int train_main(const TrainOptions& opts, int& argc, char**& argv) {
     std::fprintf(stderr, "resnet_ddp: error: cannot initialise MPI: %s\n", e.what());
     return 1;
   }
-  if (const std::string why = launcher_world_mismatch(env.world); !why.empty()) {
+  if (const std::string why = dist::launcher_world_mismatch(env.world); !why.empty()) {
     // Every task is a world of its own here; the launcher's task 0 speaks for all.
-    if (launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
+    if (dist::launcher_rank() == 0) std::fprintf(stderr, "resnet_ddp: error: %s\n", why.c_str());
     std::fflush(stderr);
     try {
       dist::finalize_process();

@@ -102,8 +102,8 @@ class Trainer {
 
   // trainer_setup.cpp
   void setup_device();
-  void make_backend(const std::string& device, int threads, const std::string& amp_note, int& cuda_index);
-  std::string choose_device();
+  void make_backend(Device device, int threads, const std::string& amp_note, int& cuda_index);
+  Device choose_device();
   int resolve_threads();
   void lock_output();
   void setup_data();

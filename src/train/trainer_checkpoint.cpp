@@ -17,7 +17,7 @@ void Trainer::resolve_resume() {
   plan_ = plan_fresh(o_);
   agree(
       [&] {
-        const std::string path = resume_source(o_);
+        const std::string path = o_.resume_checkpoint();
         if (path.empty()) return;
         std::unique_ptr<io::CheckpointReader> reader;
         try {
@@ -119,7 +119,7 @@ void Trainer::apply_start_state() {
 
 io::CheckpointMeta Trainer::base_meta() const {
   io::CheckpointMeta m;
-  m.arch = o_.arch;
+  m.arch = name_of(arch_names(), o_.arch);
   m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
   m.image_size = o_.image_size;
@@ -130,7 +130,7 @@ io::CheckpointMeta Trainer::base_meta() const {
   m.args = o_.command_line;
   m.args_history = args_history_;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
-  m.normalize = o_.normalize;
+  m.normalize = name_of(normalize_names(), o_.normalize);
   m.class_names = class_names_;
   return m;
 }

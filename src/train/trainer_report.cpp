@@ -24,7 +24,7 @@ void Trainer::report_start() {
   std::snprintf(buf, sizeof buf,
                 "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                 "batch %d, %s lr %s, scheduler %s",
-                o_.arch.c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
+                name_of(arch_names(), o_.arch).c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
                 o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
                 py_float(opt_->lr()).c_str(), sched_->type().c_str());
   say(buf);

@@ -16,11 +16,11 @@ namespace rd::train {
 // One choice for all ranks: CUDA only where every rank has a GPU (mixed devices would
 // start NCCL on some ranks and MPI on others). A GPU job that lands on the CPU is hours
 // slower, so it is said loudly, once, with each node's reason.
-std::string Trainer::choose_device() {
-  if (o_.device != "auto") return o_.device;
+Device Trainer::choose_device() {
+  if (o_.device != Device::Auto) return o_.device;
   int64_t no_gpu = cuda_backend_available() ? 0 : 1;
   ctrl_->allreduce(&no_gpu, 1, dist::ReduceOp::Sum);
-  if (no_gpu == 0) return "cuda";
+  if (no_gpu == 0) return Device::Cuda;
   const std::string reason = cuda_backend_available() ? std::string() : cuda_unavailable_reason();
   std::vector<char> mine(512, 0), all(512 * static_cast<size_t>(env_.world), 0);
   std::snprintf(mine.data(), mine.size(), "%s", reason.empty() ? "" : (env_.node + ": " + reason).c_str());
@@ -34,23 +34,23 @@ std::string Trainer::choose_device() {
                  static_cast<long long>(no_gpu), env_.world, first.c_str());
     std::fflush(stderr);
   }
-  return "cpu";
+  return Device::Cpu;
 }
 
 // The backend this rank computes on; a setting it cannot honour is a usage error.
-void Trainer::make_backend(const std::string& device, int threads, const std::string& amp_note, int& cuda_index) {
-  if (o_.precision == Precision::FP16 && device == "cpu")
+void Trainer::make_backend(Device device, int threads, const std::string& amp_note, int& cuda_index) {
+  if (o_.precision == Precision::FP16 && device == Device::Cpu)
     throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
-  if (device == "cuda" && !cuda_backend_available())
+  if (device == Device::Cuda && !cuda_backend_available())
     throw UsageError("--device cuda on node " + env_.node + ": " + cuda_unavailable_reason());
-  if (o_.deterministic && device != "cpu")
+  if (o_.deterministic && device != Device::Cpu)
     throw UsageError("--deterministic: only supported on the CPU backend");
   BackendOptions bo;
   bo.threads = threads;
   bo.precision = o_.precision;
   bo.conv_algo = o_.conv_algo;
   bo.collective_timeout_s = dist::collective_timeout_s();
-  if (device == "cuda") {
+  if (device == Device::Cuda) {
     const int visible = cuda_device_count();
     cuda_index = cuda_device_for_rank(env_.local_rank, env_.local_world, visible);
     if (cuda_index < 0)
@@ -61,7 +61,7 @@ void Trainer::make_backend(const std::string& device, int threads, const std::st
   }
   if (o_.deterministic) omp_set_dynamic(0);
   try {
-    backend_ = device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+    backend_ = device == Device::Cuda ? make_cuda_backend(bo) : make_cpu_backend(bo);
   } catch (const UsageError& e) {
     if (o_.amp) throw UsageError(amp_note + e.what());
     throw;
@@ -76,12 +76,12 @@ void Trainer::make_backend(const std::string& device, int threads, const std::st
 
 void Trainer::setup_device() {
   ctrl_ = dist::make_mpi_comm(MPI_COMM_WORLD);
-  const std::string device = choose_device();
+  const Device device = choose_device();
   int cuda_index = 0;  // this rank's CUDA device (cuda_device_for_rank)
   const int threads = resolve_threads();
-  if (o_.amp) o_.precision = amp_precision(device == "cuda");
+  if (o_.amp) o_.precision = amp_precision(device == Device::Cuda);
   const std::string amp_note =
-      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + device + "): " : "";
+      o_.amp ? "--amp (--precision " + name_of(precision_names(), o_.precision) + " on " + name_of(device_names(), device) + "): " : "";
   agree([&] { make_backend(device, threads, amp_note, cuda_index); });
 #ifdef RESNET_DDP_HAVE_CUDA
   if (backend_->device() == DeviceKind::CUDA) {
@@ -169,7 +169,7 @@ void Trainer::setup_data() {
   data::ScanOptions scan;
   scan.strict = o_.strict_data;
   scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
-  scan.verify = o_.verify_data == "header" ? data::ScanOptions::Verify::Header : data::ScanOptions::Verify::Full;
+  scan.verify = o_.verify_data;
   scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.
   scan.shard = env_.rank;
@@ -201,12 +201,12 @@ void Trainer::setup_data() {
       std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
   data::TransformConfig tc;
   tc.image_size = o_.image_size;
-  tc.augment = data::parse_augment(o_.augment);
+  tc.augment = o_.augment;
   train_tf_.emplace(tc, true);
   data::TransformConfig vc = tc;
   vc.augment = data::TransformConfig::Augment::None;
   val_tf_.emplace(vc, false);
-  norm_ = normalization(o_.normalize);
+  norm_ = normalization(name_of(normalize_names(), o_.normalize));
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
   lo.workers = o_.workers;
@@ -226,7 +226,7 @@ void Trainer::setup_data() {
 
 void Trainer::setup_model() {
   ResNetConfig mc;
-  mc.arch = o_.arch;
+  mc.arch = name_of(arch_names(), o_.arch);
   mc.head = o_.head;
   mc.num_classes = static_cast<int>(class_names_.size());
   mc.init_seed = static_cast<uint64_t>(o_.seed);

@@ -294,8 +294,4 @@ TEST_CASE("buckets tile the gradient arena in reverse parameter order", "[ddp]")
   // 1e-6 MB is below any parameter: one bucket per parameter.
   CHECK(plan_buckets(g, 1e-6, 1e-6).size() == g.slices().size());
   CHECK(plan_buckets(g, 1.0, 25.0).size() == 1);  // the tiny model fits the first bucket
-  CHECK_THROWS_AS(parse_bucket_mb("0"), rd::UsageError);
-  CHECK_THROWS_AS(parse_bucket_mb("-1"), rd::UsageError);
-  CHECK_THROWS_AS(parse_bucket_mb("25MB"), rd::UsageError);
-  CHECK(parse_bucket_mb("0.5") == 0.5);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parse_cli.h"
+#include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
 #include "train/train_test_util.h"
@@ -40,7 +41,7 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   REQUIRE(pc.command == Command::Train);
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/tmp/Dataset_2");
-  CHECK(t.arch == "resnet34");
+  CHECK(t.arch == Arch::ResNet34);
   CHECK(t.head == rd::HeadKind::Mlp);
   CHECK(t.image_size == 244);
   CHECK(t.batch_size == 16);
@@ -51,9 +52,9 @@ TEST_CASE("train defaults are the reference recipe", "[train]") {
   CHECK(t.label_smoothing == 0.1);
   CHECK(t.scheduler == SchedulerKind::Plateau);
   CHECK(t.output_dir == "output_model");
-  CHECK(t.resume == "auto");
+  CHECK(t.resume == ResumeMode::Auto);
   CHECK(t.precision == rd::Precision::FP32);
-  CHECK(t.device == "auto");
+  CHECK(t.device == Device::Auto);
   CHECK(t.accum_steps == 1);
   CHECK(t.metrics_path() == "output_model/metrics.csv");
   CHECK(t.command_line == "resnet_ddp --data /tmp/Dataset_2");
@@ -66,7 +67,7 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
                             "--metrics", "m.csv", "--precision", "bf16"});
   const TrainOptions& t = pc.train;
   CHECK(t.data == "/d");
-  CHECK(t.arch == "resnet18");
+  CHECK(t.arch == Arch::ResNet18);
   CHECK(t.head == rd::HeadKind::Fc);
   CHECK(t.batch_size == 8);
   CHECK(t.lr == 3e-3);
@@ -77,7 +78,7 @@ TEST_CASE("train flags parse in both spellings", "[train]") {
   CHECK(t.scheduler == SchedulerKind::Cosine);
   CHECK(t.max_steps == 5);
   CHECK(t.deterministic);
-  CHECK(t.resume == "none");
+  CHECK(t.resume == ResumeMode::None);
   CHECK(t.metrics_path() == "m.csv");
   CHECK(t.precision == rd::Precision::BF16);
 }
@@ -112,7 +113,7 @@ TEST_CASE("every subcommand has --help", "[train]") {
   ParsedCommand top = parse({"--help"});
   CHECK(top.command == Command::Help);
   CHECK_THAT(top.help_text, Catch::Contains("predict") && Catch::Contains("synth"));
-  CHECK_THAT(train_help(), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
+  CHECK_THAT(command_help(Command::Train), Catch::Contains("--image-size") && Catch::Contains("[default: 244]") &&
                                Catch::Contains("--label-smoothing") && Catch::Contains("--resume"));
   ParsedCommand synth = parse({"synth", "--help"});
   CHECK(synth.command == Command::Synth);
@@ -159,25 +160,25 @@ TEST_CASE("a world of 1 under a launcher that started more tasks is named with t
     if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
     ::unsetenv(v);
   }
-  CHECK(launcher_world_mismatch(1).empty());
+  CHECK(dist::launcher_world_mismatch(1).empty());
   ::setenv("SLURM_NTASKS", "4", 1);
-  CHECK(launcher_world_mismatch(1).empty());  // the batch script itself, not a step
+  CHECK(dist::launcher_world_mismatch(1).empty());  // the batch script itself, not a step
   ::setenv("SLURM_STEP_ID", "0", 1);
-  const std::string m = launcher_world_mismatch(1);
+  const std::string m = dist::launcher_world_mismatch(1);
   CHECK(m.find("SLURM_NTASKS=4") != std::string::npos);
   CHECK(m.find("srun --mpi=pmix") != std::string::npos);
   CHECK(m.find("srun --mpi=list") != std::string::npos);
   CHECK(m.find("mpirun -np N") != std::string::npos);
-  CHECK(launcher_world_mismatch(4).empty());
+  CHECK(dist::launcher_world_mismatch(4).empty());
   ::unsetenv("SLURM_STEP_ID");
   ::unsetenv("SLURM_NTASKS");
   ::setenv("WORLD_SIZE", "2", 1);
-  CHECK(launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
+  CHECK(dist::launcher_world_mismatch(1).find("WORLD_SIZE=2") != std::string::npos);
   ::unsetenv("WORLD_SIZE");
   ::setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
-  CHECK(launcher_world_mismatch(1).empty());
+  CHECK(dist::launcher_world_mismatch(1).empty());
   ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
-  CHECK(launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
+  CHECK(dist::launcher_world_mismatch(1).find("OMPI_COMM_WORLD_SIZE=3") != std::string::npos);
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
@@ -191,9 +192,10 @@ TEST_CASE("path checks run before MPI and name the flag", "[train]") {
   o.init = dir.file("missing.h5");
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--init"));
   o.init.clear();
-  o.resume = dir.file("missing.h5");
+  o.resume = ResumeMode::File;
+  o.resume_file = dir.file("missing.h5");
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--resume"));
-  o.resume = "auto";
+  o.resume = ResumeMode::Auto;
   std::ofstream(dir.file("plainfile")) << "x";
   o.output_dir = dir.file("plainfile") + "/sub";
   CHECK_THROWS_WITH(check_train_paths(o, true), Catch::Contains("--output-dir"));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/cli.h"
 #include "parse_cli.h"
 
@@ -58,7 +59,7 @@ TEST_CASE("timm and PyTorch spellings set the flags they stand for", "[train][fl
                                 "--log-interval", "7"});
   CHECK(t.batch_size == 32);
   CHECK(t.workers == 4);
-  CHECK(t.arch == "resnet50");
+  CHECK(t.arch == Arch::ResNet50);
   CHECK(t.output_dir == "out");
   CHECK(t.optimizer == OptimizerKind::Sgd);
   CHECK(t.scheduler == SchedulerKind::Cosine);
@@ -70,8 +71,8 @@ TEST_CASE("timm and PyTorch spellings set the flags they stand for", "[train][fl
     CHECK(t.was_given(f));
   CHECK_FALSE(t.was_given("-b"));
 
-  CHECK(parse_train({"--data", "d", "-a", "resnet18", "--print-freq", "3"}).arch == "resnet18");
-  CHECK(parse_train({"--data", "d", "--model=resnet18"}).arch == "resnet18");
+  CHECK(parse_train({"--data", "d", "-a", "resnet18", "--print-freq", "3"}).arch == Arch::ResNet18);
+  CHECK(parse_train({"--data", "d", "--model=resnet18"}).arch == Arch::ResNet18);
   CHECK(parse_train({"--data", "d", "--print-freq", "3"}).log_every == 3);
 
   const PredictOptions p = parse_args({"predict", "--checkpoint", "c.h5", "-b", "5", "-j", "3", "img.png"}).predict;
@@ -84,14 +85,14 @@ TEST_CASE("timm and PyTorch spellings set the flags they stand for", "[train][fl
 }
 
 TEST_CASE("help lists each alias next to its flag", "[train][flags]") {
-  const std::string h = train_help();
+  const std::string h = command_help(Command::Train);
   for (const char* s : {"  --batch-size, -b N ", "  --workers, -j N ", "  --arch, --model, -a resnet18|",
                         "  --output-dir, --output DIR ", "  --optimizer, --opt adam|sgd ",
                         "  --scheduler, --sched plateau|", "  --weight-decay, --wd X ",
                         "  --log-every, --log-interval, --print-freq N", "  --amp ", "  --config FILE ",
                         "  --train-split NAME ", "  --val-split NAME "})
     CHECK_THAT(h, Catch::Contains(s));
-  CHECK_THAT(predict_help(), Catch::Contains("  --batch-size, -b N ") && Catch::Contains("  --val-split NAME "));
+  CHECK_THAT(command_help(Command::Predict), Catch::Contains("  --batch-size, -b N ") && Catch::Contains("  --val-split NAME "));
 }
 
 TEST_CASE("did you mean names the flag an alias stands for", "[train][flags]") {
@@ -115,7 +116,7 @@ TEST_CASE("did you mean names the flag an alias stands for", "[train][flags]") {
 TEST_CASE("a flag given twice in any spelling keeps the last value", "[train][flags]") {
   CHECK(parse_train({"--data", "d", "-b", "8", "--batch-size", "4"}).batch_size == 4);
   CHECK(parse_train({"--data", "d", "--batch-size", "4", "-b", "8"}).batch_size == 8);
-  CHECK(parse_train({"--data", "d", "--model", "resnet18", "--arch", "resnet50"}).arch == "resnet50");
+  CHECK(parse_train({"--data", "d", "--model", "resnet18", "--arch", "resnet50"}).arch == Arch::ResNet50);
   CHECK(parse_train({"--data", "d", "--output-dir", "a", "--output", "b"}).output_dir == "b");
 }
 
@@ -174,7 +175,7 @@ TEST_CASE("a config file: both line formats, comments, quotes, and the command l
     std::vector<std::string> args{"--data", "d", "--epochs", "3", "--model", "resnet50"};
     args.insert(config_first ? args.begin() : args.end(), {"--config", f.str()});
     const TrainOptions t = parse_train(args);
-    CHECK(t.arch == "resnet50");  // command line
+    CHECK(t.arch == Arch::ResNet50);  // command line
     CHECK(t.epochs == 3);         // command line
     CHECK(t.lr == 0.01);
     CHECK(t.batch_size == 32);
@@ -229,7 +230,7 @@ TEST_CASE("a YAML config file (timm's args.yaml): keys with underscores, false s
       "workers: 3\n",
       ".yaml");
   const TrainOptions t = parse_train({"--data", "d", "--config", f.str(), "--epochs", "3"});
-  CHECK(t.arch == "resnet18");
+  CHECK(t.arch == Arch::ResNet18);
   CHECK(t.batch_size == 32);
   CHECK(t.lr == 1e-3);
   CHECK(t.epochs == 3);  // the command line wins
@@ -348,4 +349,49 @@ TEST_CASE("config file errors name the file and the line", "[train][flags]") {
   CHECK_THAT(usage_error({"--data", "d", "--config", "a", "--config=b"}), Catch::StartsWith("--config: given twice"));
   // A bad flag on the command line is reported before the file is read.
   CHECK_THAT(usage_error({"--data", "d", "--config", missing, "--lrr", "1"}), Catch::StartsWith("unknown flag '--lrr'"));
+}
+
+TEST_CASE("word-valued options arrive typed and read back as typed", "[train][flags]") {
+  const TrainOptions t = parse_train({"--data", "d", "--device", "cpu", "--arch", "resnet_tiny", "--augment", "flip",
+                                      "--normalize", "imagenet", "--progress", "lines", "--verify-data", "header",
+                                      "--resume", "run/last.h5"});
+  CHECK(t.device == Device::Cpu);
+  CHECK(t.arch == Arch::ResNetTiny);
+  CHECK(t.augment == Augment::Flip);
+  CHECK(t.normalize == Normalize::ImageNet);
+  CHECK(t.progress == ProgressMode::Lines);
+  CHECK(t.verify_data == VerifyData::Header);
+  CHECK(t.resume == ResumeMode::File);
+  CHECK(t.resume_file == "run/last.h5");
+  CHECK(t.resume_checkpoint() == "run/last.h5");
+  // A recorded run is compared through these texts: each reads back as it was typed.
+  for (const auto& [flag, value] : train_flag_values(t)) {
+    if (flag == "--device") CHECK(value == "cpu");
+    if (flag == "--arch") CHECK(value == "resnet_tiny");
+    if (flag == "--resume") CHECK(value == "run/last.h5");
+    if (flag == "--verify-data") CHECK(value == "header");
+  }
+  CHECK(parse_train({"--data", "d", "--resume", "none"}).resume_checkpoint().empty());
+  // A checkpoint's text back to the enum, refused by name when this version lacks it.
+  CHECK(value_of(arch_names(), "resnet50", "--arch") == Arch::ResNet50);
+  CHECK_THROWS_WITH(value_of(normalize_names(), "cifar", "--normalize"),
+                    "--normalize: expected one of none|imagenet, got 'cifar'");
+}
+
+TEST_CASE("the subcommand table lists, helps and names every command", "[train][flags]") {
+  const std::string top = top_level_help();
+  for (Command c : {Command::Train, Command::Predict, Command::Info, Command::Export, Command::Synth, Command::Pack}) {
+    const std::string name = command_name(c);
+    INFO(name);
+    CHECK_THAT(top, Catch::Contains("  " + name + " "));
+    if (c == Command::Synth || c == Command::Pack) continue;  // their own --help
+    const ParsedCommand pc = parse_args({name, "--help"});
+    CHECK(pc.command == Command::Help);
+    CHECK(pc.help_text == command_help(c));
+    CHECK(parse_args({"help", name}).help_text == command_help(c));
+  }
+  CHECK(usage_error({"bogus"}) ==
+        "unknown command 'bogus' (commands: train, predict, info, export, synth, pack; see resnet_ddp --help)");
+  CHECK(usage_error({"help", "version"}) == "unknown command 'version'; see resnet_ddp --help");
+  CHECK(parse_args({"--version"}).command == Command::Version);
 }

@@ -24,10 +24,10 @@ io::CheckpointMeta checkpoint_of(const std::vector<std::string>& args, int64_t w
   std::vector<std::string> words = args;
   words.insert(words.begin(), "resnet_ddp");
   m.args = join_command_line(words);
-  m.arch = o.arch;
+  m.arch = name_of(arch_names(), o.arch);
   m.head = head_name(o.head);
   m.image_size = o.image_size;
-  m.normalize = o.normalize;
+  m.normalize = name_of(normalize_names(), o.normalize);
   m.world_size = world;
   m.batch_size = o.batch_size;
   m.accum_steps = o.accum_steps;
@@ -99,12 +99,12 @@ TEST_CASE("plan_resume: --epochs changed stretches the cosine schedule", "[resum
 TEST_CASE("plan_resume: the checkpoint fixes the model flags", "[resume_plan]") {
   const io::CheckpointMeta m = checkpoint_of({"--data", "d", "--arch", "resnet18", "--image-size", "64"});
   const ResumePlan p = plan_resume(train_flags({"--data", "d"}), "c.h5", m, {false, 1});
-  CHECK(p.model.arch == "resnet18");
+  CHECK(p.model.arch == Arch::ResNet18);
   CHECK(p.model.image_size == 64);
   CHECK(p.model_settings == "Model settings from c.h5: --arch resnet18 --image-size 64");
   TrainOptions o = train_flags({"--data", "d"});
   p.model.apply_to(o);
-  CHECK(o.arch == "resnet18");
+  CHECK(o.arch == Arch::ResNet18);
   CHECK(o.image_size == 64);
   // Given explicitly and different: refused, with the way out.
   try {
@@ -155,15 +155,15 @@ TEST_CASE("plan_resume: --eval-only takes the weights and classes only", "[resum
   CHECK(p.start_lines.empty());
 }
 
-TEST_CASE("plan_fresh and resume_source", "[resume_plan]") {
+TEST_CASE("plan_fresh and TrainOptions::resume_checkpoint", "[resume_plan]") {
   const TrainOptions o = train_flags({"--data", "d", "--lr", "0.3", "--resume", "none"});
   const ResumePlan p = plan_fresh(o);
   CHECK_FALSE(p.resumed);
   CHECK(p.state.lr == 0.3);
   CHECK_FALSE(p.state.has_optimizer_state);
-  CHECK(resume_source(o).empty());
-  CHECK(resume_source(train_flags({"--data", "d", "--resume", "x/c.h5"})) == "x/c.h5");
-  CHECK(resume_source(train_flags({"--data", "d", "--output-dir", "/nonexistent/run"})).empty());
+  CHECK(o.resume_checkpoint().empty());
+  CHECK(train_flags({"--data", "d", "--resume", "x/c.h5"}).resume_checkpoint() == "x/c.h5");
+  CHECK(train_flags({"--data", "d", "--output-dir", "/nonexistent/run"}).resume_checkpoint().empty());
 }
 
 TEST_CASE("ResumePlan crosses ranks as bytes, unchanged", "[resume_plan]") {
@@ -174,7 +174,7 @@ TEST_CASE("ResumePlan crosses ranks as bytes, unchanged", "[resume_plan]") {
   const ResumePlan q = ResumePlan::decode(p.encode());
   CHECK(q.resumed == p.resumed);
   CHECK(q.checkpoint == p.checkpoint);
-  CHECK(q.model.arch == "resnet18");
+  CHECK(q.model.arch == Arch::ResNet18);
   CHECK(q.model.head == p.model.head);
   CHECK(q.model.image_size == p.model.image_size);
   CHECK(q.model.normalize == p.model.normalize);

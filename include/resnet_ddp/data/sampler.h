@@ -23,7 +23,6 @@ class DistributedSampler {
                      bool drop_last = false);
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
-  size_t num_samples() const { return num_samples_; }  // per rank
   size_t total_size() const { return num_samples_ * static_cast<size_t>(world_); }
   std::vector<int64_t> indices() const;  // this rank's indices for the current epoch
 
@@ -34,7 +33,7 @@ class DistributedSampler {
   uint64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
-  size_t num_samples_;
+  size_t num_samples_;  // per rank
 };
 
 // torch.randperm(n, generator=torch.Generator().manual_seed(seed)) for n < 2^24.

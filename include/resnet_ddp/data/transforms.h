@@ -65,11 +65,9 @@ void auto_augment(Image& img, SampleRng& rng, Image& scratch);
 // ---- pipeline ----------------------------------------------------------------
 struct TransformConfig {
   int image_size = 244;
+  // Spelled autoaugment | flip | none on the command line (train/option_types.h).
   enum class Augment : uint8_t { AutoAugment, Flip, None } augment = Augment::AutoAugment;
 };
-// "autoaugment" | "flip" | "none"; throws rd::UsageError naming --augment otherwise.
-TransformConfig::Augment parse_augment(const std::string& name);
-const char* augment_name(TransformConfig::Augment a);
 
 // torchvision's ImageNet Normalize constants, for --normalize imagenet (the backend
 // applies them in images_u8_to_activation).

@@ -38,9 +38,6 @@ struct BucketOptions {
   bool progress_thread = false;
 };
 
-// Parses a --bucket-mb value: finite and > 0, else UsageError naming the flag.
-double parse_bucket_mb(const std::string& text, const std::string& flag = "--bucket-mb");
-
 // One bucket: arena slices [first_slice, last_slice] (forward order), covering
 // the contiguous floats [offset, offset + count) of the gradient arena.
 struct Bucket {
@@ -84,7 +81,6 @@ class GradientBucketer : public GradientReducer {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const BucketOptions& options() const { return opts_; }
   const DdpStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
 
  private:
   void fire_ready_buckets();

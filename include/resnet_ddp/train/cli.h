@@ -13,6 +13,7 @@
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/option_types.h"
 #include "resnet_ddp/train/optimizer.h"
 
 namespace rd::train {
@@ -24,7 +25,7 @@ struct TrainOptions {
   std::string data;                  // ImageFolder root (Train/, Validation/) or packed .h5
   std::string train_split = "Train";      // folder names of the splits under `data`
   std::string val_split = "Validation";   // (ImageNet-style trees: train, val)
-  std::string arch = "resnet34";     // resnet18 | resnet34 | resnet50 | resnet_tiny
+  Arch arch = Arch::ResNet34;
   HeadKind head = HeadKind::Mlp;     // mlp (Linear-ReLU-Linear) | fc
   int image_size = 244;
   int batch_size = 16;               // per rank
@@ -42,7 +43,8 @@ struct TrainOptions {
   int threads = 0;                   // compute threads per rank, 0 = cores / ranks on node
   int64_t seed = 0;
   std::string output_dir = "output_model";
-  std::string resume = "auto";       // auto | none | PATH
+  ResumeMode resume = ResumeMode::Auto;
+  std::string resume_file;           // --resume FILE
   std::string init;                  // weights-only .h5
   double bucket_mb = 25.0;
   // A thread that drives MPI progress during backward. Off by default: when compute
@@ -51,7 +53,7 @@ struct TrainOptions {
   bool progress_thread = false;
   int accum_steps = 1;
   double loss_scale = 65536.0;  // fp16: the dynamic loss scale to start from
-  std::string device = "auto";       // auto | cpu | cuda
+  Device device = Device::Auto;
   Precision precision = Precision::FP32;
   // --amp: the mixed precision that suits the device, chosen once it is known (bf16 on
   // the CPU, fp16 on a GPU); a later --precision turns it off again.
@@ -63,13 +65,13 @@ struct TrainOptions {
   bool tensorboard = true;           // rank 0 writes OUTPUT_DIR/events.out.tfevents.*
   bool deterministic = false;
   int64_t log_every = 50;            // steps between progress lines when not on a TTY
-  std::string progress = "auto";     // auto | bar | lines | none
-  std::string augment = "autoaugment";  // autoaugment | flip | none
-  std::string normalize = "none";    // none | imagenet
+  ProgressMode progress = ProgressMode::Auto;
+  Augment augment = Augment::AutoAugment;
+  Normalize normalize = Normalize::None;
   bool strict_data = false;
   bool skip_unreadable = false;      // --eval-only: unreadable images skipped and counted, not an error
   bool jpeg_draft = false;           // DCT-domain JPEG downscaling to >= image_size (ScanOptions::jpeg_draft)
-  std::string verify_data = "full";  // full | header
+  VerifyData verify_data = VerifyData::Full;  // scan: decode every image, or read headers only
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
   bool check = false;                // dry run: validate everything, train nothing (check_main)
 
@@ -82,6 +84,9 @@ struct TrainOptions {
   std::string command_line;
   // Defaults that depend on other flags.
   std::string metrics_path() const;
+  // The checkpoint this run starts from: --resume FILE, or under --resume auto
+  // OUTPUT_DIR/last.h5 when it exists; empty for a fresh start.
+  std::string resume_checkpoint() const;
   int effective_val_batch() const { return val_batch_size > 0 ? val_batch_size : batch_size; }
 };
 
@@ -92,7 +97,7 @@ struct PredictOptions {
   std::string train_split = "Train", val_split = "Validation";  // their folders in a root
   bool json = false;
   int batch_size = 32;
-  std::string device = "auto";
+  Device device = Device::Auto;
   int threads = 0;
   int workers = 2;
   // Unreadable inputs are skipped and counted instead of failing the command; either
@@ -121,9 +126,9 @@ struct ParsedCommand {
   std::string help_text;                 // for Command::Help
 };
 
-// Parses argv (argv[0] is the program). Throws rd::UsageError naming the flag.
-// `--help` anywhere (before passthrough subcommands' own arguments) yields
-// Command::Help with the matching text.
+// Parses argv (argv[0] is the program) through the subcommand table (cli.cpp). Throws
+// rd::UsageError naming the flag. `--help` anywhere (before passthrough subcommands'
+// own arguments) yields Command::Help with the matching text.
 ParsedCommand parse_command_line(int argc, char** argv);
 
 // Checks that need the filesystem but no MPI: data path exists, --init and an
@@ -132,30 +137,13 @@ ParsedCommand parse_command_line(int argc, char** argv);
 void check_train_paths(const TrainOptions& opts, bool probe_output);
 void check_predict_paths(const PredictOptions& opts);
 
+// `resnet_ddp --help`, and a command's --help (the top-level text for a command whose
+// flags another program reads: synth, pack).
 std::string top_level_help();
-std::string train_help();
-std::string predict_help();
-std::string info_help();
-std::string export_help();
+std::string command_help(Command c);
 
 // Every train flag with its value in `o` as text (numbers in a canonical form, booleans
 // "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.
 std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o);
-
-// Reads back a command line written by join_command_line (POSIX single quotes).
-std::vector<std::string> split_command_line(const std::string& line);
-
-// When MPI's world is 1 but the launcher's environment says the job has more tasks
-// (srun without PMI, torchrun, an mpirun of another MPI), the reason and the fix;
-// empty when nothing disagrees.
-std::string launcher_world_mismatch(int mpi_world);
-
-// Rank and world size from the launcher's environment (Open MPI, PMI, PMIx,
-// Slurm), for deciding who prints before MPI is initialised. 0 / 1 when unknown.
-int launcher_rank();
-
-using rd::shell_quote;  // resnet_ddp/shell_quote.h
-std::string join_command_line(int argc, char** argv);
-std::string join_command_line(const std::vector<std::string>& words);
 
 }  // namespace rd::train

@@ -7,6 +7,12 @@
 
 namespace rd::train {
 
+// The parsed command's checks that need the filesystem but no MPI (rd::UsageError, to be
+// printed by the launcher's task 0 only); `speaker`: this task probes the output folder.
+void preflight(const ParsedCommand& pc, bool speaker);
+// Runs the parsed command's main function (its row of the subcommand table).
+int run_command(ParsedCommand& pc, int& argc, char**& argv);
+
 // Initialises MPI (argc/argv go to MPI_Init), trains, finalises MPI.
 int train_main(const TrainOptions& opts, int& argc, char**& argv);
 // `train --check`: validates what a run would use (paths, output folder, device,

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/train/option_types.h"
+
 namespace rd::train {
 
 // repr() of a Python float: shortest round-trip digits, "1.0" not "1",
@@ -78,8 +80,8 @@ class MetricsCsv {
 class Progress {
  public:
   enum class Mode { Bar, Lines, None };
-  // mode_flag: auto | bar | lines | none (auto = bar on a terminal, else lines).
-  Progress(const std::string& mode_flag, int64_t every);
+  // --progress: auto = bar on a terminal, else lines.
+  Progress(ProgressMode mode, int64_t every);
   Mode mode() const { return mode_; }
   void start_epoch(int64_t epoch, int64_t epochs, int64_t total_steps);
   // After each optimizer step: running averages and throughput so far.

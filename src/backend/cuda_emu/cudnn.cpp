@@ -320,9 +320,8 @@ std::string problem_unsupported(const Problem& p) {
   return {};
 }
 
-// One switch over every (direction, algorithm) pair, so the whole model of cuDNN's
-// algorithm set (support, workspace, speed, determinism) reads in one place; hence
-// longer than ~80 lines.
+// Long because: one switch over every (direction, algorithm) pair, so the whole model
+// of cuDNN's algorithm set (support, workspace, speed, determinism) reads in one place.
 AlgoInfo algo_info(const Problem& p, Dir dir, int algo, const Math& m) {
   AlgoInfo a;
   const std::string problem = problem_unsupported(p);
