@@ -1,5 +1,5 @@
 // The JSON reader and string writer (see json.h).
-#include "io/json.h"
+#include "resnet_ddp/io/json.h"
 
 #include <cstdio>
 #include <cstring>

@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "resnet_ddp/errors.h"
-#include "io/json.h"
+#include "resnet_ddp/io/json.h"
 #include "resnet_ddp/shell_quote.h"
 
 namespace fs = std::filesystem;

@@ -13,12 +13,17 @@
 #   rd_job_log "$job"           # the job's stdout/stderr
 # Teardown (cancel jobs, stop daemons, remove the temp dir) runs on every exit path;
 # RD_SLURM_KEEP=1 keeps the temp dir for post-mortems.
+# RD_SLURM_GPUS=N before rd_slurm_start gives each node N GPUs as Slurm generic resources
+# (gres/gpu on placeholder device files) and N CPUs, so that --gpus-per-task and
+# --gpus-per-node set CUDA_VISIBLE_DEVICES as on a real GPU partition; the emulated CUDA
+# device (RD_EMU_DEVICE_COUNT) then plays the GPUs.
 
 RD_SLURM_NODES=(c001-001 c001-002)
 RD_SLURM_PARTITION=emu
 RD_SLURM_DIR=""
 RD_SLURM_PIDS=()
 RD_SLURM_CASE=$(basename "${BASH_SOURCE[1]:-$0}" .sh)
+RD_SLURM_GPUS=${RD_SLURM_GPUS:-0}
 
 rd_log() { printf '[%s %s] %s\n' "$RD_SLURM_CASE" "$(date +%T)" "$*" >&2; }
 rd_fail() { rd_log "FAIL: $*"; exit 1; }
@@ -116,12 +121,25 @@ SlurmctldDebug=info
 SlurmdDebug=info
 EOF
     rd_slurm_conf_common "$dir"
+    local nodes="${RD_SLURM_NODES[0]%-*}-[001-002]" node_extra="CPUs=1"
+    if ((RD_SLURM_GPUS > 0)); then
+      node_extra="CPUs=$RD_SLURM_GPUS Gres=gpu:$RD_SLURM_GPUS"
+      echo "GresTypes=gpu"
+    fi
     cat <<EOF
-NodeName=${RD_SLURM_NODES[0]%-*}-[001-002] NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port_lo-$((node_port_lo + 1)) CPUs=1 State=UNKNOWN
+NodeName=$nodes NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port_lo-$((node_port_lo + 1)) $node_extra State=UNKNOWN
 PartitionName=$RD_SLURM_PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   } >"$dir/slurm.conf"
   : >"$dir/plugstack.conf"
+  if ((RD_SLURM_GPUS > 0)); then
+    # slurmd takes the device index from the file name's number (nvidia0 -> 0) and sets
+    # CUDA_VISIBLE_DEVICES from it; it wants a character device: links to /dev/null.
+    mkdir -p "$dir/dev"
+    local i
+    for ((i = 0; i < RD_SLURM_GPUS; i++)); do ln -s /dev/null "$dir/dev/nvidia$i"; done
+    echo "NodeName=$nodes Name=gpu File=$dir/dev/nvidia[0-$((RD_SLURM_GPUS - 1))]" >"$dir/gres.conf"
+  fi
 }
 
 # Starts a daemon in the foreground as a child of this shell, so that even if the harness

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/io/json.h"
 #include "resnet_ddp/train/option_types.h"
 
 namespace rd::train {
@@ -16,8 +17,7 @@ namespace rd::train {
 // repr() of a Python float: shortest round-trip digits, "1.0" not "1",
 // scientific below 1e-4 / from 1e16 ("1e-05", "1.5e+16"), "nan", "inf".
 std::string py_float(double x);
-// A JSON string literal (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s);
+using io::json_string;  // resnet_ddp/io/json.h
 
 // ---- preemption signals ------------------------------------------------------------
 // SIGTERM, SIGUSR1, SIGINT and SIGHUP: the first sets a flag the training loop polls (every
