@@ -4,7 +4,10 @@
 ImageFolder + AutoAugment + Resize((S, S)) + ToTensor, torchvision ResNet (random init:
 no network here), fc -> Linear-ReLU-Linear, DDP, Adam 1e-4, CrossEntropy(label_smoothing
 0.1), ReduceLROnPlateau, DistributedSampler; prints the tutorial's per-epoch lines plus a
-JSON summary line. SyncBatchNorm is left out: PyTorch refuses it on CPU modules.
+JSON summary line. SyncBatchNorm is left out: PyTorch refuses it on CPU modules. With
+--output-dir, rank 0 saves the best model (val accuracy) as the tutorial does, and at the
+end every rank loads it and evaluates it ("Best model (...) has been saved to ..."), so a
+whole-process time covers the same work as resnet_ddp's.
 
 Launch N ranks yourself (Debian's torchrun fails on Python 3.11):
   bench/pytorch_reference_recipe.py --launch 2 --data DIR [--epochs 1 --arch resnet34]
@@ -32,6 +35,7 @@ def parse():
     p.add_argument("--max-steps", type=int, default=0, help="train steps per epoch (0: all)")
     p.add_argument("--launch", type=int, default=0, help="start this many local ranks")
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--output-dir", default="", help="save best_model.pt here and evaluate it at the end")
     return p.parse_args()
 
 
@@ -48,6 +52,20 @@ def launch(args):
     for p in procs:
         rc |= p.wait()
     return rc
+
+
+def evaluate(model, loader, loss_fn):
+    """This rank's summed validation loss, correct count and images (the tutorial's)."""
+    import torch
+    model.eval()
+    v_loss, v_correct, v_seen = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(x)
+            v_loss += loss_fn(out, y).item() * len(y)
+            v_correct += (out.argmax(1) == y).sum().item()
+            v_seen += len(y)
+    return v_loss, v_correct, v_seen
 
 
 def main():
@@ -87,6 +105,7 @@ def main():
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, "min", factor=0.1, patience=5, min_lr=1e-8)
 
     summary = {"arch": args.arch, "ranks": world, "threads_per_rank": threads, "epochs": []}
+    best_acc, best_path = -1.0, os.path.join(args.output_dir, "best_model.pt")
     for epoch in range(args.epochs):
         train_sampler.set_epoch(epoch)
         model.train()
@@ -108,15 +127,8 @@ def main():
             seen += len(y)
             t_data = time.time()
         t_train = time.time() - t0
-        model.eval()
-        v_loss, v_correct, v_seen = 0.0, 0, 0
         t1 = time.time()
-        with torch.no_grad():
-            for x, y in val_loader:
-                out = model(x)
-                v_loss += loss_fn(out, y).item() * len(y)
-                v_correct += (out.argmax(1) == y).sum().item()
-                v_seen += len(y)
+        v_loss, v_correct, v_seen = evaluate(model, val_loader, loss_fn)
         t_val = time.time() - t1
         sched.step(v_loss / max(v_seen, 1))
         elapsed = time.time() - t0
@@ -127,6 +139,23 @@ def main():
             print(f"{e} Val loss: {v_loss / max(v_seen, 1)}, Val accuracy: {v_correct / max(v_seen, 1)}", flush=True)
         summary["epochs"].append({"epoch_s": elapsed, "train_s": t_train, "val_s": t_val, "data_wait_s": data_wait,
                                   "train_images": seen, "val_images": v_seen})
+        v_acc = v_correct / max(v_seen, 1)
+        if args.output_dir and v_acc > best_acc:
+            best_acc = v_acc
+            if rank == 0:  # the tutorial's checkpoint: rank 0 only
+                os.makedirs(args.output_dir, exist_ok=True)
+                torch.save({"epoch": epoch, "machine": rank, "model_state_dict": model.module.state_dict(),
+                            "accuracy": v_acc, "loss": v_loss / max(v_seen, 1)}, best_path)
+    if args.output_dir and best_acc >= 0:
+        t2 = time.time()
+        dist.barrier()  # rank 0 has written the file
+        state = torch.load(best_path, weights_only=True)
+        model.module.load_state_dict(state["model_state_dict"])
+        v_loss, v_correct, v_seen = evaluate(model, val_loader, loss_fn)
+        if rank == 0:
+            print(f"Best model (val loss: {v_loss / max(v_seen, 1)}, val accuracy: {v_correct / max(v_seen, 1)}) "
+                  f"has been saved to {os.path.abspath(best_path)}", flush=True)
+        summary["final_eval_s"] = time.time() - t2
     if rank == 0:
         print("RESULT_JSON " + json.dumps(summary), flush=True)
     dist.destroy_process_group()

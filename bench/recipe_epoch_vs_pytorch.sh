@@ -9,7 +9,8 @@
 #
 # Defaults: the seed recipe's small epoch: resnet18 @244, batch 16, 2 ranks x 1 thread,
 # AutoAugment, 192 train / 96 validation JPEGs (resnet_ddp synth), 3 runs each,
-# alternating resnet_ddp and PyTorch so both see the same load. PyTorch is
+# alternating resnet_ddp and PyTorch so both see the same load. Both save the best model and
+# evaluate it again at the end, as the tutorial does. PyTorch is
 # $RD_TORCH_PYTHON (default: bench/torch_pypi_venv.sh's torch 2.15). An ISA cap applies
 # to both when set in the environment (DNNL_MAX_CPU_ISA, ONEDNN_MAX_CPU_ISA,
 # ATEN_CPU_CAPABILITY), e.g. AVX2 for Lonestar6's Milan nodes.
@@ -92,7 +93,7 @@ for i in $(seq 1 "$runs"); do
   rd_wall+=("$w") rd_epoch+=("$e")
   printf '%-4s %-10s %8.1f %8.1f\n' "$i" resnet_ddp "$w" "$e"
   read -r w e < <(timed "$work/pt_$i.log" - "$python" "$here/pytorch_reference_recipe.py" --launch "$ranks" \
-    --data "$data" "${common[@]}" --port $((29500 + RANDOM % 400)))
+    --data "$data" "${common[@]}" --port $((29500 + RANDOM % 400)) --output-dir "$work/pt_out_$i")
   pt_wall+=("$w") pt_epoch+=("$e")
   printf '%-4s %-10s %8.1f %8.1f\n' "$i" pytorch "$w" "$e"
 done

@@ -201,7 +201,7 @@ if want epoch; then
     mkdir -p "$out"
     /usr/bin/time -v -o "$out/time.txt" "${rss_watch[@]}" --out "$out/rss.json" -- \
       "$python" "$here/pytorch_reference_recipe.py" --launch 2 \
-      --data "$dataset" --epochs 1 --port $((29500 + RANDOM % 400)) "${epoch_flags[@]}" \
+      --data "$dataset" --epochs 1 --port $((29500 + RANDOM % 400)) --output-dir "$out/model" "${epoch_flags[@]}" \
       > "$out/log.txt" 2>&1 || die "PyTorch recipe failed, see $out/log.txt"
   done
   loadlog epoch_end
