@@ -238,6 +238,14 @@ void CheckpointReader::load_optimizer(ResNet& model, const OptimizerState& into)
 
 // ---- fit ------------------------------------------------------------------------------
 
+ResNetConfig model_config(const CheckpointMeta& m) {
+  ResNetConfig mc;
+  mc.arch = m.arch;
+  mc.head = parse_head(m.head);
+  mc.num_classes = static_cast<int>(m.num_classes);
+  return mc;
+}
+
 void check_compatible(const CheckpointMeta& m, ResNet& model, const std::vector<std::string>& class_names,
                       const std::string& path) {
   const ResNetConfig& cfg = model.config();

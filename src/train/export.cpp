@@ -118,11 +118,7 @@ int export_main(const ExportOptions& o) {
     BackendOptions bo;
     bo.threads = 1;  // copying tensors needs no parallelism
     std::unique_ptr<Backend> backend = make_cpu_backend(bo);
-    ResNetConfig mc;
-    mc.arch = m.arch;
-    mc.head = parse_head(m.head);
-    mc.num_classes = static_cast<int>(m.num_classes);
-    ResNet model(*backend, mc);
+    ResNet model(*backend, io::model_config(m));
     ck.load_model(model, false);  // every tensor present, right shape, finite
     const auto md = export_metadata(m, model, o.checkpoint);
     io::safetensors::write_model(o.out, model, md);

@@ -220,11 +220,7 @@ void take_logits(const data::Batch& batch, const float* logits, Results& res) {
 Results classify(const PredictOptions& o, std::optional<io::CheckpointReader>& ck, Inputs& in) {
   const io::CheckpointMeta m = ck->meta();
   std::unique_ptr<Backend> backend = make_backend(o);
-  ResNetConfig mc;
-  mc.arch = m.arch;
-  mc.head = parse_head(m.head);
-  mc.num_classes = static_cast<int>(m.num_classes);
-  ResNet model(*backend, mc);
+  ResNet model(*backend, io::model_config(m));
   ck->load_model(model, false);
   ck.reset();  // closes the file
 

@@ -21,6 +21,7 @@
 namespace rd {
 class Arena;
 class ResNet;
+struct ResNetConfig;
 }
 
 namespace rd::io {
@@ -120,6 +121,9 @@ class CheckpointReader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The model a checkpoint describes (arch, head, classes), to build before loading it.
+ResNetConfig model_config(const CheckpointMeta& meta);
 
 // Checks that `meta` fits `model` (arch, head, classes) and throws rd::UsageError
 // naming `path` and the first mismatch otherwise.
