@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
-#include "resnet_ddp/backend/nccl.h"
+#include "resnet_ddp/backend/nccl_comm.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/flags.h"

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "resnet_ddp/backend/nccl.h"
+#include "resnet_ddp/backend/nccl_comm.h"
 #include "train/dataset_warnings.h"
 #include "train/trainer.h"
 

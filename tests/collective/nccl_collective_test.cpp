@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
-#include "resnet_ddp/backend/nccl.h"
+#include "resnet_ddp/backend/nccl_comm.h"
 #include "resnet_ddp/dist/comm.h"
 
 namespace {

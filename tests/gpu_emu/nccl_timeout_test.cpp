@@ -9,7 +9,7 @@
 #include <string>
 
 #include "resnet_ddp/backend/backend.h"
-#include "resnet_ddp/backend/nccl.h"
+#include "resnet_ddp/backend/nccl_comm.h"
 #include "resnet_ddp/dist/comm.h"
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 // `Comm` is the one interface DDP, SyncBatchNorm and the trainer use. Two
 // implementations:
 //   - MpiComm (make_mpi_comm): host memory; the CPU backend's data path.
-//   - NcclComm (make_nccl_comm in resnet_ddp/backend/nccl.h, CUDA builds only):
+//   - NcclComm (make_nccl_comm in resnet_ddp/backend/nccl_comm.h, CUDA builds only):
 //     device memory, ordered against the CUDA backend it is made for. Bootstrap: rank 0 calls ncclGetUniqueId, the id is sent to every rank with
 //     MPI_Bcast over the MPI communicator, every rank calls ncclCommInitRank (with
 //     the non-blocking config so a failed peer can be noticed: poll
@@ -162,6 +162,6 @@ class Comm {
 std::unique_ptr<Comm> make_mpi_comm(MPI_Comm base = MPI_COMM_WORLD);
 
 // The NCCL communicator (device memory) is the CUDA backend's: make_nccl_comm in
-// resnet_ddp/backend/nccl.h.
+// resnet_ddp/backend/nccl_comm.h.
 
 }  // namespace rd::dist

@@ -1,5 +1,5 @@
 // NcclComm: rd::dist::Comm over device memory with NCCL (make_nccl_comm,
-// resnet_ddp/backend/nccl.h). Bootstrap: rank 0's ncclGetUniqueId goes to every rank
+// resnet_ddp/backend/nccl_comm.h). Bootstrap: rank 0's ncclGetUniqueId goes to every rank
 // with MPI_Bcast, then a non-blocking ncclCommInitRankConfig polled against the
 // backend's collective deadline and the watchdog's lost_peer(). Collectives run on a
 // dedicated comm stream that first waits (event) for the compute stream of the CUDA
@@ -7,7 +7,7 @@
 // compute, comm and the optimizer stay ordered without device-wide synchronisation.
 // Any wait that passes the deadline or sees an NCCL error aborts the communicator
 // (ncclCommAbort) and throws rd::Error naming the operation.
-#include "resnet_ddp/backend/nccl.h"
+#include "resnet_ddp/backend/nccl_comm.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
