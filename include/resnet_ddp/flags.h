@@ -72,6 +72,15 @@ class FlagSet {
   // blank lines and `#` comments are skipped. The file's flags are applied before the
   // command line's, wherever `name` appears in it. Errors name the file and the line.
   void config(const std::string& name, const std::string& help);
+  // `name` PRESET applies a named list of flags (config-file syntax, one per line) before
+  // the config file and the command line, so that every flag given wins over the preset
+  // (--recipe: a published training recipe). An unknown name lists the known ones.
+  struct Preset {
+    std::string name, summary;
+    std::vector<std::string> lines;
+  };
+  // The chosen preset's name goes to `chosen` ("" when none).
+  void presets(const std::string& name, std::string* chosen, const std::string& help, std::vector<Preset> table);
 
   // Parses args; positional arguments are returned (an error when !allow_positional).
   // `given` collects the flags set (their main names, aliases resolved; a config file's
@@ -121,6 +130,11 @@ class FlagSet {
   std::vector<Flag> flags_;
   std::vector<std::pair<std::string, std::string>> aliases_;  // (alias, flag name)
   std::string config_;                                       // the config flag's name, "" when none
+  std::string preset_flag_;                                  // the presets flag's name, "" when none
+  std::vector<Preset> presets_;
+  std::string* preset_chosen_ = nullptr;
+  // Applies one preset's lines (see presets()).
+  void apply_preset(const std::string& preset, std::vector<std::string>* given, std::vector<std::string>* applied);
 };
 
 }  // namespace rd

@@ -156,6 +156,17 @@ void FlagSet::config(const std::string& name, const std::string& help) {
   config_ = name;
 }
 
+void FlagSet::presets(const std::string& name, std::string* chosen, const std::string& help,
+                      std::vector<Preset> table) {
+  std::string names;
+  for (const auto& p : table) names += (names.empty() ? "" : "|") + p.name;
+  // Read by parse() itself, like the config flag.
+  add({name, names, help, "", false, [](const std::string&, const std::string&) {}, nullptr});
+  preset_flag_ = name;
+  preset_chosen_ = chosen;
+  presets_ = std::move(table);
+}
+
 std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bool allow_positional,
                                         bool* help_requested, std::vector<std::string>* given,
                                         std::vector<std::string>* applied) {
@@ -168,7 +179,7 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
   };
   std::vector<Pending> pending;
   std::vector<std::string> positional, rest;
-  std::string config_path;
+  std::string config_path, preset;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -208,12 +219,19 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
       config_path = value;
       continue;
     }
+    if (f->name == preset_flag_ && !preset_flag_.empty()) {
+      if (!preset.empty() && preset != value)
+        throw UsageError(name + ": given twice ('" + preset + "' and '" + value + "'); use one");
+      preset = value;
+      continue;
+    }
     for (size_t j = first; j <= i; ++j) rest.push_back(args[j]);
     pending.push_back({f, name, value});
   }
   if (!allow_positional && !positional.empty())
     throw UsageError("unexpected argument '" + positional.front() + "' for '" +
                      (command_.empty() ? program_ : command_) + "' (flags start with --; " + see_help() + ")");
+  if (!preset.empty()) apply_preset(preset, given, applied);
   if (!config_path.empty()) apply_file(config_path, given, applied);
   for (const auto& p : pending) {
     p.flag->set(p.typed, p.value);
@@ -359,12 +377,36 @@ void FlagSet::apply_file(const std::string& path, std::vector<std::string>* give
   }
 }
 
+void FlagSet::apply_preset(const std::string& preset, std::vector<std::string>* given,
+                           std::vector<std::string>* applied) {
+  const Preset* chosen = nullptr;
+  std::string names;
+  for (const auto& p : presets_) {
+    if (p.name == preset) chosen = &p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  if (!chosen) throw UsageError(preset_flag_ + ": unknown '" + preset + "' (known: " + names + ")");
+  if (preset_chosen_) *preset_chosen_ = preset;
+  for (std::string line : chosen->lines) {
+    ConfigEntry e;
+    try {
+      if (parse_config_line(line, e)) apply_entry(e.name, e.value, e.has_value, given, applied);
+    } catch (const UsageError& err) {
+      // A preset is the program's own table: a bad line is a bug, said as such.
+      throw UsageError(preset_flag_ + " " + preset + ": line '" + line + "': " + err.what() + " (a bug in the table)");
+    }
+  }
+}
+
 void FlagSet::apply_entry(const std::string& name, const std::string& value, bool has_value,
                           std::vector<std::string>* given, std::vector<std::string>* applied) {
   if (name == "--help" || name == "-h") throw UsageError(name + ": not valid in a config file");
   Flag* f = find(name);
   if (!f) throw UsageError(unknown_message(name));
   if (f->name == config_) throw UsageError(name + ": a config file cannot read another one");
+  // One order for everyone: preset, then file, then command line.
+  if (!preset_flag_.empty() && f->name == preset_flag_)
+    throw UsageError(name + ": give it on the command line, not in a config file or a preset");
   if (f->is_bool) {
     if (has_value && value != "true" && value != "yes" && value != "on" && value != "1")
       throw UsageError(name + ": a switch, turned on by naming it (or '= true'); to keep it off, leave the "

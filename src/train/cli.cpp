@@ -20,6 +20,7 @@
 #include "resnet_ddp/io/safetensors.h"
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/train/recipes.h"
 
 namespace fs = std::filesystem;
 
@@ -53,6 +54,7 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split under --data (ImageNet-style: val)");
   fs.config("--config", "more flags from FILE, one per line ('--batch-size 32' or 'batch-size = 32', # comments); "
                         "the command line wins");
+  fs.presets("--recipe", &o.recipe, recipe_help(), training_recipes());
   fs.enumeration("--arch", &o.arch, arch_names(),
             "network depth (resnet_tiny: a miniature model for tests)");
   fs.enumeration("--head", &o.head, head_names(),

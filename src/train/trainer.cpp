@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/train/recipes.h"
 #include "resnet_ddp/dist/launcher.h"
 #include "train/trainer.h"
 
@@ -29,6 +30,8 @@ int Trainer::run() {
   lock_output();
   resolve_resume();
   setup_data();
+  if (!o_.recipe.empty())
+    say("Recipe " + o_.recipe + ": " + recipe_flags_line(o_.recipe) + " (flags given on the command line win)");
   if (train_set_)
     say("Train set size: " + std::to_string(train_set_->size()) +
         ", Validation set size: " + std::to_string(val_set_->size()));

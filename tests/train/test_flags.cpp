@@ -13,6 +13,7 @@
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/train/recipes.h"
 #include "parse_cli.h"
 
 namespace fs = std::filesystem;
@@ -394,4 +395,73 @@ TEST_CASE("the subcommand table lists, helps and names every command", "[train][
         "unknown command 'bogus' (commands: train, predict, info, export, synth, pack; see resnet_ddp --help)");
   CHECK(usage_error({"help", "version"}) == "unknown command 'version'; see resnet_ddp --help");
   CHECK(parse_args({"--version"}).command == Command::Version);
+}
+
+TEST_CASE("--recipe: its flags apply first, every flag given wins wherever it stands", "[train][flags][recipe]") {
+  const TrainOptions t = parse_train({"--data", "d", "--recipe", "tutorial"});
+  CHECK(t.recipe == "tutorial");
+  CHECK(t.lr == 1e-4);
+  CHECK(t.batch_size == 16);
+  CHECK(t.epochs == 5);
+  CHECK(t.label_smoothing == 0.1);
+  for (const bool recipe_first : {true, false}) {
+    INFO("--recipe " << (recipe_first ? "before" : "after") << " the other flags");
+    std::vector<std::string> args = {"--data", "d", "--epochs", "2", "--lr", "0.5"};
+    args.insert(recipe_first ? args.begin() : args.end(), {"--recipe", "tutorial"});
+    const TrainOptions u = parse_train(args);
+    CHECK(u.epochs == 2);
+    CHECK(u.lr == 0.5);
+    CHECK(u.batch_size == 16);
+  }
+  // A config file sits between the recipe and the command line.
+  FlagFile f("epochs = 7\nlr = 0.125\n");
+  const TrainOptions c = parse_train({"--recipe", "tutorial", "--config", f.str(), "--data", "d", "--lr", "0.25"});
+  CHECK(c.epochs == 7);
+  CHECK(c.lr == 0.25);
+}
+
+TEST_CASE("--recipe: the recorded command line has its flags written out", "[train][flags][recipe]") {
+  const std::string line = parse_train({"--data", "d", "--recipe", "tutorial", "--epochs", "3"}).command_line;
+  CHECK_THAT(line, !Catch::Contains("--recipe"));
+  const std::vector<std::string> words = split_command_line(line);
+  const TrainOptions back = parse_train(std::vector<std::string>(words.begin() + 1, words.end()));
+  CHECK(back.epochs == 3);
+  CHECK(back.lr == 1e-4);
+  CHECK(back.recipe.empty());
+}
+
+TEST_CASE("--recipe errors: an unknown name lists the known ones; one recipe; not from a file",
+          "[train][flags][recipe]") {
+  CHECK_THAT(usage_error({"--data", "d", "--recipe", "resnet-a1"}),
+             Catch::StartsWith("--recipe: unknown 'resnet-a1' (known: tutorial, torchvision-resnet-v1, "
+                               "torchvision-resnet-v2)"));
+  CHECK_THAT(usage_error({"--data", "d", "--recipe", "tutorial", "--recipe", "torchvision-resnet-v1"}),
+             Catch::StartsWith("--recipe: given twice"));
+  FlagFile f("recipe = tutorial\n");
+  CHECK_THAT(usage_error({"--data", "d", "--config", f.str()}),
+             Catch::Contains("--recipe: give it on the command line"));
+}
+
+// Each table line must name a real flag with a valid value: parsing is the check.
+TEST_CASE("every --recipe parses, and prints as the flags it sets", "[train][flags][recipe]") {
+  for (const auto& r : training_recipes()) {
+    INFO(r.name);
+    const TrainOptions t = parse_train({"--data", "d", "--recipe", r.name});
+    CHECK(t.recipe == r.name);
+    const std::string line = recipe_flags_line(r.name);
+    CHECK_THAT(line, Catch::StartsWith("--"));
+    const std::vector<std::string> words = split_command_line("resnet_ddp --data d " + line);
+    const TrainOptions back = parse_train(std::vector<std::string>(words.begin() + 1, words.end()));
+    CHECK(back.lr == t.lr);
+    CHECK(back.epochs == t.epochs);
+    CHECK(back.batch_size == t.batch_size);
+    CHECK(back.sync_bn == t.sync_bn);
+  }
+  const TrainOptions v1 = parse_train({"--data", "d", "--recipe", "torchvision-resnet-v1"});
+  CHECK(v1.optimizer == OptimizerKind::Sgd);
+  CHECK(v1.lr == 0.1);
+  CHECK(v1.momentum == 0.9);
+  CHECK(v1.weight_decay == 1e-4);
+  CHECK(v1.epochs == 90);
+  CHECK_FALSE(v1.sync_bn);
 }

@@ -82,6 +82,7 @@ struct TrainOptions {
 
   // The full command line (shell-quoted), recorded in checkpoints.
   std::string command_line;
+  std::string recipe;                // --recipe NAME ("" = none): its flags are in the fields above
   // Defaults that depend on other flags.
   std::string metrics_path() const;
   // The checkpoint this run starts from: --resume FILE, or under --resume auto
