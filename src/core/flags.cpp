@@ -220,9 +220,7 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
       continue;
     }
     if (f->name == preset_flag_ && !preset_flag_.empty()) {
-      if (!preset.empty() && preset != value)
-        throw UsageError(name + ": given twice ('" + preset + "' and '" + value + "'); use one");
-      preset = value;
+      preset = value;  // the last one wins, as for any flag (a job script's default, then the user's)
       continue;
     }
     for (size_t j = first; j <= i; ++j) rest.push_back(args[j]);
