@@ -90,7 +90,9 @@ std::unique_ptr<ResNet> build(Backend& be, const std::string& arch, HeadKind hea
 TEST_CASE("model: parameter counts and state_dict layout equal torchvision", "[model]") {
   auto be = make_cpu_backend();
   const struct { const char* arch; int64_t count; } expected[] = {
-      {"resnet18", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};
+      {"resnet18", 11689512},         {"resnet34", 21797672},        {"resnet50", 25557032},
+      {"resnet101", 44549160},        {"resnet152", 60192808},       {"wide_resnet50_2", 68883240},
+      {"resnext50_32x4d", 25028904}};
   for (const auto& x : expected) {
     INFO(x.arch << " with a plain 1000-class fc");
     CHECK(torchvision_param_count(x.arch) == x.count);
@@ -114,7 +116,9 @@ TEST_CASE("model: parameter counts and state_dict layout equal torchvision", "[m
 
 TEST_CASE("model: seed head (fc.0 -> ReLU -> fc.2) for 3 classes", "[model]") {
   auto be = make_cpu_backend();
-  for (const char* arch : {"resnet18", "resnet34", "resnet50"}) {
+  // The deeper and wider Bottleneck models differ from resnet50 only in the backbone,
+  // which the fc1000 case above covers; resnext50 here for its grouped head-side layers.
+  for (const char* arch : {"resnet18", "resnet34", "resnet50", "resnext50_32x4d"}) {
     INFO(arch << " with the seed head, 3 classes");
     auto m = build(*be, arch, HeadKind::Mlp, 3);
     const auto fixture = read_fixture(std::string(arch) + "_mlp3.txt");
