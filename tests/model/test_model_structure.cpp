@@ -193,3 +193,19 @@ TEST_CASE("model: initialisation follows torchvision", "[model]") {
   CHECK(download(*m, p, conv) == download(*same, same->params(), conv));
   CHECK(download(*m, p, conv) != download(*other, other->params(), conv));
 }
+
+TEST_CASE("model: a grouped conv initialises with PyTorch's fan_out (out * k * k, whatever the groups)", "[model]") {
+  auto be = make_cpu_backend();
+  auto m = build(*be, "resnext50_32x4d", HeadKind::Fc, 10, 1);
+  Arena& p = m->params();
+  // torch.nn.init's fan_out of a (128, 4, 3, 3) weight with 32 groups is 128 * 9.
+  const long idx = p.find("layer1.0.conv2.weight");
+  REQUIRE(idx >= 0);
+  const ParamSlice& s = p.slice(static_cast<size_t>(idx));
+  CHECK(s.shape == (Shape{128, 4, 3, 3}));
+  std::vector<float> v(s.count);
+  be->copy_to_host(v.data(), p.ptr(static_cast<size_t>(idx)), v.size() * sizeof(float));
+  double sumsq = 0;
+  for (float x : v) sumsq += static_cast<double>(x) * x;
+  CHECK(std::sqrt(sumsq / static_cast<double>(v.size())) == Approx(std::sqrt(2.0 / (128.0 * 9.0))).epsilon(0.05));
+}
