@@ -21,7 +21,8 @@ rows=$(($(wc -l <"$csv") - 1))
 first=$(awk -F, 'NR == 2 { print $1 }' "$csv")
 # The top-5 column (val_acc5) by name: files from before it have none.
 acc5=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "val_acc5") print i }' "$csv")
-acc5_curve=${acc5:+, '' using 1:$acc5 with linespoints title 'val top-5 accuracy'}
+acc5_curve=""
+[ -z "$acc5" ] || acc5_curve=", '' using 1:$acc5 with linespoints title 'val top-5 accuracy'"
 last=$(tail -n 1 "$csv" | cut -d, -f1)
 # At most ~15 labelled epochs: one per epoch runs the numbers into each other.
 xstep=$(((last - first) / 15 + 1))
