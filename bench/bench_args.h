@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -31,8 +32,11 @@ inline ModelConfig parse_config(const std::string& text) {
   if (b == std::string::npos) throw UsageError(bad + "expected ARCH:SIZE:BATCH, e.g. resnet34:244:16");
   ModelConfig c;
   c.arch = text.substr(0, a);
-  if (c.arch != "resnet18" && c.arch != "resnet34" && c.arch != "resnet50")
-    throw UsageError(bad + "arch must be resnet18, resnet34 or resnet50");
+  const char* models[] = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2",
+                          "resnext50_32x4d"};  // torchvision's names (pytorch_train_step.py builds the same)
+  if (std::find(std::begin(models), std::end(models), c.arch) == std::end(models))
+    throw UsageError(bad + "arch must be resnet18, resnet34, resnet50, resnet101, resnet152, wide_resnet50_2 or "
+                           "resnext50_32x4d");
   auto number = [&](const std::string& s, int min) {
     char* end = nullptr;
     const long v = std::strtol(s.c_str(), &end, 10);

@@ -27,7 +27,7 @@ def parse_config(text):
         raise argparse.ArgumentTypeError(f"--config '{text}': expected ARCH:SIZE:BATCH, e.g. resnet34:244:16")
     arch, size, batch = parts
     if arch not in ARCHS:
-        raise argparse.ArgumentTypeError(f"--config '{text}': arch must be resnet18, resnet34 or resnet50")
+        raise argparse.ArgumentTypeError(f"--config '{text}': arch must be one of {', '.join(ARCHS)}")
     try:
         size, batch = int(size), int(batch)
     except ValueError:

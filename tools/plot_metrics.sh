@@ -19,6 +19,10 @@ rows=$(($(wc -l <"$csv") - 1))
 [ "$rows" -ge 1 ] || { echo "plot_metrics: '$csv' has no epochs yet" >&2; exit 2; }
 
 first=$(awk -F, 'NR == 2 { print $1 }' "$csv")
+# The top-5 column (val_acc5) by name: files from before it have none.
+acc5=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "val_acc5") print i }' "$csv")
+acc5_curve=""
+[ -z "$acc5" ] || acc5_curve=", '' using 1:$acc5 with linespoints title 'val top-5 accuracy'"
 last=$(tail -n 1 "$csv" | cut -d, -f1)
 # At most ~15 labelled epochs: one per epoch runs the numbers into each other.
 xstep=$(((last - first) / 15 + 1))
@@ -44,7 +48,7 @@ set title 'loss'
 plot '$csv' using 1:3 with linespoints title 'train loss', '' using 1:5 with linespoints title 'val loss'
 set title 'accuracy'
 set yrange [0:1]
-plot '$csv' using 1:4 with linespoints title 'train accuracy', '' using 1:6 with linespoints title 'val accuracy', '' using 1:7 with lines dashtype 2 title 'best val accuracy'
+plot '$csv' using 1:4 with linespoints title 'train accuracy', '' using 1:6 with linespoints title 'val accuracy', '' using 1:7 with lines dashtype 2 title 'best val accuracy'$acc5_curve
 unset multiplot
 GP
 echo "plot_metrics: wrote $out"

@@ -6,7 +6,7 @@ Scripts outside tools/ find it from their own location, so they run from any cwd
 """
 import sys
 
-ARCHS = ("resnet18", "resnet34", "resnet50")
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "resnext50_32x4d")
 SKIP = 77  # ctest's "skipped" exit status
 DEBIAN_PACKAGE = {"torch": "python3-torch", "torchvision": "python3-torchvision",
                   "h5py": "python3-h5py", "numpy": "python3-numpy"}

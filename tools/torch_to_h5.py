@@ -42,8 +42,15 @@ def infer_arch(state_dict):
     bottleneck = "layer1.0.conv3.weight" in state_dict
     counts = tuple(blocks(i) for i in (1, 2, 3, 4))
     known = {(False, (2, 2, 2, 2)): "resnet18", (False, (3, 4, 6, 3)): "resnet34",
-             (True, (3, 4, 6, 3)): "resnet50"}
-    return known.get((bottleneck, counts))
+             (True, (3, 4, 6, 3)): "resnet50", (True, (3, 4, 23, 3)): "resnet101",
+             (True, (3, 8, 36, 3)): "resnet152"}
+    arch = known.get((bottleneck, counts))
+    if arch == "resnet50":
+        # Same blocks; the first 3x3 conv's (out, in / groups) tells them apart: 64 x 64
+        # (resnet50), 128 x 128 (wide_resnet50_2, twice the width), 128 x 4 (32 groups).
+        shape = tuple(state_dict["layer1.0.conv2.weight"].shape[:2])
+        arch = {(64, 64): "resnet50", (128, 128): "wide_resnet50_2", (128, 4): "resnext50_32x4d"}.get(shape)
+    return arch
 
 
 def torch_load(torch, path, trust_pickle):

@@ -74,14 +74,19 @@ void expect_conv(const Backend& be, const Tensor& x, const Tensor& w, const Tens
                  const char* op, const char* x_role, const char* y_role) {
   expect_activation(be, x, op, x_role);
   expect_activation(be, y, op, y_role);
-  RD_CHECK(g.kernel > 0 && g.stride > 0 && g.pad >= 0,
-           op << ": bad geometry kernel " << g.kernel << " stride " << g.stride << " pad " << g.pad);
+  RD_CHECK(g.kernel > 0 && g.stride > 0 && g.pad >= 0 && g.groups > 0,
+           op << ": bad geometry kernel " << g.kernel << " stride " << g.stride << " pad " << g.pad << " groups "
+              << g.groups);
   RD_CHECK(w.shape.rank == 4 && w.layout == Layout::RowMajor && w.dtype == DType::F32 && w.device == be.device() &&
                (w.data || w.numel() == 0),
-           op << ": weight must be a f32 RowMajor (O, I, kh, kw) tensor, got " << w.describe());
-  RD_CHECK(w.shape[1] == x.shape[1] && w.shape[2] == g.kernel && w.shape[3] == g.kernel && w.shape[0] == y.shape[1],
+           op << ": weight must be a f32 RowMajor (O, I / groups, kh, kw) tensor, got " << w.describe());
+  RD_CHECK(x.shape[1] % g.groups == 0 && y.shape[1] % g.groups == 0,
+           op << ": " << g.groups << " groups do not divide " << x_role << " channels " << x.shape[1] << " and "
+              << y_role << " channels " << y.shape[1]);
+  RD_CHECK(w.shape[1] * g.groups == x.shape[1] && w.shape[2] == g.kernel && w.shape[3] == g.kernel &&
+               w.shape[0] == y.shape[1],
            op << ": weight " << w.shape.str() << " does not match " << x_role << " " << x.shape.str() << ", "
-              << y_role << " " << y.shape.str() << " and kernel " << g.kernel);
+              << y_role << " " << y.shape.str() << ", kernel " << g.kernel << " and " << g.groups << " groups");
   const int64_t oh = conv_out_size(x.shape[2], g.kernel, g.stride, g.pad);
   const int64_t ow = conv_out_size(x.shape[3], g.kernel, g.stride, g.pad);
   RD_CHECK(y.shape[0] == x.shape[0] && y.shape[2] == oh && y.shape[3] == ow && oh > 0 && ow > 0,

@@ -27,16 +27,21 @@ void place_grad(Backend& be, Tensor& dx, const Shape& shape, Layout layout, Tens
 }
 
 Conv2d::Conv2d(Arena& params, const std::string& name, int in, int out, int kernel, int stride,
-               int pad)
+               int pad, int groups)
     : in_ch(in), out_ch(out) {
+  RD_CHECK(groups > 0 && in % groups == 0 && out % groups == 0,
+           "Conv2d " << name << ": " << groups << " groups do not divide " << in << " -> " << out << " channels");
   geom.kernel = kernel;
   geom.stride = stride;
   geom.pad = pad;
-  refs.params.push_back(params.add(name + ".weight", Shape{out, in, kernel, kernel}));
+  geom.groups = groups;
+  // PyTorch's (O, I / groups, k, k).
+  refs.params.push_back(params.add(name + ".weight", Shape{out, in / groups, kernel, kernel}));
 }
 
 void Conv2d::init(Backend& be, Arena& params, uint64_t seed) {
-  // torchvision: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+  // torchvision: kaiming_normal_(mode="fan_out", nonlinearity="relu"); PyTorch's fan_out
+  // is O * k * k whatever the groups.
   const size_t idx = refs.params[0];
   const ParamSlice& s = params.slice(idx);
   const double fan_out = static_cast<double>(out_ch) * geom.kernel * geom.kernel;

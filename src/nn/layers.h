@@ -46,7 +46,7 @@ struct LayerContext {
 class Conv2d {
  public:
   Conv2d(Arena& params, const std::string& name, int in_ch, int out_ch, int kernel, int stride,
-         int pad);
+         int pad, int groups = 1);
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
   // Returns dx (unless `need_dx` is false, then an undefined tensor).
   const Tensor& backward(LayerContext& ctx, const Tensor& dy, bool need_dx = true,

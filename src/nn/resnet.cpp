@@ -1,4 +1,5 @@
-// ResNet-18/34/50 (torchvision layout) on the flat arenas.
+// torchvision's ResNets (18/34/50/101/152, wide_resnet50_2, resnext50_32x4d) on the
+// flat arenas.
 //
 // Backward visits each block's downsample branch before its main path, so
 // gradients become final in reverse state_dict order — exactly the order DDP
@@ -14,21 +15,32 @@ namespace rd {
 
 namespace {
 
+// torchvision's ResNet(block, layers, groups, width_per_group): `widths` are the
+// stages' `planes`; a Bottleneck's inner width is planes * width_per_group / 64 * groups
+// (its 3x3 conv has `groups` groups) and its output planes * 4.
 struct ArchSpec {
   bool bottleneck;
   std::vector<int> blocks;
   int stem_width;
   std::vector<int> widths;
+  int groups = 1;
+  int width_per_group = 64;
 };
 
 ArchSpec arch_spec(const std::string& arch) {
-  if (arch == "resnet18") return {false, {2, 2, 2, 2}, 64, {64, 128, 256, 512}};
-  if (arch == "resnet34") return {false, {3, 4, 6, 3}, 64, {64, 128, 256, 512}};
-  if (arch == "resnet50") return {true, {3, 4, 6, 3}, 64, {64, 128, 256, 512}};
+  const std::vector<int> planes{64, 128, 256, 512};
+  if (arch == "resnet18") return {false, {2, 2, 2, 2}, 64, planes};
+  if (arch == "resnet34") return {false, {3, 4, 6, 3}, 64, planes};
+  if (arch == "resnet50") return {true, {3, 4, 6, 3}, 64, planes};
+  if (arch == "resnet101") return {true, {3, 4, 23, 3}, 64, planes};
+  if (arch == "resnet152") return {true, {3, 8, 36, 3}, 64, planes};
+  if (arch == "wide_resnet50_2") return {true, {3, 4, 6, 3}, 64, planes, 1, 128};
+  if (arch == "resnext50_32x4d") return {true, {3, 4, 6, 3}, 64, planes, 32, 4};
   // A miniature BasicBlock ResNet with the same topology, for fast tests.
   if (arch == "resnet_tiny") return {false, {1, 1, 1, 1}, 8, {8, 16, 32, 64}};
   throw UsageError("unknown architecture '" + arch +
-                   "' (expected resnet18, resnet34, resnet50 or resnet_tiny)");
+                   "' (expected resnet18, resnet34, resnet50, resnet101, resnet152, wide_resnet50_2, "
+                   "resnext50_32x4d or resnet_tiny)");
 }
 
 }  // namespace
@@ -47,6 +59,10 @@ int64_t torchvision_param_count(const std::string& arch) {
   if (arch == "resnet18") return 11689512;
   if (arch == "resnet34") return 21797672;
   if (arch == "resnet50") return 25557032;
+  if (arch == "resnet101") return 44549160;
+  if (arch == "resnet152") return 60192808;
+  if (arch == "wide_resnet50_2") return 68883240;
+  if (arch == "resnext50_32x4d") return 25028904;
   return -1;
 }
 
@@ -60,16 +76,19 @@ struct GradBuffers {
 // A residual block: main path + optional downsample (1x1 conv + BN) + add + ReLU.
 class Block {
  public:
-  Block(Arena& p, Arena& b, const std::string& name, bool bottleneck, int in_ch, int width,
+  Block(Arena& p, Arena& b, const std::string& name, const ArchSpec& spec, int in_ch, int width,
         int stride) {
+    const bool bottleneck = spec.bottleneck;
     const int out_ch = bottleneck ? width * 4 : width;
     if (bottleneck) {
-      // torchvision's Bottleneck (v1.5): the stride sits on the 3x3 conv.
-      convs_.emplace_back(p, name + ".conv1", in_ch, width, 1, 1, 0);
-      bns_.emplace_back(p, b, name + ".bn1", width, true);
-      convs_.emplace_back(p, name + ".conv2", width, width, 3, stride, 1);
-      bns_.emplace_back(p, b, name + ".bn2", width, true);
-      convs_.emplace_back(p, name + ".conv3", width, out_ch, 1, 1, 0);
+      // torchvision's Bottleneck (v1.5): the stride sits on the 3x3 conv, which is
+      // also the grouped one (ResNeXt).
+      const int inner = width * spec.width_per_group / 64 * spec.groups;
+      convs_.emplace_back(p, name + ".conv1", in_ch, inner, 1, 1, 0);
+      bns_.emplace_back(p, b, name + ".bn1", inner, true);
+      convs_.emplace_back(p, name + ".conv2", inner, inner, 3, stride, 1, spec.groups);
+      bns_.emplace_back(p, b, name + ".bn2", inner, true);
+      convs_.emplace_back(p, name + ".conv3", inner, out_ch, 1, 1, 0);
       bns_.emplace_back(p, b, name + ".bn3", out_ch, false);
     } else {
       convs_.emplace_back(p, name + ".conv1", in_ch, width, 3, stride, 1);
@@ -192,8 +211,7 @@ ResNet::ResNet(Backend& backend, const ResNetConfig& cfg) : impl_(std::make_uniq
     for (int i = 0; i < spec.blocks[stage]; ++i) {
       const int stride = (stage > 0 && i == 0) ? 2 : 1;
       const std::string name = "layer" + std::to_string(stage + 1) + "." + std::to_string(i);
-      m.blocks.push_back(std::make_unique<nn::Block>(p, b, name, spec.bottleneck, in_ch,
-                                                     spec.widths[stage], stride));
+      m.blocks.push_back(std::make_unique<nn::Block>(p, b, name, spec, in_ch, spec.widths[stage], stride));
       in_ch = m.blocks.back()->out_channels;
     }
   }

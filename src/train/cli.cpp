@@ -56,7 +56,7 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
                         "the command line wins");
   fs.presets("--recipe", &o.recipe, recipe_help(), training_recipes());
   fs.enumeration("--arch", &o.arch, arch_names(),
-            "network depth (resnet_tiny: a miniature model for tests)");
+            "model, by torchvision's name (resnet_tiny: a miniature model for tests)");
   fs.enumeration("--head", &o.head, head_names(),
             "classifier: mlp = Linear-ReLU-Linear (reference recipe), fc = torchvision's Linear");
   fs.integer("--image-size", &o.image_size, 32, "square input size after Resize", 4096);

@@ -200,6 +200,9 @@ struct Results {
   size_t labelled = 0, correct = 0;
   std::vector<std::vector<int64_t>> confusion;
   double accuracy = 0;
+  std::vector<std::vector<int>> top5;  // each input's kTopK best classes (validation's rule)
+  size_t correct_top5 = 0;
+  double accuracy_top5 = 0;
 };
 
 // Softmax of each row of logits (float64), and the arg-max of the logits.
@@ -214,6 +217,7 @@ void take_logits(const data::Batch& batch, const float* logits, Results& res) {
     for (size_t k = 0; k < K; ++k) res.probs[idx][k] = std::exp(static_cast<double>(z[k] - zmax)) / sum;
     // argmax of the logits, first maximum wins (as torch.argmax and training do)
     res.predicted[idx] = static_cast<int>(std::max_element(z, z + K) - z);
+    res.top5[idx] = top_k_classes(z, static_cast<int>(K), kTopK);
   }
 }
 
@@ -240,6 +244,7 @@ Results classify(const PredictOptions& o, std::optional<io::CheckpointReader>& c
   res.classes = m.class_names.size();
   res.probs.assign(n, std::vector<double>(res.classes));
   res.predicted.assign(n, 0);
+  res.top5.assign(n, {});
   std::vector<float> logits_host;
   evaluate(model, loader, normalization(m.normalize), [&](const data::Batch& batch, const Tensor& logits) {
     if (!o.skip_unreadable && loader.failed_samples() > 0) refuse_unreadable(loader);
@@ -267,9 +272,13 @@ void tally(const std::vector<int32_t>& truth, Results& res) {
     if (truth[i] < 0 || res.excluded[i]) continue;
     ++res.labelled;
     res.correct += res.predicted[i] == truth[i];
+    const auto& top = res.top5[i];
+    res.correct_top5 += std::find(top.begin(), top.end(), truth[i]) != top.end();
     ++res.confusion[static_cast<size_t>(truth[i])][static_cast<size_t>(res.predicted[i])];
   }
   res.accuracy = res.labelled ? static_cast<double>(res.correct) / static_cast<double>(res.labelled) : 0.0;
+  res.accuracy_top5 =
+      res.labelled ? static_cast<double>(res.correct_top5) / static_cast<double>(res.labelled) : 0.0;
 }
 
 void write_json(std::ostream& out, const PredictOptions& o, const std::vector<std::string>& classes,
@@ -291,7 +300,8 @@ void write_json(std::ostream& out, const PredictOptions& o, const std::vector<st
   out << "  ],\n  \"skipped_unreadable\": " << in.unreadable << ",\n  \"ignored_non_image\": " << in.ignored;
   if (res.labelled) {
     out << ",\n  \"labelled\": " << res.labelled << ",\n  \"correct\": " << res.correct << ",\n  \"accuracy\": "
-        << py_float(res.accuracy) << ",\n  \"confusion_matrix\": [";
+        << py_float(res.accuracy) << ",\n  \"correct_top5\": " << res.correct_top5
+        << ",\n  \"accuracy_top5\": " << py_float(res.accuracy_top5) << ",\n  \"confusion_matrix\": [";
     for (size_t t = 0; t < K; ++t) {
       out << (t ? ", " : "") << "[";
       for (size_t p = 0; p < K; ++p) out << (p ? ", " : "") << res.confusion[t][p];
@@ -307,6 +317,7 @@ std::string pad(const std::string& s, size_t w) { return s + std::string(w > s.s
 void write_confusion(std::ostream& out, const std::vector<std::string>& classes, size_t class_w, const Results& res) {
   const size_t K = classes.size();
   out << "\nAccuracy: " << py_float(res.accuracy) << " (" << res.correct << "/" << res.labelled << ")\n";
+  out << "Top-5 accuracy: " << py_float(res.accuracy_top5) << " (" << res.correct_top5 << "/" << res.labelled << ")\n";
   out << "Confusion matrix (rows: true class, columns: predicted class)\n";
   size_t cell = 6;
   for (const auto& c : classes) cell = std::max(cell, c.size() + 1);

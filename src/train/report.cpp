@@ -145,7 +145,8 @@ std::vector<EpochMetrics::Column> EpochMetrics::columns() const {
           {"comm_ms", comm_ms, false},
           {"optimizer_ms", optimizer_ms, false},
           {"world_size", static_cast<double>(world_size), true},
-          {"global_step", static_cast<double>(global_step), true}};
+          {"global_step", static_cast<double>(global_step), true},
+          {"val_acc5", val_acc5, false}};
 }
 
 const char* MetricsCsv::header() {
@@ -160,12 +161,19 @@ const char* MetricsCsv::header() {
   return line.c_str();
 }
 
+std::string torchvision_accuracy_line(const std::string& log_suffix, double acc1, double acc5) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, " Acc@1 %.3f Acc@5 %.3f", 100.0 * acc1, 100.0 * acc5);
+  return "Test: " + log_suffix + buf;
+}
+
 std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetrics& m, double step_ms) {
   std::vector<std::string> lines;
   lines.push_back(tag + " Time: " + std::to_string(static_cast<long long>(m.time_s)) + "s");
   lines.push_back(tag + " Average train loss: " + py_float(m.train_loss) +
                   ", Average train accuracy: " + py_float(m.train_acc));
   lines.push_back(tag + " Val loss: " + py_float(m.val_loss) + ", Val accuracy: " + py_float(m.val_acc));
+  lines.push_back(torchvision_accuracy_line("", m.val_acc, m.val_acc5));
   lines.push_back(tag + " Current best val acc: " + py_float(m.best_val_acc));
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s Throughput: %.1f img/s total, %.1f img/s per rank (%lld ranks)", tag.c_str(),
@@ -185,14 +193,18 @@ MetricsCsv::MetricsCsv(const std::string& path, bool append, int64_t first_epoch
     std::ifstream in(path);
     std::string line;
     bool first = true;
+    std::string missing;  // rows of an older file lack the columns added since: nan
     while (std::getline(in, line)) {
       if (first) {
         first = false;
-        if (line == header()) continue;
+        const std::string now = header();
+        if (line != now && now.rfind(line + ",", 0) == 0)
+          for (size_t i = line.size(); i < now.size(); ++i) missing += now[i] == ',' ? ",nan" : "";
+        if (line.rfind("epoch,", 0) == 0) continue;
       }
       if (line.empty()) continue;
       const int64_t e = std::atoll(line.c_str());
-      if (e >= 1 && e < first_epoch) keep.push_back(line);
+      if (e >= 1 && e < first_epoch) keep.push_back(line + missing);
     }
   }
   std::ofstream out(path, std::ios::trunc);

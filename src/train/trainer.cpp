@@ -56,14 +56,15 @@ int Trainer::run() {
 }
 
 void Trainer::evaluate_only() {
-  double loss = 0, acc = 0;
-  validate(loss, acc);
+  double loss = 0, acc = 0, acc5 = 0;
+  validate(loss, acc, &acc5);
   say("");
   const size_t unreadable = val_set_->unreadable_files();
   say("Evaluated " + (plan_.checkpoint.empty() ? o_.init : plan_.checkpoint) + " on " +
       std::to_string(val_set_->size()) + " validation images" +
       (unreadable ? " (" + std::to_string(unreadable) + " unreadable file(s) skipped, not scored)" : ""));
   say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
+  say(torchvision_accuracy_line("", acc, acc5));
 }
 
 // The epoch loop: train, reduce the epoch's sums, validate, step the scheduler, report,
@@ -85,7 +86,7 @@ void Trainer::train_epochs() {
     ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
     r.train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
-    validate(r.val_loss, r.val_acc);
+    validate(r.val_loss, r.val_acc, &r.val_acc5);
     r.seconds = seconds_since(t0);
     const bool improved = r.val_acc > state_.best_val_acc;
     if (improved) {
@@ -274,17 +275,18 @@ void Trainer::sync_buffers() {
   if (env_.world > 1 && !sync_bn_) grad_->broadcast(model_->buffers().data(), model_->buffers().bytes(), 0);
 }
 
-void Trainer::validate(double& val_loss, double& val_acc) {
+void Trainer::validate(double& val_loss, double& val_acc, double* val_acc5) {
   sync_buffers();
   val_loader_->restart(data::shard_exact(val_set_->size(), env_.world, env_.rank), 0);
   const ScoreSums s = score(*model_, *val_loader_, norm_, static_cast<float>(o_.label_smoothing));
   // Global and exact: every validation sample counted once across ranks.
   double loss = s.loss;
-  int64_t counts[2] = {s.correct, s.count};
+  int64_t counts[3] = {s.correct, s.count, s.correct_top5};
   ctrl_->allreduce(&loss, 1, dist::ReduceOp::Sum);
-  ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+  ctrl_->allreduce(counts, 3, dist::ReduceOp::Sum);
   val_loss = counts[1] ? loss / static_cast<double>(counts[1]) : 0.0;
   val_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
+  if (val_acc5) *val_acc5 = counts[1] ? static_cast<double>(counts[2]) / static_cast<double>(counts[1]) : 0.0;
   model_->train(true);
 }
 

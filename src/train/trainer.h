@@ -77,6 +77,7 @@ struct EpochResult {
   int64_t epoch = 0;  // 0-based
   double lr_used = 0;
   double train_loss = 0, train_acc = 0, val_loss = 0, val_acc = 0;
+  double val_acc5 = 0;  // top-5
   double images = 0;  // trained this epoch by all ranks (a resumed part excluded)
   double seconds = 0;  // the whole epoch, validation included
 };
@@ -133,7 +134,8 @@ class Trainer {
                        bool& nonfinite);
   void update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums, bool& preempt, StepTimes& times);
   void save_mid_epoch(int64_t epoch, int64_t step, const EpochStats& st);
-  void validate(double& val_loss, double& val_acc);
+  // val_acc5 (when given): top-5 accuracy, exact counts summed over ranks like top-1.
+  void validate(double& val_loss, double& val_acc, double* val_acc5 = nullptr);
   void sync_buffers();
   void check_replicas(int64_t epoch);
   // Per-step agreement: any rank preempted / any rank saw a non-finite loss. `sums`,

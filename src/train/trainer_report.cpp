@@ -62,6 +62,7 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
   m.train_acc = r.train_acc;
   m.val_loss = r.val_loss;
   m.val_acc = r.val_acc;
+  m.val_acc5 = r.val_acc5;
   m.best_val_acc = state_.best_val_acc;
   m.lr = r.lr_used;
   m.images_per_s = ips;

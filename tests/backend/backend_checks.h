@@ -123,20 +123,21 @@ inline GradCheckOptions float_fd(size_t samples, uint64_t seed, double step = 1e
 struct ConvCase {
   int64_t n, in_c, h, w, out_c;
   int kernel, stride, pad;
+  int groups = 1;
   std::string str() const {
     std::ostringstream os;
     os << "conv x[" << n << "," << in_c << "," << h << "," << w << "] -> " << out_c << " k" << kernel
-       << " s" << stride << " p" << pad;
+       << " s" << stride << " p" << pad << " g" << groups;
     return os.str();
   }
 };
 
 inline void check_conv2d(Backend& be, const ConvCase& c, Tol tol = {}, bool finite_differences = true) {
   INFO(c.str() << " on " << be.name() << " layout " << layout_name(be.activation_layout()));
-  const ConvGeometry g{c.kernel, c.stride, c.pad};
+  const ConvGeometry g{c.kernel, c.stride, c.pad, c.groups};
   const int64_t oh = conv_out_size(c.h, c.kernel, c.stride, c.pad);
   const int64_t ow = conv_out_size(c.w, c.kernel, c.stride, c.pad);
-  const Shape wshape{c.out_c, c.in_c, c.kernel, c.kernel};
+  const Shape wshape{c.out_c, c.in_c / c.groups, c.kernel, c.kernel};
   const auto xh = random_floats(static_cast<size_t>(c.n * c.in_c * c.h * c.w), 11);
   const auto wh = random_floats(static_cast<size_t>(wshape.numel()), 12);
   const auto dyh = to_float(projection_weights(static_cast<size_t>(c.n * c.out_c * oh * ow), 13));
@@ -149,17 +150,17 @@ inline void check_conv2d(Backend& be, const ConvCase& c, Tol tol = {}, bool fini
   Tensor y = be.activation(c.n, c.out_c, oh, ow);
   be.copy_from_host_nchw(filled(static_cast<size_t>(y.numel()), 123.f).data(), y);
   be.conv2d_forward(x, w, y, g);
-  const ref::Act yr = ref::conv2d_forward(xr, wr, c.out_c, c.kernel, c.stride, c.pad);
+  const ref::Act yr = ref::conv2d_forward(xr, wr, c.out_c, c.kernel, c.stride, c.pad, c.groups);
   RD_CHECK_CLOSE("conv forward y", download_activation(be, y), yr.v, tol);
 
   Tensor dy = upload_activation(be, dyh, c.n, c.out_c, oh, ow);
   Tensor dx = be.activation(c.n, c.in_c, c.h, c.w);
   be.copy_from_host_nchw(filled(static_cast<size_t>(dx.numel()), 123.f).data(), dx);
   be.conv2d_backward_data(dy, w, dx, g);
-  const ref::Act dxr = ref::conv2d_backward_data(dyr, wr, c.in_c, c.h, c.w, c.kernel, c.stride, c.pad);
+  const ref::Act dxr = ref::conv2d_backward_data(dyr, wr, c.in_c, c.h, c.w, c.kernel, c.stride, c.pad, c.groups);
   RD_CHECK_CLOSE("conv backward dx", download_activation(be, dx), dxr.v, tol);
 
-  const ref::Vec dwr = ref::conv2d_backward_weights(xr, dyr, c.kernel, c.stride, c.pad);
+  const ref::Vec dwr = ref::conv2d_backward_weights(xr, dyr, c.kernel, c.stride, c.pad, c.groups);
   Tensor dw = upload_rowmajor(be, filled(wh.size(), 123.f), wshape);
   be.conv2d_backward_weights(x, dy, dw, g, /*accumulate=*/false);
   RD_CHECK_CLOSE("conv backward dw (overwrite)", download_rowmajor(be, dw), dwr, tol);

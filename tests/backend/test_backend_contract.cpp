@@ -136,6 +136,12 @@ TEST_CASE("contract: convolution shapes, weight layout and aliasing", "[kernel][
   Tensor bf16_w = be.tensor(Shape{16, 8, 3, 3}, Layout::RowMajor, DType::BF16);
   CHECK_THROWS_AS(be.conv2d_forward(x, bf16_w, y, g), Error);
   CHECK_THROWS_AS(be.conv2d_forward(x, w, y, ConvGeometry{3, 0, 1}), Error);
+  // Grouped: the weight is (O, I / groups, k, k); groups must divide both channel counts.
+  REQUIRE_NOTHROW(be.conv2d_forward(x, wrong_w, y, ConvGeometry{3, 2, 1, 2}));
+  CHECK_THROWS_AS(be.conv2d_forward(x, w, y, ConvGeometry{3, 2, 1, 2}), Error);
+  CHECK_THROWS_AS(be.conv2d_forward(x, wrong_w, y, ConvGeometry{3, 2, 1, 0}), Error);
+  Tensor w_g3 = be.tensor(Shape{16, 3, 3, 3}, Layout::RowMajor);
+  CHECK_THROWS_AS(be.conv2d_forward(x, w_g3, y, ConvGeometry{3, 2, 1, 3}), Error);
   // The output may not share memory with the input.
   Tensor same = be.activation(1, 8, 4, 4);
   Tensor w1 = be.tensor(Shape{8, 8, 1, 1}, Layout::RowMajor);

@@ -60,6 +60,15 @@ TEST_CASE("cpu backend: conv2d forward/backward vs reference and finite differen
       // that are not a multiple of its 4x4 tiles, and the >= 8x8 that auto picks.
       {2, 16, 10, 13, 32, 3, 1, 1},
       {1, 32, 9, 9, 16, 3, 1, 1},
+      // Grouped (ResNeXt): 2..32 groups, 1 to 16 channels per group, strided and
+      // 1x1; Winograd-shaped ones must take the direct path.
+      {2, 8, 6, 6, 8, 3, 1, 1, 2},
+      {1, 12, 7, 7, 6, 3, 2, 1, 3},
+      {2, 8, 5, 5, 8, 3, 1, 1, 8},
+      {2, 64, 8, 8, 64, 3, 1, 1, 32},
+      {1, 64, 9, 9, 64, 3, 2, 1, 4},
+      {2, 32, 10, 10, 32, 3, 1, 1, 2},
+      {2, 16, 5, 5, 32, 1, 1, 0, 4},
   };
   // Every layout with the default algorithm choice, then NHWC forced to each
   // algorithm (Winograd falls back to direct where oneDNN has no Winograd kernel).

@@ -34,7 +34,8 @@ TEST_CASE("cpu backend bf16: convolutions match the reference to bf16 accuracy",
     REQUIRE(be->name().find("bf16") != std::string::npos);
     const Tol bf16_tol{2e-2, 2e-2};
     for (const ConvCase& c : {ConvCase{2, 3, 17, 13, 8, 7, 2, 3}, ConvCase{1, 16, 9, 9, 32, 3, 1, 1},
-                              ConvCase{3, 32, 8, 8, 16, 1, 2, 0}, ConvCase{2, 64, 15, 15, 64, 3, 1, 1}})
+                              ConvCase{3, 32, 8, 8, 16, 1, 2, 0}, ConvCase{2, 64, 15, 15, 64, 3, 1, 1},
+                              ConvCase{2, 64, 9, 9, 64, 3, 2, 1, 32}, ConvCase{2, 32, 8, 8, 32, 3, 1, 1, 2}})
       check_conv2d(*be, c, bf16_tol, /*finite_differences=*/false);
   }
 }

@@ -34,26 +34,52 @@ ref::Act act_from(const std::vector<double>& v, int64_t n, int64_t c, int64_t h,
 }  // namespace
 
 TEST_CASE("reference conv2d backward matches finite differences", "[reference]") {
-  struct Case { int64_t n, ic, h, w, oc; int k, s, p; };
-  for (const Case c : {Case{1, 2, 5, 5, 3, 3, 1, 1}, Case{2, 3, 7, 6, 2, 3, 2, 1}, Case{2, 2, 6, 6, 4, 1, 2, 0},
-                       Case{1, 1, 9, 9, 2, 7, 2, 3}}) {
+  struct Case { int64_t n, ic, h, w, oc; int k, s, p, groups; };
+  for (const Case c : {Case{1, 2, 5, 5, 3, 3, 1, 1, 1}, Case{2, 3, 7, 6, 2, 3, 2, 1, 1}, Case{2, 2, 6, 6, 4, 1, 2, 0, 1},
+                       Case{1, 1, 9, 9, 2, 7, 2, 3, 1}, Case{2, 4, 5, 5, 6, 3, 1, 1, 2}, Case{1, 6, 6, 5, 3, 3, 2, 1, 3},
+                       Case{2, 4, 4, 4, 4, 3, 1, 1, 4}}) {
     INFO("x[" << c.n << "," << c.ic << "," << c.h << "," << c.w << "] oc " << c.oc << " k" << c.k << " s" << c.s
-              << " p" << c.p);
+              << " p" << c.p << " groups " << c.groups);
+    const int g = c.groups;
     const auto x = to_double(test::random_floats(static_cast<size_t>(c.n * c.ic * c.h * c.w), 1));
-    const auto w = to_double(test::random_floats(static_cast<size_t>(c.oc * c.ic * c.k * c.k), 2));
-    const ref::Act y0 = ref::conv2d_forward(act_from(x, c.n, c.ic, c.h, c.w), w, c.oc, c.k, c.s, c.p);
+    const auto w = to_double(test::random_floats(static_cast<size_t>(c.oc * (c.ic / g) * c.k * c.k), 2));
+    const ref::Act y0 = ref::conv2d_forward(act_from(x, c.n, c.ic, c.h, c.w), w, c.oc, c.k, c.s, c.p, g);
     const auto proj = projection_weights(y0.size(), 3);
     const ref::Act dy = act_from(proj, y0.n, y0.c, y0.h, y0.w);
     auto loss_x = [&](const std::vector<double>& v) {
-      return weighted_sum(ref::conv2d_forward(act_from(v, c.n, c.ic, c.h, c.w), w, c.oc, c.k, c.s, c.p).v, proj);
+      return weighted_sum(ref::conv2d_forward(act_from(v, c.n, c.ic, c.h, c.w), w, c.oc, c.k, c.s, c.p, g).v, proj);
     };
     auto loss_w = [&](const std::vector<double>& v) {
-      return weighted_sum(ref::conv2d_forward(act_from(x, c.n, c.ic, c.h, c.w), v, c.oc, c.k, c.s, c.p).v, proj);
+      return weighted_sum(ref::conv2d_forward(act_from(x, c.n, c.ic, c.h, c.w), v, c.oc, c.k, c.s, c.p, g).v, proj);
     };
-    REQUIRE_GRAD("conv dx", check_gradient<double>(loss_x, x,
-                                                   ref::conv2d_backward_data(dy, w, c.ic, c.h, c.w, c.k, c.s, c.p).v));
-    REQUIRE_GRAD("conv dw", check_gradient<double>(
-                                loss_w, w, ref::conv2d_backward_weights(act_from(x, c.n, c.ic, c.h, c.w), dy, c.k, c.s, c.p)));
+    REQUIRE_GRAD("conv dx", check_gradient<double>(
+                                loss_x, x, ref::conv2d_backward_data(dy, w, c.ic, c.h, c.w, c.k, c.s, c.p, g).v));
+    REQUIRE_GRAD("conv dw", check_gradient<double>(loss_w, w,
+                                                   ref::conv2d_backward_weights(act_from(x, c.n, c.ic, c.h, c.w), dy,
+                                                                                c.k, c.s, c.p, g)));
+  }
+}
+
+TEST_CASE("reference grouped conv2d equals one dense conv2d per group", "[reference]") {
+  // 2 groups of 3 input and 2 output channels: each group's output is the dense
+  // convolution of its own input slice with its own weight slice.
+  const int64_t n = 2, ic = 6, oc = 4, h = 5, w = 4;
+  const auto xv = to_double(test::random_floats(static_cast<size_t>(n * ic * h * w), 5));
+  const auto wv = to_double(test::random_floats(static_cast<size_t>(oc * 3 * 9), 6));
+  const ref::Act xa = act_from(xv, n, ic, h, w);
+  const ref::Act y = ref::conv2d_forward(xa, wv, oc, 3, 1, 1, 2);
+  for (int64_t grp = 0; grp < 2; ++grp) {
+    ref::Act xs(n, 3, h, w);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t c = 0; c < 3; ++c)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j) xs.at(b, c, i, j) = xa.at(b, grp * 3 + c, i, j);
+    const ref::Vec ws(wv.begin() + grp * 2 * 27, wv.begin() + (grp + 1) * 2 * 27);
+    const ref::Act ys = ref::conv2d_forward(xs, ws, 2, 3, 1, 1);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t c = 0; c < 2; ++c)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j) CHECK(y.at(b, grp * 2 + c, i, j) == ys.at(b, c, i, j));
   }
 }
 

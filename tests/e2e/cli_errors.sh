@@ -18,7 +18,7 @@ note "flags and values"
 expect_usage_error "--lrr" --data "$WORK/data" --lrr 1
 expect_usage_error "--lr" --data "$WORK/data" --lr abc
 expect_usage_error "--batch-size" --data "$WORK/data" --batch-size 0
-expect_usage_error "--arch" --data "$WORK/data" --arch resnet101
+expect_usage_error "--arch" --data "$WORK/data" --arch resnet99
 expect_usage_error "--scheduler" --data "$WORK/data" --scheduler step
 expect_usage_error "--precision" --data "$WORK/data" --precision fp8
 expect_usage_error "--data" --epochs 2

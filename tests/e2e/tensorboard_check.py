@@ -22,7 +22,7 @@ STEP_TAGS = ["step/loss", "step/accuracy", "step/lr", "step/images_per_s", "step
 # Every metrics.csv column but world_size and global_step (the event's step).
 EPOCH_COLUMNS = ["epoch", "time_s", "train_loss", "train_acc", "val_loss", "val_acc", "best_val_acc", "lr",
                  "images_per_s", "images_per_s_per_rank", "data_ms", "forward_ms", "backward_ms", "comm_ms",
-                 "optimizer_ms"]
+                 "optimizer_ms", "val_acc5"]
 SPLIT = ["data_ms", "forward_ms", "backward_ms", "comm_ms", "optimizer_ms"]
 
 failures = []

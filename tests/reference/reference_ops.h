@@ -53,24 +53,29 @@ inline int64_t out_size(int64_t in, int kernel, int stride, int pad) {
   return (in + 2 * pad - kernel) / stride + 1;
 }
 
-// ---- convolution, weight (O, I, k, k), no bias ---------------------------------
+// ---- convolution, weight (O, I / groups, k, k), no bias ----------------------
+// `groups` splits input and output channels into equal slices; output channel o
+// reads only input slice o / (O / groups), as torch.nn.Conv2d(groups=...).
 
 inline Act conv2d_forward(const Act& x, const Vec& w, int64_t out_channels, int kernel, int stride,
-                          int pad) {
-  require(static_cast<int64_t>(w.size()) == out_channels * x.c * kernel * kernel, "conv weight size");
+                          int pad, int groups = 1) {
+  require(groups > 0 && x.c % groups == 0 && out_channels % groups == 0, "conv groups divide channels");
+  const int64_t in_g = x.c / groups, out_g = out_channels / groups;
+  require(static_cast<int64_t>(w.size()) == out_channels * in_g * kernel * kernel, "conv weight size");
   Act y(x.n, out_channels, out_size(x.h, kernel, stride, pad), out_size(x.w, kernel, stride, pad));
   for (int64_t n = 0; n < y.n; ++n)
     for (int64_t o = 0; o < y.c; ++o)
       for (int64_t oh = 0; oh < y.h; ++oh)
         for (int64_t ow = 0; ow < y.w; ++ow) {
           double acc = 0.0;
-          for (int64_t i = 0; i < x.c; ++i)
+          const int64_t first_in = (o / out_g) * in_g;
+          for (int64_t i = 0; i < in_g; ++i)
             for (int kh = 0; kh < kernel; ++kh)
               for (int kw = 0; kw < kernel; ++kw) {
                 const int64_t ih = oh * stride - pad + kh, iw = ow * stride - pad + kw;
                 if (ih < 0 || ih >= x.h || iw < 0 || iw >= x.w) continue;
-                acc += x.at(n, i, ih, iw) *
-                       w[static_cast<size_t>(((o * x.c + i) * kernel + kh) * kernel + kw)];
+                acc += x.at(n, first_in + i, ih, iw) *
+                       w[static_cast<size_t>(((o * in_g + i) * kernel + kh) * kernel + kw)];
               }
           y.at(n, o, oh, ow) = acc;
         }
@@ -79,8 +84,10 @@ inline Act conv2d_forward(const Act& x, const Vec& w, int64_t out_channels, int 
 
 // dx for an input of spatial size (in_h, in_w): the transpose of forward.
 inline Act conv2d_backward_data(const Act& dy, const Vec& w, int64_t in_channels, int64_t in_h,
-                                int64_t in_w, int kernel, int stride, int pad) {
-  require(static_cast<int64_t>(w.size()) == dy.c * in_channels * kernel * kernel, "conv weight size");
+                                int64_t in_w, int kernel, int stride, int pad, int groups = 1) {
+  require(groups > 0 && in_channels % groups == 0 && dy.c % groups == 0, "conv groups divide channels");
+  const int64_t in_g = in_channels / groups, out_g = dy.c / groups;
+  require(static_cast<int64_t>(w.size()) == dy.c * in_g * kernel * kernel, "conv weight size");
   require(dy.h == out_size(in_h, kernel, stride, pad) && dy.w == out_size(in_w, kernel, stride, pad),
           "conv dy spatial size");
   Act dx(dy.n, in_channels, in_h, in_w);
@@ -89,7 +96,8 @@ inline Act conv2d_backward_data(const Act& dy, const Vec& w, int64_t in_channels
       for (int64_t ih = 0; ih < in_h; ++ih)
         for (int64_t iw = 0; iw < in_w; ++iw) {
           double acc = 0.0;
-          for (int64_t o = 0; o < dy.c; ++o)
+          const int64_t group = i / in_g, i_in_group = i % in_g;
+          for (int64_t o = group * out_g; o < (group + 1) * out_g; ++o)
             for (int kh = 0; kh < kernel; ++kh)
               for (int kw = 0; kw < kernel; ++kw) {
                 const int64_t th = ih + pad - kh, tw = iw + pad - kw;
@@ -97,31 +105,35 @@ inline Act conv2d_backward_data(const Act& dy, const Vec& w, int64_t in_channels
                 const int64_t oh = th / stride, ow = tw / stride;
                 if (oh >= dy.h || ow >= dy.w) continue;
                 acc += dy.at(n, o, oh, ow) *
-                       w[static_cast<size_t>(((o * in_channels + i) * kernel + kh) * kernel + kw)];
+                       w[static_cast<size_t>(((o * in_g + i_in_group) * kernel + kh) * kernel + kw)];
               }
           dx.at(n, i, ih, iw) = acc;
         }
   return dx;
 }
 
-inline Vec conv2d_backward_weights(const Act& x, const Act& dy, int kernel, int stride, int pad) {
+inline Vec conv2d_backward_weights(const Act& x, const Act& dy, int kernel, int stride, int pad,
+                                   int groups = 1) {
   require(x.n == dy.n && dy.h == out_size(x.h, kernel, stride, pad) &&
               dy.w == out_size(x.w, kernel, stride, pad),
           "conv x/dy shapes");
-  Vec dw(static_cast<size_t>(dy.c * x.c * kernel * kernel), 0.0);
+  require(groups > 0 && x.c % groups == 0 && dy.c % groups == 0, "conv groups divide channels");
+  const int64_t in_g = x.c / groups, out_g = dy.c / groups;
+  Vec dw(static_cast<size_t>(dy.c * in_g * kernel * kernel), 0.0);
   for (int64_t o = 0; o < dy.c; ++o)
-    for (int64_t i = 0; i < x.c; ++i)
+    for (int64_t i = 0; i < in_g; ++i)
       for (int kh = 0; kh < kernel; ++kh)
         for (int kw = 0; kw < kernel; ++kw) {
           double acc = 0.0;
+          const int64_t xi = (o / out_g) * in_g + i;
           for (int64_t n = 0; n < x.n; ++n)
             for (int64_t oh = 0; oh < dy.h; ++oh)
               for (int64_t ow = 0; ow < dy.w; ++ow) {
                 const int64_t ih = oh * stride - pad + kh, iw = ow * stride - pad + kw;
                 if (ih < 0 || ih >= x.h || iw < 0 || iw >= x.w) continue;
-                acc += x.at(n, i, ih, iw) * dy.at(n, o, oh, ow);
+                acc += x.at(n, xi, ih, iw) * dy.at(n, o, oh, ow);
               }
-          dw[static_cast<size_t>(((o * x.c + i) * kernel + kh) * kernel + kw)] = acc;
+          dw[static_cast<size_t>(((o * in_g + i) * kernel + kh) * kernel + kw)] = acc;
         }
   return dw;
 }

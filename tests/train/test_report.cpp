@@ -1,6 +1,7 @@
 // What a run reports: Python-style number formatting and the metrics CSV across a
 // resume.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -55,4 +56,57 @@ TEST_CASE("metrics CSV keeps earlier epochs on resume", "[train]") {
   CHECK(lines[1].rfind("1,", 0) == 0);
   CHECK(lines[2].rfind("2,", 0) == 0);
   CHECK(lines[3].rfind("3,", 0) == 0);
+}
+
+TEST_CASE("metrics CSV: val_acc5 is the last column, and an older file's rows get nan for it on resume", "[train]") {
+  const std::string header = MetricsCsv::header();
+  CHECK(header.rfind("epoch,time_s,train_loss,train_acc,val_loss,val_acc,best_val_acc,", 0) == 0);
+  const std::string tail = ",global_step,val_acc5";
+  REQUIRE(header.size() > tail.size());
+  CHECK(header.substr(header.size() - tail.size()) == tail);
+  TempDir dir;
+  const std::string p = dir.file("metrics.csv");
+  {
+    MetricsCsv csv(p, false, 1);
+    EpochMetrics m;
+    m.epoch = 1;
+    m.val_acc = 0.5;
+    m.val_acc5 = 0.875;
+    csv.write(m);
+  }
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(p);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1].substr(lines[1].size() - 6) == ",0.875");
+  // A metrics.csv written before val_acc5 existed: same columns less the last.
+  const std::string old_header = header.substr(0, header.size() - std::string(",val_acc5").size());
+  {
+    std::ofstream out(p, std::ios::trunc);
+    out << old_header << "\n1,10.0,1.0,0.5,1.0,0.5,0.5,0.1,1.0,1.0,1.0,1.0,1.0,1.0,1.0,1,5\n";
+  }
+  MetricsCsv resumed(p, true, 2);
+  lines.clear();
+  std::ifstream in(p);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == header);
+  CHECK(lines[1] == "1,10.0,1.0,0.5,1.0,0.5,0.5,0.1,1.0,1.0,1.0,1.0,1.0,1.0,1.0,1,5,nan");
+}
+
+TEST_CASE("the validation summary has torchvision's Acc@1/Acc@5 line", "[train]") {
+  CHECK(torchvision_accuracy_line("", 0.7613, 0.92862) == "Test:  Acc@1 76.130 Acc@5 92.862");
+  CHECK(torchvision_accuracy_line("EMA", 1.0, 1.0) == "Test: EMA Acc@1 100.000 Acc@5 100.000");
+  EpochMetrics m;
+  m.val_loss = 1.0;
+  m.val_acc = 0.5;
+  m.val_acc5 = 0.75;
+  const auto lines = epoch_summary("(Epoch 1/1)", m, 1.0);
+  // After the tutorial's own validation line, which stays as it was.
+  const auto val = std::find(lines.begin(), lines.end(), "(Epoch 1/1) Val loss: 1.0, Val accuracy: 0.5");
+  REQUIRE(val != lines.end());
+  REQUIRE(val + 1 != lines.end());
+  CHECK(*(val + 1) == "Test:  Acc@1 50.000 Acc@5 75.000");
 }

@@ -103,7 +103,7 @@ LR = 1e-4
 
 
 sys.path.insert(0, TOOLS)
-from torch_reference import build_model, import_deps  # noqa: E402
+from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
 
 torch, torchvision, h5py, numpy = import_deps("run_parity.py", ("torch", "torchvision", "h5py", "numpy"), skip=True)
 
@@ -182,7 +182,7 @@ class RoundingModel:
         return t * (1 + ROUNDING_SIGMA * math.sqrt(depth) * growth * r)
 
     def _growth(self, conv, x, y):
-        if self.winograd == "none" or conv.kernel_size != (3, 3) or conv.stride != (1, 1):
+        if self.winograd == "none" or conv.kernel_size != (3, 3) or conv.stride != (1, 1) or conv.groups != 1:
             return 1.0
         min_size = 4 if self.f2x3 else 8  # CpuBackend::use_own_winograd / use_winograd
         if self.winograd == "auto" and not (x.shape[1] % 16 == 0 and y.shape[1] % 16 == 0
@@ -203,7 +203,8 @@ class RoundingModel:
         if isinstance(mod, torch.nn.Conv2d):
             kk = mod.kernel_size[0] * mod.kernel_size[1]
             growth = self._growth(mod, x, y)
-            fwd, bwd = mod.in_channels * kk, mod.out_channels * kk
+            # A grouped convolution's sums run over one group's channels.
+            fwd, bwd = mod.in_channels // mod.groups * kk, mod.out_channels // mod.groups * kk
             self.param_depth[mod.weight] = (x.shape[0] * y.shape[2] * y.shape[3], growth)
         elif isinstance(mod, torch.nn.Linear):
             growth, fwd, bwd = 1.0, mod.in_features, mod.out_features
@@ -480,7 +481,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--driver", required=True, help="path of the parity_driver program")
-    p.add_argument("--arch", choices=("resnet18", "resnet34", "resnet50"), default="resnet18")
+    p.add_argument("--arch", choices=ARCHS, default="resnet18")
     p.add_argument("--head", choices=("fc", "mlp"), default="mlp")
     p.add_argument("--num-classes", type=int, default=3)
     p.add_argument("--batch", type=int, default=3)

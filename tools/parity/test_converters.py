@@ -15,7 +15,8 @@ import tempfile
 
 TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TOOLS)
-from torch_reference import import_deps  # noqa: E402
+from torch_reference import ARCHS, import_deps  # noqa: E402
+from torch_to_h5 import infer_arch  # noqa: E402
 
 h5py, torch, torchvision = import_deps("test_converters.py", ("h5py", "torch", "torchvision"), skip=True)
 FAILURES = []
@@ -172,6 +173,12 @@ def main():
         attrs = {k: f.attrs[k] for k in f.attrs}
     expect(all(isinstance(attrs[k], str) for k in ("format", "arch", "head", "created_by", "source")),
            "torch_to_h5's string attributes read back as str in h5py", repr(attrs))
+
+    # Every model torch_to_h5 knows is told from its state_dict alone (resnet50,
+    # wide_resnet50_2 and resnext50_32x4d share their block counts).
+    for arch in ARCHS:
+        got = infer_arch(getattr(torchvision.models, arch)(weights=None).state_dict())
+        expect(got == arch, f"torch_to_h5 infers {arch} from its state_dict (got {got})")
 
     if len(sys.argv) > 2 and sys.argv[1] == "--resnet-ddp":
         trainer_round_trip(sys.argv[2], d, init_h5)

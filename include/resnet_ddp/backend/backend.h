@@ -31,6 +31,10 @@ struct ConvGeometry {
   int kernel = 3;
   int stride = 1;
   int pad = 1;
+  // Grouped convolution (ResNeXt): input and output channels split into `groups`
+  // equal slices, slice g of the output reading only slice g of the input. The
+  // weight stays PyTorch's (O, I / groups, k, k).
+  int groups = 1;
 };
 
 // Output spatial size of a convolution / pooling window (floor mode, as PyTorch).

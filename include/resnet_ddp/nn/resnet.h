@@ -19,13 +19,15 @@ namespace rd {
 enum class HeadKind { Fc, Mlp };
 
 struct ResNetConfig {
-  std::string arch = "resnet34";  // resnet18 | resnet34 | resnet50 | resnet_tiny (tests)
+  // resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | wide_resnet50_2 |
+  // resnext50_32x4d | resnet_tiny (tests)
+  std::string arch = "resnet34";
   HeadKind head = HeadKind::Mlp;
   int num_classes = 3;
   uint64_t init_seed = 0;
 };
 
-// Parses "resnet18"/"resnet34"/"resnet50"/"resnet_tiny"; throws UsageError otherwise.
+// Accepts the names above (torchvision's); throws UsageError otherwise.
 void validate_arch(const std::string& arch);
 HeadKind parse_head(const std::string& head);
 const char* head_name(HeadKind h);

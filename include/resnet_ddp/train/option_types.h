@@ -20,11 +20,16 @@ inline NameTable<Device> device_names() {
   return {{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}};
 }
 
-enum class Arch { ResNet18, ResNet34, ResNet50, ResNetTiny };  // resnet_tiny: a miniature model for tests
+// torchvision's model names; resnet_tiny: a miniature model for tests.
+enum class Arch { ResNet18, ResNet34, ResNet50, ResNet101, ResNet152, WideResNet50_2, ResNeXt50_32x4d, ResNetTiny };
 inline NameTable<Arch> arch_names() {
   return {{"resnet18", Arch::ResNet18},
           {"resnet34", Arch::ResNet34},
           {"resnet50", Arch::ResNet50},
+          {"resnet101", Arch::ResNet101},
+          {"resnet152", Arch::ResNet152},
+          {"wide_resnet50_2", Arch::WideResNet50_2},
+          {"resnext50_32x4d", Arch::ResNeXt50_32x4d},
           {"resnet_tiny", Arch::ResNetTiny}};
 }
 

@@ -41,6 +41,7 @@ struct EpochMetrics {
   double time_s = 0;
   double train_loss = 0, train_acc = 0;
   double val_loss = 0, val_acc = 0;
+  double val_acc5 = 0;  // top-5 (metrics.csv's last column, so earlier columns keep their places)
   double best_val_acc = 0;
   double lr = 0;
   double images_per_s = 0, images_per_s_per_rank = 0;
@@ -57,6 +58,10 @@ struct EpochMetrics {
   };
   std::vector<Column> columns() const;
 };
+
+// torchvision's reference evaluate() line, "Test: <suffix> Acc@1 76.130 Acc@5 92.862"
+// (percentages; the suffix is "" for the model itself, "EMA" for its average).
+std::string torchvision_accuracy_line(const std::string& log_suffix, double acc1, double acc5);
 
 // The lines the trainer prints after an epoch (time, train and validation results, best
 // accuracy, throughput, where a step's time went); `step_ms` is the whole step's mean.

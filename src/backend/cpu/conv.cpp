@@ -6,7 +6,9 @@
 // layouts, the nChw16c tensors Winograd 3x3 convolutions need. A plan
 // (primitive descriptors, primitives, reorders, weight buffers) is built once per
 // shape and cached, and all primitives share one user-managed scratchpad, so a
-// training step allocates nothing.
+// training step allocates nothing. Grouped convolutions (ConvGeometry::groups > 1)
+// run on oneDNN's grouped primitives (goihw weights, the same bytes as PyTorch's
+// (O, I/G, k, k)); the Winograd paths, oneDNN's and our own, are for groups == 1 only.
 #include <algorithm>
 #include <sstream>
 #include <string>
@@ -64,6 +66,7 @@ bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry
   // bf16 mode: fp32 Winograd beats bf16 direct convolution where the bf16 kernels run
   // on AVX512-BF16's dot products, not AMX tiles (isa_.winograd_in_bf16).
   if (precision_ == Precision::BF16 && !isa_.winograd_in_bf16) return false;
+  if (g.groups != 1) return false;  // the group-wise products are too small for it
   if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
   if (conv_algo_ == ConvAlgo::Winograd) return true;
   return x[1] % 16 == 0 && y[1] % 16 == 0 && y[2] >= 8 && y[3] >= 8;
@@ -73,12 +76,22 @@ bool CpuBackend::use_winograd(const Shape& x, const Shape& y, const ConvGeometry
 // they beat oneDNN's direct AVX2 kernels (measured per ResNet stage, docs/performance.md).
 bool CpuBackend::use_own_winograd(const Shape& x, const Shape& y, const ConvGeometry& g) const {
   if (conv_algo_ == ConvAlgo::Direct || isa_.avx512 || precision_ != Precision::FP32) return false;
+  if (g.groups != 1) return false;  // our kernels are dense (one group) only
   if (g.kernel != 3 || g.stride != 1 || g.pad != 1) return false;
   if (layout_for_channels(x[1]) != Layout::NCHW8C || layout_for_channels(y[1]) != Layout::NCHW8C) return false;
   if (!winograd::cpu_supported() || !winograd::shape_supported({x[0], x[1], y[1], x[2], x[3]})) return false;
   if (conv_algo_ == ConvAlgo::Winograd) return true;
   return y[2] >= kOwnWinogradMinSize && y[3] >= kOwnWinogradMinSize;
 }
+
+// oneDNN's weight dims and plain format: grouped convolutions take (G, O/G, I/G, k, k)
+// goihw, which is PyTorch's (O, I/G, k, k) buffer read with O split into its groups.
+static dnnl::memory::dims weight_dims(const Shape& w, const ConvGeometry& g) {
+  if (g.groups == 1) return {w[0], w[1], w[2], w[3]};
+  return {g.groups, w[0] / g.groups, w[1], w[2], w[3]};
+}
+
+static tag plain_weight_tag(const ConvGeometry& g) { return g.groups == 1 ? tag::oihw : tag::goihw; }
 
 static int64_t own_winograd_tile(const Shape& y) {
   return std::min(y[2], y[3]) >= kOwnWinogradF4MinSize ? 4 : 2;
@@ -97,8 +110,8 @@ static void build_descriptors(ConvPlan& p, const dnnl::engine& engine, const Sha
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const bool bf16_weights = src.data_type() == dt::bf16;
-  const dnnl::memory::desc any_w({w[0], w[1], w[2], w[3]}, bf16_weights ? dt::bf16 : dt::f32, tag::any);
-  const dnnl::memory::desc any_dw({w[0], w[1], w[2], w[3]}, dt::f32, tag::any);
+  const dnnl::memory::desc any_w(weight_dims(w, g), bf16_weights ? dt::bf16 : dt::f32, tag::any);
+  const dnnl::memory::desc any_dw(weight_dims(w, g), dt::f32, tag::any);
   p.fwd_pd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src, any_w, dst, strides, pad, pad),
       attr, engine);
@@ -118,16 +131,18 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
                                 const ConvGeometry& g) {
   std::ostringstream key;
   const bool bf16 = precision_ == Precision::BF16;
-  key << x.str() << w.str() << g.kernel << "/" << g.stride << "/" << g.pad << (bf16 ? "/bf16" : "");
+  key << x.str() << w.str() << g.kernel << "/" << g.stride << "/" << g.pad << "/g" << g.groups << (bf16 ? "/bf16" : "");
   auto it = conv_plans_.find(key.str());
   if (it != conv_plans_.end()) return *it->second;
 
-  RD_CHECK(x.rank == 4 && w.rank == 4 && y.rank == 4 && w[1] == x[1] && w[0] == y[1] &&
+  RD_CHECK(x.rank == 4 && w.rank == 4 && y.rank == 4 && g.groups > 0 && w[1] * g.groups == x[1] &&
+               w[0] == y[1] && w[0] % g.groups == 0 &&
                w[2] == g.kernel && w[3] == g.kernel &&
                y[2] == conv_out_size(x[2], g.kernel, g.stride, g.pad) &&
                y[3] == conv_out_size(x[3], g.kernel, g.stride, g.pad) && y[0] == x[0],
            "conv2d: inconsistent shapes x " << x.str() << " w " << w.str() << " y " << y.str()
-                                            << " k" << g.kernel << " s" << g.stride << " p" << g.pad);
+                                            << " k" << g.kernel << " s" << g.stride << " p" << g.pad
+                                            << " groups " << g.groups);
   auto plan = std::make_unique<ConvPlan>();
   if (use_own_winograd(x, y, g)) {
     plan->own_winograd = true;
@@ -136,7 +151,7 @@ ConvPlan& CpuBackend::conv_plan(const Shape& x, const Shape& w, const Shape& y,
   } else {
     plan->x_act_md = activation_md(x);
     plan->y_act_md = activation_md(y);
-    plan->user_weights_md = dnnl::memory::desc({w[0], w[1], w[2], w[3]}, dt::f32, tag::oihw);
+    plan->user_weights_md = dnnl::memory::desc(weight_dims(w, g), dt::f32, plain_weight_tag(g));
     choose_primitives(*plan, x, w, y, g);
     prepare_conversions(*plan);
     prepare_weights(*plan);

@@ -173,7 +173,7 @@ struct CudaBackend::ConvPlan {
 size_t CudaBackend::ConvKeyHash::operator()(const ConvKey& k) const {
   size_t h = 1469598103934665603ull;
   auto mix = [&](int64_t v) { h = (h ^ static_cast<size_t>(v)) * 1099511628211ull; };
-  mix(k.n), mix(k.c), mix(k.h), mix(k.w), mix(k.o), mix(k.kh), mix(k.kw), mix(k.stride), mix(k.pad);
+  mix(k.n), mix(k.c), mix(k.h), mix(k.w), mix(k.o), mix(k.kh), mix(k.kw), mix(k.stride), mix(k.pad), mix(k.groups);
   mix(k.nhwc), mix(static_cast<int64_t>(k.dtype));
   return h;
 }
@@ -266,14 +266,15 @@ CudaBackend::ConvChoice CudaBackend::affordable(std::vector<ConvChoice>& list, v
 CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w,
                                          const ConvGeometry& g, const char* op) {
   RD_CHECK(w.device == DeviceKind::CUDA && w.dtype == DType::F32 && w.shape.rank == 4 && w.data,
-           op << ": weight must be a f32 (O, I, kh, kw) CUDA tensor, got " << w.describe());
-  RD_CHECK(w.shape[1] == x.c && w.shape[2] == g.kernel && w.shape[3] == g.kernel,
-           op << ": weight " << w.shape.str() << " does not match input channels " << x.c
-              << " and kernel " << g.kernel);
+           op << ": weight must be a f32 (O, I / groups, kh, kw) CUDA tensor, got " << w.describe());
+  RD_CHECK(g.groups > 0 && w.shape[1] * g.groups == x.c && w.shape[0] % g.groups == 0 &&
+               w.shape[2] == g.kernel && w.shape[3] == g.kernel,
+           op << ": weight " << w.shape.str() << " does not match input channels " << x.c << ", kernel "
+              << g.kernel << " and " << g.groups << " groups");
   RD_CHECK(g.kernel > 0 && g.stride > 0 && g.pad >= 0,
            op << ": bad geometry kernel " << g.kernel << " stride " << g.stride << " pad " << g.pad);
   const ConvKey key{x.n, x.c, x.h, x.w, w.shape[0], w.shape[2], w.shape[3],
-                    g.stride, g.pad, x.nhwc, x.dtype};
+                    g.stride, g.pad, g.groups, x.nhwc, x.dtype};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
@@ -293,12 +294,15 @@ CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w
   RD_CUDNN(cudnnSetTensor4dDescriptor(p->y, fmt, dt, narrow(x.n, "batch"),
                                       narrow(w.shape[0], "channels"), narrow(p->yh, "height"),
                                       narrow(p->yw, "width")));
-  // Staged weights are OHWI next to NHWC activations (see stage_conv_weight).
+  // Staged weights are OHWI next to NHWC activations (see stage_conv_weight). Grouped:
+  // the filter is (O, I / groups, k, k), as PyTorch's, with the group count on the
+  // convolution descriptor.
   const cudnnTensorFormat_t wfmt = stages_weights() && x.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   RD_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, wfmt, narrow(w.shape[0], "out channels"),
-                                      narrow(x.c, "in channels"), g.kernel, g.kernel));
+                                      narrow(w.shape[1], "in channels per group"), g.kernel, g.kernel));
   RD_CUDNN(cudnnSetConvolution2dDescriptor(p->conv, g.pad, g.pad, g.stride, g.stride, 1, 1,
                                            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  if (g.groups != 1) RD_CUDNN(cudnnSetConvolutionGroupCount(p->conv, g.groups));
   RD_CUDNN(cudnnSetConvolutionMathType(p->conv, wanted_conv_math()));
   auto& ref = *p;
   plans_.emplace(key, std::move(p));

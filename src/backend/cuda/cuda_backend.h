@@ -131,7 +131,7 @@ class CudaBackend final : public Backend {
 
   struct ConvKey {
     int64_t n, c, h, w, o, kh, kw;
-    int stride, pad;
+    int stride, pad, groups;
     bool nhwc;
     DType dtype;
     bool operator==(const ConvKey&) const = default;

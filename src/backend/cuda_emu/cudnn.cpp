@@ -52,6 +52,7 @@ struct cudnnFilterStruct {
 struct cudnnConvolutionStruct {
   bool set = false;
   int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1;
+  int groups = 1;  // cudnnSetConvolutionGroupCount
   cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // documented default
@@ -150,14 +151,16 @@ struct Problem {
   cudnnDataType_t dt = CUDNN_DATA_FLOAT;
   bool nhwc = false;  // x/y layout (the filter's format matches, see validate())
   int N = 0, C = 0, H = 0, W = 0, K = 0, R = 0, S = 0, P = 0, Q = 0;
+  int G = 1;  // groups: C and K split into G slices, the filter is K x C/G x R x S
   int pad_h = 0, pad_w = 0, u = 1, v = 1, dil_h = 1, dil_w = 1;
   bool flip = false;   // CUDNN_CONVOLUTION: the filter is flipped (true convolution)
   Strides xs, ys, ws;  // element strides of x, y and the filter (k, c, r, s)
 
   size_t x_elems() const { return static_cast<size_t>(N) * C * H * W; }
   size_t y_elems() const { return static_cast<size_t>(N) * K * P * Q; }
-  size_t w_elems() const { return static_cast<size_t>(K) * C * R * S; }
-  double flops() const { return 2.0 * N * K * P * Q * static_cast<double>(C) * R * S; }
+  int Cg() const { return C / G; }
+  size_t w_elems() const { return static_cast<size_t>(K) * Cg() * R * S; }
+  double flops() const { return 2.0 * N * K * P * Q * static_cast<double>(Cg()) * R * S; }
 };
 
 // Math resolved for one call: whether tensor-op kernels run (workspace and time
@@ -258,8 +261,10 @@ cudnnStatus_t validate(const char* call, cudnnHandle_t h, cudnnTensorDescriptor_
     why << "mixed layouts (x, y, w formats " << xd->fmt << ", " << yd->fmt << ", " << wd->fmt << ")";
     return fail(CUDNN_STATUS_NOT_SUPPORTED, why.str());
   }
-  if (xd->c != wd->c) {
-    why << "x has " << xd->c << " channels, the filter " << wd->c << " (group count 1)";
+  // Grouped (documented): the filter's C is x's channels per group, K a multiple of the count.
+  if (xd->c != wd->c * cd->groups || wd->k % cd->groups != 0) {
+    why << "x has " << xd->c << " channels, the filter " << wd->k << "x" << wd->c << " (group count "
+        << cd->groups << ")";
     return fail(CUDNN_STATUS_BAD_PARAM, why.str());
   }
   const int64_t P = out_dim(xd->h, cd->pad_h, wd->r, cd->u, cd->dil_h);
@@ -275,14 +280,14 @@ cudnnStatus_t validate(const char* call, cudnnHandle_t h, cudnnTensorDescriptor_
   }
   p.dt = dt;
   p.nhwc = xd->fmt == CUDNN_TENSOR_NHWC;
-  p.N = xd->n, p.C = xd->c, p.H = xd->h, p.W = xd->w;
+  p.N = xd->n, p.C = xd->c, p.H = xd->h, p.W = xd->w, p.G = cd->groups;
   p.K = wd->k, p.R = wd->r, p.S = wd->s, p.P = static_cast<int>(P), p.Q = static_cast<int>(Q);
   p.pad_h = cd->pad_h, p.pad_w = cd->pad_w, p.u = cd->u, p.v = cd->v, p.dil_h = cd->dil_h,
   p.dil_w = cd->dil_w;
   p.flip = cd->mode == CUDNN_CONVOLUTION;
   p.xs = packed(xd->fmt, p.C, p.H, p.W);
   p.ys = packed(yd->fmt, p.K, p.P, p.Q);
-  p.ws = packed(wd->fmt, p.C, p.R, p.S);  // KCRS or KRSC: the same packing rule
+  p.ws = packed(wd->fmt, p.Cg(), p.R, p.S);  // KCRS or KRSC: the same packing rule
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -599,13 +604,13 @@ std::vector<double> load_act(const void* p, const Strides& s, int N, int C, int 
   return out;
 }
 
-// The filter as a dense KCRS double array, flipped for true convolution so that
+// The filter as a dense K x C/G x R x S double array, flipped for true convolution so that
 // the loops below are always cross-correlations.
 std::vector<double> load_filter(const void* p, const Problem& pr, Rounding r) {
   std::vector<double> out(pr.w_elems());
   size_t o = 0;
   for (int k = 0; k < pr.K; ++k)
-    for (int c = 0; c < pr.C; ++c)
+    for (int c = 0; c < pr.Cg(); ++c)
       for (int y = 0; y < pr.R; ++y)
         for (int x = 0; x < pr.S; ++x) {
           const int sy = pr.flip ? pr.R - 1 - y : y, sx = pr.flip ? pr.S - 1 - x : x;
@@ -729,6 +734,58 @@ std::vector<double> conv_bwd_filter(const Problem& p, const std::vector<double>&
   return dg;
 }
 
+// Grouped convolutions as one dense convolution per group: group g reads channels
+// [g C/G, (g+1) C/G) of x, writes [g K/G, (g+1) K/G) of y, and owns filter rows
+// [g K/G, (g+1) K/G) (contiguous in the dense K x C/G x R x S array).
+namespace grouped {
+
+Problem slice(const Problem& p) {
+  Problem q = p;
+  q.C = p.C / p.G;
+  q.K = p.K / p.G;
+  q.G = 1;
+  return q;
+}
+
+// Channels [c0, c0 + cn) of a dense N x C x HW array.
+std::vector<double> take(const std::vector<double>& a, int N, int C, size_t HW, int c0, int cn) {
+  std::vector<double> out(static_cast<size_t>(N) * cn * HW);
+  for (int n = 0; n < N; ++n)
+    std::copy_n(&a[(static_cast<size_t>(n) * C + c0) * HW], cn * HW, &out[static_cast<size_t>(n) * cn * HW]);
+  return out;
+}
+
+void put(std::vector<double>& a, int N, int C, size_t HW, int c0, int cn, const std::vector<double>& part) {
+  for (int n = 0; n < N; ++n)
+    std::copy_n(&part[static_cast<size_t>(n) * cn * HW], cn * HW, &a[(static_cast<size_t>(n) * C + c0) * HW]);
+}
+
+// x: dense N x C x H x W, g: dense filter, dy: dense N x K x P x Q (as the callers load them).
+std::vector<double> run(Dir dir, const Problem& p, const std::vector<double>& a, const std::vector<double>& b) {
+  auto dense = [&](const Problem& q, const std::vector<double>& u, const std::vector<double>& v) {
+    return dir == Dir::Fwd ? conv_fwd(q, u, v) : dir == Dir::BwdData ? conv_bwd_data(q, u, v) : conv_bwd_filter(q, u, v);
+  };
+  if (p.G == 1) return dense(p, a, b);
+  const Problem q = slice(p);
+  const size_t HW = static_cast<size_t>(p.H) * p.W, PQ = static_cast<size_t>(p.P) * p.Q, wg = q.w_elems();
+  std::vector<double> out(dir == Dir::Fwd ? p.y_elems() : dir == Dir::BwdData ? p.x_elems() : p.w_elems());
+  for (int grp = 0; grp < p.G; ++grp) {
+    const std::vector<double> filter_part(b.begin() + static_cast<std::ptrdiff_t>(grp * wg),
+                                          b.begin() + static_cast<std::ptrdiff_t>((grp + 1) * wg));
+    if (dir == Dir::Fwd) {
+      put(out, p.N, p.K, PQ, grp * q.K, q.K, dense(q, take(a, p.N, p.C, HW, grp * q.C, q.C), filter_part));
+    } else if (dir == Dir::BwdData) {  // a = dy, b = filter
+      put(out, p.N, p.C, HW, grp * q.C, q.C, dense(q, take(a, p.N, p.K, PQ, grp * q.K, q.K), filter_part));
+    } else {  // a = x, b = dy: the group's filter rows
+      const auto dg = dense(q, take(a, p.N, p.C, HW, grp * q.C, q.C), take(b, p.N, p.K, PQ, grp * q.K, q.K));
+      std::copy(dg.begin(), dg.end(), out.begin() + static_cast<std::ptrdiff_t>(grp * wg));
+    }
+  }
+  return out;
+}
+
+}  // namespace grouped
+
 // out = alpha * result + beta * out; beta == 0 does not read out (documented), so
 // NaN there does not propagate.
 void blend_act(void* out, const Strides& s, int N, int C, int H, int W, cudnnDataType_t dt,
@@ -747,7 +804,7 @@ void blend_act(void* out, const Strides& s, int N, int C, int H, int W, cudnnDat
 void blend_filter(void* out, const Problem& p, const std::vector<double>& dg, double alpha, double beta) {
   size_t o = 0;
   for (int k = 0; k < p.K; ++k)
-    for (int c = 0; c < p.C; ++c)
+    for (int c = 0; c < p.Cg(); ++c)
       for (int y = 0; y < p.R; ++y)
         for (int x = 0; x < p.S; ++x) {
           const int sy = p.flip ? p.R - 1 - y : y, sx = p.flip ? p.S - 1 - x : x;
@@ -813,19 +870,19 @@ cudnnStatus_t convolve(Dir dir, cudnnHandle_t h, const void* alpha, cudnnTensorD
       case Dir::Fwd: {
         const auto xv = load_act(x, p.xs, p.N, p.C, p.H, p.W, p.dt, rnd);
         const auto gv = load_filter(w, p, rnd);
-        blend_act(const_cast<void*>(y), p.ys, p.N, p.K, p.P, p.Q, p.dt, conv_fwd(p, xv, gv), al, be);
+        blend_act(const_cast<void*>(y), p.ys, p.N, p.K, p.P, p.Q, p.dt, grouped::run(dir, p, xv, gv), al, be);
         break;
       }
       case Dir::BwdData: {
         const auto dyv = load_act(y, p.ys, p.N, p.K, p.P, p.Q, p.dt, rnd);
         const auto gv = load_filter(w, p, rnd);
-        blend_act(const_cast<void*>(x), p.xs, p.N, p.C, p.H, p.W, p.dt, conv_bwd_data(p, dyv, gv), al, be);
+        blend_act(const_cast<void*>(x), p.xs, p.N, p.C, p.H, p.W, p.dt, grouped::run(dir, p, dyv, gv), al, be);
         break;
       }
       case Dir::BwdFilter: {
         const auto xv = load_act(x, p.xs, p.N, p.C, p.H, p.W, p.dt, rnd);
         const auto dyv = load_act(y, p.ys, p.N, p.K, p.P, p.Q, p.dt, rnd);
-        blend_filter(const_cast<void*>(w), p, conv_bwd_filter(p, xv, dyv), al, be);
+        blend_filter(const_cast<void*>(w), p, grouped::run(dir, p, xv, dyv), al, be);
         break;
       }
     }
@@ -1039,6 +1096,23 @@ cudnnStatus_t CUDNNWINAPI cudnnSetConvolutionMathType(cudnnConvolutionDescriptor
   if (!valid_math(mathType))
     return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetConvolutionMathType: invalid math type");
   d->math = mathType;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t CUDNNWINAPI cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int groupCount) {
+  Lock lock(rd::emu::api_lock());
+  if (!d) return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetConvolutionGroupCount: descriptor is NULL");
+  rd::emu::require_handle(d, kConv, "cudnnSetConvolutionGroupCount");
+  if (groupCount < 1) return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetConvolutionGroupCount: group count < 1");
+  d->groups = groupCount;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionGroupCount(cudnnConvolutionDescriptor_t d, int* groupCount) {
+  Lock lock(rd::emu::api_lock());
+  if (!d || !groupCount) return fail(CUDNN_STATUS_BAD_PARAM, "cudnnGetConvolutionGroupCount: NULL argument");
+  rd::emu::require_handle(d, kConv, "cudnnGetConvolutionGroupCount");
+  *groupCount = d->groups;
   return CUDNN_STATUS_SUCCESS;
 }
 
