@@ -1015,6 +1015,28 @@ TEST_CASE("cuDNN: NOT_SUPPORTED and BAD_PARAM for unsupported or inconsistent de
     CHECK(cudnnFindConvolutionForwardAlgorithm(d.h, c.x, c.w, c.conv, c.y, 8, &n, perf) ==
           CUDNN_STATUS_BAD_PARAM);
   }
+  SECTION("group count: the filter's C is x's channels per group, K a multiple of the count") {
+    int groups = 0;
+    DNN_OK(cudnnGetConvolutionGroupCount(c.conv, &groups));
+    CHECK(groups == 1);
+    CHECK(cudnnSetConvolutionGroupCount(c.conv, 0) == CUDNN_STATUS_BAD_PARAM);
+    DNN_OK(cudnnSetConvolutionGroupCount(c.conv, 2));
+    DNN_OK(cudnnGetConvolutionGroupCount(c.conv, &groups));
+    CHECK(groups == 2);
+    // (4, 4, 3, 3) with 2 groups would need 8 input channels.
+    CHECK(cudnnFindConvolutionForwardAlgorithm(d.h, c.x, c.w, c.conv, c.y, 8, &n, perf) ==
+          CUDNN_STATUS_BAD_PARAM);
+    DNN_OK(cudnnSetFilter4dDescriptor(c.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, 2, 3, 3));
+    CHECK(cudnnFindConvolutionForwardAlgorithm(d.h, c.x, c.w, c.conv, c.y, 8, &n, perf) == CUDNN_STATUS_SUCCESS);
+    CHECK(n > 0);
+    DNN_OK(cudnnSetConvolutionGroupCount(c.conv, 4));  // 4 groups of 1 channel: K 4 is fine
+    DNN_OK(cudnnSetFilter4dDescriptor(c.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, 1, 3, 3));
+    CHECK(cudnnFindConvolutionForwardAlgorithm(d.h, c.x, c.w, c.conv, c.y, 8, &n, perf) == CUDNN_STATUS_SUCCESS);
+    DNN_OK(cudnnSetFilter4dDescriptor(c.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 6, 1, 3, 3));
+    DNN_OK(cudnnSetTensor4dDescriptor(c.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 6, 6, 6));
+    CHECK(cudnnFindConvolutionForwardAlgorithm(d.h, c.x, c.w, c.conv, c.y, 8, &n, perf) ==
+          CUDNN_STATUS_BAD_PARAM);  // K = 6 is not a multiple of 4 groups
+  }
   SECTION("bad descriptor values") {
     CHECK(cudnnSetTensor4dDescriptor(c.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 0, 4, 6, 6) ==
           CUDNN_STATUS_BAD_PARAM);
