@@ -470,6 +470,30 @@ void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t coun
   for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);
 }
 
+// Segments one after another, each split over the threads: a ResNet has ~100-300
+// parameter tensors, the big ones dominate.
+void CpuBackend::segment_sum_squares_impl(const float* x, const int64_t* ranges, size_t segments, double* sums) {
+  for (size_t s = 0; s < segments; ++s) {
+    const int64_t b = ranges[2 * s], e = ranges[2 * s + 1];
+    double acc = 0.0;
+#pragma omp parallel for reduction(+ : acc) schedule(static)
+    for (int64_t i = b; i < e; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    sums[s] = acc;
+  }
+}
+
+void CpuBackend::segment_step_impl(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
+                                   const float* decay, const float* scale, const math::SegmentHyper& h) {
+  for (size_t s = 0; s < segments; ++s) {
+    const int64_t b = ranges[2 * s], e = ranges[2 * s + 1];
+    const float d = decay[s], k = scale[s];
+    float unused0 = 0.f, unused1 = 0.f;
+#pragma omp parallel for schedule(static) firstprivate(unused0, unused1)
+    for (int64_t i = b; i < e; ++i)
+      math::segment_update(p[i], g[i], s0 ? s0[i] : unused0, s1 ? s1[i] : unused1, d, k, h);
+  }
+}
+
 void CpuBackend::scale(float* data, float factor, size_t count) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < count; ++i) data[i] *= factor;
