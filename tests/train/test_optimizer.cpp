@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/errors.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "train/parse_cli.h"
 #include "train/train_test_util.h"
 
 using namespace rd;
@@ -243,4 +245,40 @@ TEST_CASE("the new optimizers' state checkpoints and resumes to the same traject
     step_with(other, opt2, s);
   }
   CHECK(rd::test::same_slices(*be, model->params(), other.params().data(), model->params().data()));
+}
+
+TEST_CASE("--optimizer, --norm-weight-decay, --bias-weight-decay, --clip-grad-norm on the command line", "[train]") {
+  const TrainOptions t = parse_cli({"--data", "d", "--opt", "lamb", "--norm-weight-decay", "0", "--bias-weight-decay",
+                                    "1e-5", "--clip-grad-norm", "1.5"})
+                             .train;
+  CHECK(t.optimizer == OptimizerKind::Lamb);
+  CHECK(t.norm_weight_decay == 0.0);
+  CHECK(t.bias_weight_decay == 1e-5);
+  CHECK(t.clip_grad_norm == 1.5);
+  const TrainOptions d = parse_cli({"--data", "d"}).train;  // defaults keep the tutorial recipe
+  CHECK(d.optimizer == OptimizerKind::Adam);
+  CHECK(d.norm_weight_decay < 0.0);
+  CHECK(d.bias_weight_decay < 0.0);
+  CHECK(d.clip_grad_norm == 0.0);
+  for (const char* name : {"adamw", "rmsprop", "lars"})
+    CHECK(name_of(optimizer_names(), parse_cli({"--data", "d", "--optimizer", name}).train.optimizer) == name);
+  CHECK(parse_cli({"--data", "d", "--optimizer", "lars", "--nesterov"}).train.nesterov);
+  const auto usage_error = [](std::vector<std::string> args) -> std::string {
+    try {
+      parse_cli(std::move(args));
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK_THAT(usage_error({"--data", "d", "--norm-weight-decay", "-1"}), Catch::StartsWith("--norm-weight-decay: expected"));
+  CHECK_THAT(usage_error({"--data", "d", "--bias-weight-decay", "x"}), Catch::StartsWith("--bias-weight-decay: expected"));
+  CHECK_THAT(usage_error({"--data", "d", "--clip-grad-norm", "-2"}), Catch::StartsWith("--clip-grad-norm"));
+  CHECK_THAT(usage_error({"--data", "d", "--optimizer", "adagrad"}),
+             Catch::Contains("adam") && Catch::Contains("adamw") && Catch::Contains("lamb"));
+  CHECK_THAT(usage_error({"--data", "d", "--optimizer", "adamw", "--nesterov"}), Catch::StartsWith("--nesterov"));
+  const std::string help = command_help(Command::Train);
+  for (const char* word : {"adamw", "rmsprop", "lars", "lamb", "--norm-weight-decay", "--bias-weight-decay",
+                           "--clip-grad-norm", "[default: none]"})
+    CHECK_THAT(help, Catch::Contains(word));
 }
