@@ -10,6 +10,7 @@
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/train_step.h"
 #include "train/parse_cli.h"
 #include "train/train_test_util.h"
 
@@ -281,4 +282,33 @@ TEST_CASE("--optimizer, --norm-weight-decay, --bias-weight-decay, --clip-grad-no
   for (const char* word : {"adamw", "rmsprop", "lars", "lamb", "--norm-weight-decay", "--bias-weight-decay",
                            "--clip-grad-norm", "[default: none]"})
     CHECK_THAT(help, Catch::Contains(word));
+}
+
+TEST_CASE("--clip-grad-norm clips the unscaled gradients in the real fp16 training step", "[train]") {
+  // torchvision's reference with GradScaler: scaler.unscale_(optimizer), then clip_grad_norm_.
+  auto be = make_cpu_backend({});
+  auto model = rd::test::trained_tiny(*be, HeadKind::Mlp, 3, 11);
+  OptimizerConfig oc;
+  oc.type = OptimizerKind::Sgd;
+  oc.lr = 0.0;  // the parameters stay: this test reads the gradients the optimizer saw
+  Optimizer opt(*be, model->params(), model->grads(), oc);
+  opt.set_clip_grad_norm(0.5);
+  TrainStep step(*model, opt, nullptr, 0.f, /*loss_scaling=*/true, 1024.0);
+  Arena& grads = model->grads();
+  const std::vector<float> g = rd::test::random_floats(grads.size(), 21);
+  std::vector<float> scaled(g);
+  for (float& x : scaled) x *= 1024.f;  // what backward leaves under a loss scale of 1024
+  be->copy_from_host(grads.data(), scaled.data(), scaled.size() * sizeof(float));
+  REQUIRE(step.update());
+  double norm = 0.0;
+  for (const ParamSlice& s : grads.slices())
+    for (size_t i = s.offset; i < s.offset + s.count; ++i) norm += static_cast<double>(g[i]) * g[i];
+  norm = std::sqrt(norm);
+  REQUIRE(norm > 0.5);
+  CHECK(opt.last_grad_norm() == Approx(norm).epsilon(1e-6));  // the unscaled norm
+  const std::vector<float> after = host(*be, grads.data(), grads.size());
+  const double coef = 0.5 / (norm + 1e-6);
+  const ParamSlice& first = grads.slice(0);
+  for (size_t i = first.offset; i < first.offset + first.count; ++i)
+    REQUIRE(after[i] == Approx(g[i] * coef).epsilon(1e-5).margin(1e-9));
 }
