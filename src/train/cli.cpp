@@ -90,8 +90,8 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.enumeration("--optimizer", &o.optimizer, optimizer_names(),
                  "optimizer: adam, sgd, adamw, rmsprop (torch.optim; rmsprop as torchvision's reference: "
                  "alpha 0.9, eps 0.0316), lars, lamb (timm.optim defaults)");
-  fs.real("--momentum", &o.momentum, 0.0, false, "SGD momentum", 1.0);
-  fs.boolean("--nesterov", &o.nesterov, "SGD with Nesterov momentum");
+  fs.real("--momentum", &o.momentum, 0.0, false, "momentum (sgd, rmsprop, lars)", 1.0);
+  fs.boolean("--nesterov", &o.nesterov, "Nesterov momentum (sgd, lars)");
   fs.real("--weight-decay", &o.weight_decay, 0.0, false,
           "weight decay (L2 added to the gradient; adamw: decoupled; lars/lamb: timm's)");
   add_optim_flags(fs, o);

@@ -33,8 +33,8 @@ struct TrainOptions {
   int epochs = 5;
   double lr = 1e-4;
   OptimizerKind optimizer = OptimizerKind::Adam;
-  double momentum = 0.9;             // sgd only
-  bool nesterov = false;             // sgd only
+  double momentum = 0.9;             // sgd, rmsprop, lars
+  bool nesterov = false;             // sgd, lars
   double weight_decay = 0.0;
   // ---- optim (issue #27): torchvision's param-group decays and gradient clipping ----
   double norm_weight_decay = -1.0;   // < 0: unset (batch-norm parameters take --weight-decay)
