@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <sstream>
+#include <utility>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
@@ -375,6 +376,58 @@ void Backend::sgd_step(float* params, const float* grads, float* momentum_buf, s
            "sgd_step: momentum " << h.momentum << " needs a buffer");
   RD_CHECK(count == 0 || (params && grads), "sgd_step: a buffer is missing");
   sgd_step_impl(params, grads, momentum_buf, count, h);
+}
+
+namespace {
+// Segments are ordered, non-overlapping, non-empty-or-empty [begin, end) ranges.
+void expect_segments(const int64_t* ranges, size_t segments, const char* op) {
+  RD_CHECK(segments == 0 || ranges, op << ": the segment ranges are missing");
+  int64_t prev_end = 0;
+  for (size_t i = 0; i < segments; ++i) {
+    const int64_t b = ranges[2 * i], e = ranges[2 * i + 1];
+    RD_CHECK(b >= prev_end && e >= b,
+             op << ": segment " << i << " [" << b << ", " << e << ") is not after the previous one");
+    prev_end = e;
+  }
+}
+
+// Which state buffers a segment rule reads and writes: {s0, s1}.
+std::pair<bool, bool> segment_state_needed(const math::SegmentHyper& h) {
+  using R = math::SegmentRule;
+  switch (h.rule) {
+    case R::Sgd:
+    case R::Lars: return {h.momentum != 0.f, false};
+    case R::Adam:
+    case R::AdamW:
+    case R::LambMoments: return {true, true};
+    case R::RmsProp: return {true, h.momentum > 0.f};
+    case R::ScaledDescent: return {false, false};
+  }
+  return {true, true};
+}
+}  // namespace
+
+void Backend::segment_sum_squares(const float* data, const int64_t* ranges, size_t segments, double* sums) {
+  expect_segments(ranges, segments, "segment_sum_squares");
+  RD_CHECK(segments == 0 || (data && sums), "segment_sum_squares: a buffer is missing");
+  segment_sum_squares_impl(data, ranges, segments, sums);
+}
+
+void Backend::segment_step(float* params, float* grads, float* s0, float* s1, const int64_t* ranges,
+                           size_t segments, const float* decay, const float* scale, const math::SegmentHyper& h) {
+  const char* op = "segment_step";
+  expect_segments(ranges, segments, op);
+  RD_CHECK(static_cast<int>(h.rule) >= 0 && static_cast<int>(h.rule) <= static_cast<int>(math::SegmentRule::ScaledDescent),
+           op << ": unknown rule " << static_cast<int>(h.rule));
+  RD_CHECK(h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f,
+           op << ": betas (" << h.beta1 << ", " << h.beta2 << ") must be in [0, 1)");
+  RD_CHECK(h.grad_divisor > 0.f && h.bias_correction1 > 0.f && h.bias_correction2_sqrt > 0.f,
+           op << ": grad_divisor and bias corrections must be > 0");
+  if (segments == 0) return;
+  RD_CHECK(params && grads && decay && scale, op << ": a buffer is missing");
+  const auto [need0, need1] = segment_state_needed(h);
+  RD_CHECK((!need0 || s0) && (!need1 || s1), op << ": rule " << static_cast<int>(h.rule) << " needs its state buffers");
+  segment_step_impl(params, grads, s0, s1, ranges, segments, decay, scale, h);
 }
 
 }  // namespace rd

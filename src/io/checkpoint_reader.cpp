@@ -23,8 +23,10 @@ bool is_num_batches_tracked(const std::string& name) {
 }
 
 const std::vector<std::string>& optimizer_state_names(OptimizerKind type) {
-  static const std::vector<std::string> adam{"exp_avg", "exp_avg_sq"}, sgd{"momentum_buffer"};
-  return type == OptimizerKind::Adam ? adam : sgd;
+  static const std::vector<std::string> adam{"exp_avg", "exp_avg_sq"}, sgd{"momentum_buffer"},
+      rmsprop{"square_avg", "momentum_buffer"};
+  if (type == OptimizerKind::RmsProp) return rmsprop;
+  return uses_adam_moments(type) ? adam : sgd;
 }
 
 namespace {
@@ -220,7 +222,7 @@ void CheckpointReader::load_optimizer(ResNet& model, const OptimizerState& into)
     const auto& known = optimizer_state_names(type);
     if (std::find(known.begin(), known.end(), t.name) == known.end() || !r.src->has_group(group)) {
       // SGD before its first step has no momentum buffer; anything else is damage.
-      if (type == OptimizerKind::Sgd && o.step == 0) continue;
+      if (momentum_seeded_by_first_step(type) && o.step == 0) continue;
       r.bad("missing optimizer state '" + t.name + "'");
     }
     for (size_t i = 0; i < params.slices().size(); ++i) {

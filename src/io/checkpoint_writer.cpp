@@ -171,6 +171,15 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
 
 }
 
+// Issue #27's hyperparameters: param-group decays (when set), RMSprop, LARS, LAMB.
+void write_optimizer_extras(Writer& w, hid_t g, const OptimizerConfig& c) {
+  if (c.norm_weight_decay >= 0) w.f64(g, "norm_weight_decay", c.norm_weight_decay);
+  if (c.bias_weight_decay >= 0) w.f64(g, "bias_weight_decay", c.bias_weight_decay);
+  if (c.type == OptimizerKind::RmsProp) w.f64(g, "alpha", c.alpha), w.f64(g, "eps", c.eps);
+  if (c.type == OptimizerKind::Lars) w.f64(g, "trust_coeff", c.trust_coeff), w.f64(g, "eps", c.eps);
+  if (c.type == OptimizerKind::Lamb) w.f64(g, "max_grad_norm", c.max_grad_norm);
+}
+
 // The /optimizer group: hyperparameters and the state tensors.
 void write_optimizer(Writer& w, hid_t f, const Arena& params, const OptimizerState& s) {
   const OptimizerConfig& c = s.config;
@@ -180,7 +189,7 @@ void write_optimizer(Writer& w, hid_t f, const Arena& params, const OptimizerSta
   w.f64(g, "lr", s.lr);
   w.f64(g, "initial_lr", c.lr);
   w.f64(g, "weight_decay", c.weight_decay);
-  if (c.type == OptimizerKind::Adam) {
+  if (uses_adam_moments(c.type)) {
     w.f64(g, "beta1", c.beta1);
     w.f64(g, "beta2", c.beta2);
     w.f64(g, "eps", c.eps);
@@ -189,9 +198,10 @@ void write_optimizer(Writer& w, hid_t f, const Arena& params, const OptimizerSta
     w.f64(g, "dampening", c.dampening);
     w.i64(g, "nesterov", c.nesterov ? 1 : 0);
   }
+  write_optimizer_extras(w, g, c);
   // Before the first step PyTorch has no state at all; we write zeros, which
   // give the same next step for Adam, and skip SGD's buffer (seeded by step 1).
-  if (c.type == OptimizerKind::Sgd && s.step == 0) return;
+  if (momentum_seeded_by_first_step(c.type) && s.step == 0) return;
   for (const StateTensor& t : s.tensors) {
     Id sg = w.group(g, t.name);
     for (size_t i = 0; i < params.slices().size(); ++i) w.slice(sg, params, i, t.data);

@@ -231,7 +231,7 @@ void Hdf5Source::read_optimizer(OptimizerState& o) {
   o.lr = f64(g, "lr");
   c.lr = f64_or(g, "initial_lr", o.lr);
   c.weight_decay = f64_or(g, "weight_decay", 0.0);
-  if (c.type == OptimizerKind::Adam) {
+  if (uses_adam_moments(c.type)) {
     c.beta1 = f64_or(g, "beta1", 0.9);
     c.beta2 = f64_or(g, "beta2", 0.999);
     c.eps = f64_or(g, "eps", 1e-8);
@@ -239,7 +239,13 @@ void Hdf5Source::read_optimizer(OptimizerState& o) {
     c.momentum = f64_or(g, "momentum", 0.0);
     c.dampening = f64_or(g, "dampening", 0.0);
     c.nesterov = i64_or(g, "nesterov", 0) != 0;
+    c.eps = f64_or(g, "eps", c.eps);
   }
+  c.norm_weight_decay = f64_or(g, "norm_weight_decay", -1.0);
+  c.bias_weight_decay = f64_or(g, "bias_weight_decay", -1.0);
+  c.alpha = f64_or(g, "alpha", c.alpha);
+  c.trust_coeff = f64_or(g, "trust_coeff", c.trust_coeff);
+  c.max_grad_norm = f64_or(g, "max_grad_norm", c.max_grad_norm);
 }
 
 // The /scheduler group's attributes (full checkpoints only).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/recipes.h"
+#include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
 
@@ -45,6 +47,29 @@ std::string TrainOptions::resume_checkpoint() const {
 
 namespace {
 
+// Issue #27's optimizer flags (torchvision reference spellings).
+void add_optim_flags(FlagSet& fs, TrainOptions& o) {
+  const auto optional_decay = [&fs](const std::string& flag, double* target, const std::string& help) {
+    fs.custom(
+        flag, "X|none", help,
+        [flag, target](const std::string& v) {
+          if (v == "none") return void(*target = -1.0);
+          char* end = nullptr;
+          const double d = std::strtod(v.c_str(), &end);
+          if (v.empty() || *end != '\0' || !std::isfinite(d) || d < 0.0)
+            throw UsageError(flag + ": expected a number >= 0 or none, got '" + v + "'");
+          *target = d;
+        },
+        [target] { return *target < 0.0 ? std::string("none") : py_float(*target); });
+  };
+  optional_decay("--norm-weight-decay", &o.norm_weight_decay,
+                 "weight decay of batch-norm weights and biases (none = --weight-decay)");
+  optional_decay("--bias-weight-decay", &o.bias_weight_decay,
+                 "weight decay of every bias, batch norm's included (none = as the other parameters)");
+  fs.real("--clip-grad-norm", &o.clip_grad_norm, 0.0, false,
+          "clip the global gradient norm (after the all-reduce and fp16 unscaling) to this; 0 = off");
+}
+
 // The train flags in --help (and values()) order, declared in two parts only to keep
 // each function short.
 void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
@@ -64,10 +89,14 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--val-batch-size", &o.val_batch_size, 0, "images per rank per validation batch (0 = --batch-size)", 65536);
   fs.integer("--epochs", &o.epochs, 1, "number of epochs", 1000000);
   fs.real("--lr", &o.lr, 0.0, true, "learning rate");
-  fs.enumeration("--optimizer", &o.optimizer, optimizer_names(), "optimizer (PyTorch semantics)");
-  fs.real("--momentum", &o.momentum, 0.0, false, "SGD momentum", 1.0);
-  fs.boolean("--nesterov", &o.nesterov, "SGD with Nesterov momentum");
-  fs.real("--weight-decay", &o.weight_decay, 0.0, false, "L2 penalty added to the gradient");
+  fs.enumeration("--optimizer", &o.optimizer, optimizer_names(),
+                 "optimizer: adam, sgd, adamw, rmsprop (torch.optim; rmsprop as torchvision's reference: "
+                 "alpha 0.9, eps 0.0316), lars, lamb (timm.optim defaults)");
+  fs.real("--momentum", &o.momentum, 0.0, false, "momentum (sgd, rmsprop, lars)", 1.0);
+  fs.boolean("--nesterov", &o.nesterov, "Nesterov momentum (sgd, lars)");
+  fs.real("--weight-decay", &o.weight_decay, 0.0, false,
+          "weight decay (L2 added to the gradient; adamw: decoupled; lars/lamb: timm's)");
+  add_optim_flags(fs, o);
   fs.real("--label-smoothing", &o.label_smoothing, 0.0, false, "cross-entropy label smoothing", 1.0);
   fs.enumeration("--scheduler", &o.scheduler, scheduler_names(),
             "LR schedule per epoch: plateau = ReduceLROnPlateau(val loss, factor 0.1, patience 5, "
@@ -241,7 +270,8 @@ void train_finish(ParsedCommand& pc, Parsed& p) {
     throw UsageError("--val-split " + t.val_split + ": the same folder as --train-split");
   if (t.resume == ResumeMode::File && t.resume_file.empty())
     throw UsageError("--resume: expected auto, none or a checkpoint path");
-  if (t.optimizer != OptimizerKind::Sgd && t.nesterov) throw UsageError("--nesterov: only valid with --optimizer sgd");
+  if (t.optimizer != OptimizerKind::Sgd && t.optimizer != OptimizerKind::Lars && t.nesterov)
+    throw UsageError("--nesterov: only valid with --optimizer sgd or lars");
   if (t.nesterov && t.momentum <= 0.0) throw UsageError("--nesterov: needs --momentum > 0");
   if (t.skip_unreadable && !t.eval_only)
     throw UsageError("--skip-unreadable: only with --eval-only (training skips unreadable images unless "

@@ -1,5 +1,6 @@
 #include "resnet_ddp/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -7,21 +8,59 @@
 
 namespace rd::train {
 
+namespace {
+bool is_bias(const std::string& name) {
+  return name == "bias" || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+}
+std::string module_of(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? "" : name.substr(0, dot);
+}
+}  // namespace
+
+std::vector<float> parameter_weight_decays(const Arena& params, const OptimizerConfig& cfg) {
+  std::vector<float> decay;
+  for (const ParamSlice& s : params.slices()) {
+    double d = cfg.weight_decay;
+    const std::string module = module_of(s.name);
+    const long weight = params.find(module.empty() ? "weight" : module + ".weight");
+    // Batch norm is the only module here with a 1-D weight (convolutions and linears have 2-D+).
+    const bool in_norm = weight >= 0 && params.slice(static_cast<size_t>(weight)).shape.rank == 1;
+    if (cfg.bias_weight_decay >= 0 && is_bias(s.name)) d = cfg.bias_weight_decay;
+    else if (cfg.norm_weight_decay >= 0 && in_norm) d = cfg.norm_weight_decay;
+    decay.push_back(static_cast<float>(d));
+  }
+  return decay;
+}
+
 Optimizer::Optimizer(Backend& backend, Arena& params, Arena& grads, const OptimizerConfig& cfg)
     : backend_(backend), params_(params), grads_(grads), cfg_(cfg), lr_(cfg.lr) {
   RD_CHECK(params.allocated() && grads.allocated() && params.size() == grads.size(),
            "Optimizer: parameter and gradient arenas must be allocated with the same layout");
   const size_t bytes = std::max<size_t>(params.size(), 1) * sizeof(float);
   for (size_t i = 0; i < state_count(); ++i) state_[i] = backend_.allocate(bytes);
+  for (const ParamSlice& s : params.slices()) {
+    ranges_.push_back(static_cast<int64_t>(s.offset));
+    ranges_.push_back(static_cast<int64_t>(s.offset + s.count));
+  }
+  decay_ = parameter_weight_decays(params, cfg);
+  scale_.assign(decay_.size(), 1.f);
+  sq_params_.assign(decay_.size(), 0.0);
+  sq_grads_.assign(decay_.size(), 0.0);
+  const bool uniform_decay =
+      std::all_of(decay_.begin(), decay_.end(), [&](float d) { return d == static_cast<float>(cfg.weight_decay); });
+  segmented_ = !(uniform_decay && (cfg.type == OptimizerKind::Adam || cfg.type == OptimizerKind::Sgd));
 }
 
 size_t Optimizer::state_count() const {
-  if (cfg_.type == OptimizerKind::Adam) return 2;
+  if (uses_adam_moments(cfg_.type)) return 2;
+  if (cfg_.type == OptimizerKind::RmsProp) return cfg_.momentum > 0.0 ? 2 : 1;
   return cfg_.momentum != 0.0 ? 1 : 0;
 }
 
 const char* Optimizer::state_name(size_t i) const {
-  if (cfg_.type == OptimizerKind::Adam) return i == 0 ? "exp_avg" : "exp_avg_sq";
+  if (uses_adam_moments(cfg_.type)) return i == 0 ? "exp_avg" : "exp_avg_sq";
+  if (cfg_.type == OptimizerKind::RmsProp && i == 0) return "square_avg";
   return "momentum_buffer";
 }
 
@@ -46,8 +85,110 @@ void Optimizer::import_state(const OptimizerState& s) {
   lr_ = s.lr;
 }
 
+double Optimizer::clip_gradients(double max_norm) {
+  backend_.segment_sum_squares(grads_.data(), ranges_.data(), decay_.size(), sq_grads_.data());
+  double total = 0.0;
+  for (double sq : sq_grads_) total += sq;
+  total = std::sqrt(total);
+  // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1 (a multiply by 1 changes nothing).
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) backend_.scale(grads_.data(), static_cast<float>(coef), grads_.size());
+  return total;
+}
+
 void Optimizer::step() {
   ++step_;
+  if (clip_grad_norm_ > 0.0) last_grad_norm_ = clip_gradients(clip_grad_norm_);
+  if (!segmented_) return flat_step();
+  math::SegmentHyper h = segment_hyper();
+  float* s0 = state_count() > 0 ? state(0) : nullptr;
+  float* s1 = state_count() > 1 ? state(1) : nullptr;
+  switch (cfg_.type) {
+    case OptimizerKind::Lars: return lars_step(h);
+    case OptimizerKind::Lamb: return lamb_step(h);
+    case OptimizerKind::AdamW:
+      // torch.optim.AdamW: param.mul_(1 - lr * weight_decay), the factor in double.
+      for (size_t i = 0; i < decay_.size(); ++i) scale_[i] = static_cast<float>(1.0 - lr_ * decay_[i]);
+      break;
+    default: break;
+  }
+  backend_.segment_step(params_.data(), grads_.data(), s0, s1, ranges_.data(), decay_.size(), decay_.data(),
+                        scale_.data(), h);
+}
+
+math::SegmentHyper Optimizer::segment_hyper() const {
+  using R = math::SegmentRule;
+  math::SegmentHyper h;
+  switch (cfg_.type) {
+    case OptimizerKind::Sgd: h.rule = R::Sgd; break;
+    case OptimizerKind::Adam: h.rule = R::Adam; break;
+    case OptimizerKind::AdamW: h.rule = R::AdamW; break;
+    case OptimizerKind::RmsProp: h.rule = R::RmsProp; break;
+    case OptimizerKind::Lars: h.rule = R::Lars; break;
+    case OptimizerKind::Lamb: h.rule = R::LambMoments; break;
+  }
+  h.lr = static_cast<float>(lr_);
+  h.beta1 = static_cast<float>(cfg_.beta1);
+  h.beta2 = static_cast<float>(cfg_.beta2);
+  h.one_minus_beta1 = static_cast<float>(1.0 - cfg_.beta1);
+  h.one_minus_beta2 = static_cast<float>(1.0 - cfg_.beta2);
+  h.eps = static_cast<float>(cfg_.eps);
+  h.alpha = static_cast<float>(cfg_.alpha);
+  h.one_minus_alpha = static_cast<float>(1.0 - cfg_.alpha);
+  h.momentum = static_cast<float>(cfg_.momentum);
+  h.dampening = static_cast<float>(cfg_.dampening);
+  h.nesterov = cfg_.nesterov;
+  h.first_step = step_ == 1;
+  if (uses_adam_moments(cfg_.type)) {
+    const double t = static_cast<double>(step_);
+    const double bias_correction1 = 1.0 - std::pow(cfg_.beta1, t);
+    h.bias_correction1 = static_cast<float>(bias_correction1);
+    h.step_size = static_cast<float>(lr_ / bias_correction1);
+    h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, t)));
+  }
+  return h;
+}
+
+// timm's Lars: where a tensor's decay is non-zero, grad = (grad + decay * p) * trust, with
+// trust = trust_coeff * |p| / (|g| + |p| * decay + eps) (1 when |p| or |g| is 0); then SGD.
+void Optimizer::lars_step(math::SegmentHyper h) {
+  const size_t n = decay_.size();
+  backend_.segment_sum_squares(params_.data(), ranges_.data(), n, sq_params_.data());
+  backend_.segment_sum_squares(grads_.data(), ranges_.data(), n, sq_grads_.data());
+  for (size_t i = 0; i < n; ++i) {
+    const double w = std::sqrt(sq_params_[i]), g = std::sqrt(sq_grads_[i]), wd = decay_[i];
+    scale_[i] = 1.f;
+    if (wd != 0.0 && w > 0.0 && g > 0.0) scale_[i] = static_cast<float>(cfg_.trust_coeff * w / (g + w * wd + cfg_.eps));
+  }
+  backend_.segment_step(params_.data(), grads_.data(), h.momentum != 0.f ? state(0) : nullptr, nullptr,
+                        ranges_.data(), n, decay_.data(), scale_.data(), h);
+}
+
+// timm's Lamb: the gradients divided by max(|g|_global / max_grad_norm, 1); Adam's update
+// u plus decay * p; where the decay is non-zero, u *= |p| / |u| (1 when either is 0);
+// p -= lr * u. Two passes: the first leaves u in the gradient buffer.
+void Optimizer::lamb_step(math::SegmentHyper h) {
+  const size_t n = decay_.size();
+  if (cfg_.max_grad_norm > 0.0) {
+    backend_.segment_sum_squares(grads_.data(), ranges_.data(), n, sq_grads_.data());
+    double total = 0.0;
+    for (double sq : sq_grads_) total += sq;
+    h.grad_divisor = static_cast<float>(std::max(std::sqrt(total) / cfg_.max_grad_norm, 1.0));
+  }
+  backend_.segment_step(params_.data(), grads_.data(), state(0), state(1), ranges_.data(), n, decay_.data(),
+                        scale_.data(), h);
+  backend_.segment_sum_squares(params_.data(), ranges_.data(), n, sq_params_.data());
+  backend_.segment_sum_squares(grads_.data(), ranges_.data(), n, sq_grads_.data());
+  for (size_t i = 0; i < n; ++i) {
+    const double w = std::sqrt(sq_params_[i]), u = std::sqrt(sq_grads_[i]);
+    scale_[i] = decay_[i] != 0.f && w > 0.0 && u > 0.0 ? static_cast<float>(w / u) : 1.f;
+  }
+  h.rule = math::SegmentRule::ScaledDescent;
+  backend_.segment_step(params_.data(), grads_.data(), nullptr, nullptr, ranges_.data(), n, decay_.data(),
+                        scale_.data(), h);
+}
+
+void Optimizer::flat_step() {
   const size_t n = params_.size();
   if (cfg_.type == OptimizerKind::Adam) {
     math::AdamArgs a;

@@ -13,6 +13,19 @@
 
 namespace rd::train {
 
+namespace {
+// Issue #27's optimizers: the reference recipes' hyperparameters (torchvision's train.py
+// for rmsprop; timm's defaults for lars and lamb; torch.optim's for adamw) and the
+// param-group decays.
+void set_optim_config(OptimizerConfig& oc, const TrainOptions& o) {
+  oc.norm_weight_decay = o.norm_weight_decay;
+  oc.bias_weight_decay = o.bias_weight_decay;
+  if (o.optimizer == OptimizerKind::RmsProp) oc.momentum = o.momentum, oc.eps = 0.0316, oc.alpha = 0.9;
+  if (o.optimizer == OptimizerKind::Lars) oc.momentum = o.momentum, oc.nesterov = o.nesterov, oc.eps = 1e-8;
+  if (o.optimizer == OptimizerKind::Lamb) oc.eps = 1e-6, oc.max_grad_norm = 1.0;
+}
+}  // namespace
+
 // One choice for all ranks: CUDA only where every rank has a GPU (mixed devices would
 // start NCCL on some ranks and MPI on others). A GPU job that lands on the CPU is hours
 // slower, so it is said loudly, once, with each node's reason.
@@ -247,7 +260,9 @@ void Trainer::setup_model() {
     oc.momentum = o_.momentum;
     oc.nesterov = o_.nesterov;
   }
+  set_optim_config(oc, o_);
   opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
+  opt_->set_clip_grad_norm(o_.clip_grad_norm);
   sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;

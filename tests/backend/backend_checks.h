@@ -768,6 +768,60 @@ inline void check_sgd(Backend& be, size_t count, float momentum, float dampening
   if (momentum != 0.f) RD_CHECK_CLOSE("sgd momentum buffer", buf.host(), st.buf, tol);
 }
 
+// Per-segment ops: segments of different lengths (one empty, one over many blocks), a
+// gap between two that nothing may touch; per-segment decay and scale.
+inline void check_segment_ops(Backend& be) {
+  INFO("segment ops on " << be.name());
+  const std::vector<int64_t> ranges = {0, 5, 5, 5, 9, 20009, 20017, 20030};  // [20009, 20017) is a gap
+  const size_t segs = ranges.size() / 2, count = 20030;
+  const auto xh = random_floats(count, 161);
+  DeviceVector x(be, xh);
+  std::vector<double> sums(segs, -1.0);
+  be.segment_sum_squares(x.ptr(), ranges.data(), segs, sums.data());
+  for (size_t s = 0; s < segs; ++s) {
+    double expect = 0.0;
+    for (int64_t i = ranges[2 * s]; i < ranges[2 * s + 1]; ++i) expect += static_cast<double>(xh[i]) * xh[i];
+    CHECK(sums[s] == Approx(expect).epsilon(1e-12));
+  }
+  // SGD with momentum, each segment its own decay, against the float64 reference per segment.
+  const std::vector<float> decay = {0.1f, 0.5f, 0.f, 1e-3f}, scale = {1.f, 1.f, 1.f, 1.f};
+  const auto p0 = random_floats(count, 162);
+  DeviceVector p(be, p0), buf(be, filled(count, 0.f));
+  std::vector<ref::Vec> pr(segs);
+  std::vector<ref::SgdState> st(segs);
+  for (size_t s = 0; s < segs; ++s) pr[s] = ref::Vec(p0.begin() + ranges[2 * s], p0.begin() + ranges[2 * s + 1]);
+  for (int t = 1; t <= 3; ++t) {
+    const auto gh = random_floats(count, 163 + static_cast<uint64_t>(t));
+    DeviceVector g(be, gh);
+    math::SegmentHyper h;
+    h.rule = math::SegmentRule::Sgd, h.lr = 0.05f, h.momentum = 0.9f, h.first_step = t == 1;
+    be.segment_step(p.ptr(), g.ptr(), buf.ptr(), nullptr, ranges.data(), segs, decay.data(), scale.data(), h);
+    for (size_t s = 0; s < segs; ++s)
+      ref::sgd_step(pr[s], ref::Vec(gh.begin() + ranges[2 * s], gh.begin() + ranges[2 * s + 1]), st[s], 0.05, 0.9,
+                    0.0, decay[s], false);
+  }
+  const std::vector<float> got = p.host();
+  for (size_t s = 0; s < segs; ++s) {
+    const std::vector<float> seg(got.begin() + ranges[2 * s], got.begin() + ranges[2 * s + 1]);
+    RD_CHECK_CLOSE("segment sgd params", seg, pr[s], (Tol{1e-5, 1e-6}));
+  }
+  for (size_t i = 20009; i < 20017; ++i) CHECK(got[i] == p0[i]);  // the gap
+  // LAMB's second pass: p -= lr * (g * scale) with each segment's scale, exactly as in float.
+  const std::vector<float> trust = {2.f, 3.f, 0.5f, 0.25f};
+  const auto gh = random_floats(count, 170);
+  DeviceVector q(be, p0), g(be, gh);
+  math::SegmentHyper h;
+  h.rule = math::SegmentRule::ScaledDescent, h.lr = 0.1f;
+  be.segment_step(q.ptr(), g.ptr(), nullptr, nullptr, ranges.data(), segs, decay.data(), trust.data(), h);
+  const std::vector<float> moved = q.host();
+  for (size_t s = 0; s < segs; ++s)
+    for (int64_t i = ranges[2 * s]; i < ranges[2 * s + 1]; ++i) {
+      float expect = p0[i];
+      expect -= 0.1f * (gh[i] * trust[s]);
+      REQUIRE(moved[i] == Approx(expect).epsilon(1e-6).margin(1e-7));
+    }
+}
+
 // ---- memory helpers -----------------------------------------------------------------------------
 
 inline void check_copy_roundtrip(Backend& be, const Dims& d) {

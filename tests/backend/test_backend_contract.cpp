@@ -209,6 +209,26 @@ TEST_CASE("contract: batch norm, pooling, linear, loss and optimizer arguments",
   CHECK_THROWS_AS(be.sgd_step(p.data(), gr.data(), nullptr, 5, sgd), Error);
   sgd.momentum = 0.f;
   REQUIRE_NOTHROW(be.sgd_step(p.data(), gr.data(), nullptr, 5, sgd));
+
+  // Per-segment ops: ordered ranges, the state buffers the rule uses.
+  const int64_t ranges[4] = {0, 2, 3, 5}, overlapping[4] = {0, 3, 2, 5}, reversed[4] = {0, 2, 5, 3};
+  const float decay[2] = {0.1f, 0.f}, scale[2] = {1.f, 1.f};
+  double sums[2];
+  REQUIRE_NOTHROW(be.segment_sum_squares(p.data(), ranges, 2, sums));
+  CHECK_THROWS_WITH(be.segment_sum_squares(p.data(), overlapping, 2, sums), Catch::Contains("segment 1"));
+  CHECK_THROWS_AS(be.segment_sum_squares(p.data(), reversed, 2, sums), Error);
+  CHECK_THROWS_AS(be.segment_sum_squares(p.data(), ranges, 2, nullptr), Error);
+  math::SegmentHyper h;
+  h.rule = math::SegmentRule::AdamW;
+  REQUIRE_NOTHROW(be.segment_step(p.data(), gr.data(), m.data(), v.data(), ranges, 2, decay, scale, h));
+  CHECK_THROWS_WITH(be.segment_step(p.data(), gr.data(), m.data(), nullptr, ranges, 2, decay, scale, h),
+                    Catch::Contains("state buffers"));
+  h.rule = math::SegmentRule::Lars, h.momentum = 0.9f;
+  CHECK_THROWS_AS(be.segment_step(p.data(), gr.data(), nullptr, nullptr, ranges, 2, decay, scale, h), Error);
+  h.momentum = 0.f;
+  REQUIRE_NOTHROW(be.segment_step(p.data(), gr.data(), nullptr, nullptr, ranges, 2, decay, scale, h));
+  h.grad_divisor = 0.f;
+  CHECK_THROWS_AS(be.segment_step(p.data(), gr.data(), nullptr, nullptr, ranges, 2, decay, scale, h), Error);
 }
 
 TEST_CASE("cuda_device_for_rank: one GPU per task, or GPU i for local rank i", "[kernel][contract]") {

@@ -172,6 +172,7 @@ TEST_CASE("cpu backend: Adam and SGD steps", "[kernel]") {
     check_sgd(*be, count, 0.9f, 0.f, 1e-4f, true, 3);
     check_sgd(*be, count, 0.f, 0.f, 0.f, false, 2);
   }
+  check_segment_ops(*be);
 }
 
 TEST_CASE("cpu backend: fill, scale, all_finite, u8 images", "[kernel]") {

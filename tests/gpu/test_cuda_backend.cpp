@@ -268,6 +268,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
       check_sgd(be, count, 0.f, 0.f, 0.f, false, 2);
       check_fill_scale_finite(be, count);
     }
+    check_segment_ops(be);
     if (g.exact_copies) {
       check_images_u8(be, Dims{2, 3, 5, 7}, false);
       check_images_u8(be, Dims{1, 3, 4, 4}, true);

@@ -12,10 +12,20 @@
 
 namespace rd::io {
 
-enum class OptimizerKind { Adam, Sgd };
+// Adam, Sgd: torch.optim with L2 decay; AdamW, RmsProp: torch.optim; Lars, Lamb: timm.optim.
+enum class OptimizerKind { Adam, Sgd, AdamW, RmsProp, Lars, Lamb };
 enum class SchedulerKind { Plateau, Cosine, None };
 // --optimizer / --scheduler spellings, also the type names a checkpoint records.
-inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
+inline NameTable<OptimizerKind> optimizer_names() {
+  return {{"adam", OptimizerKind::Adam},       {"sgd", OptimizerKind::Sgd},   {"adamw", OptimizerKind::AdamW},
+          {"rmsprop", OptimizerKind::RmsProp}, {"lars", OptimizerKind::Lars}, {"lamb", OptimizerKind::Lamb}};
+}
+// Adam's moments (exp_avg, exp_avg_sq, betas, eps) vs SGD's momentum (momentum, dampening, nesterov).
+inline bool uses_adam_moments(OptimizerKind k) {
+  return k == OptimizerKind::Adam || k == OptimizerKind::AdamW || k == OptimizerKind::Lamb;
+}
+// SGD-style momentum buffers are seeded with the first step's gradient: none exists before it.
+inline bool momentum_seeded_by_first_step(OptimizerKind k) { return k == OptimizerKind::Sgd || k == OptimizerKind::Lars; }
 inline NameTable<SchedulerKind> scheduler_names() {
   return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
 }
@@ -27,12 +37,19 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
   double momentum = 0.0, dampening = 0.0;         // sgd
   bool nesterov = false;
+  // ---- optim (issue #27): torchvision's param-group decays, RMSprop, timm's LARS / LAMB ----
+  // Decay of batch-norm weights and biases / of every bias; < 0: unset (--weight-decay applies),
+  // like torchvision's None. A bias of a norm layer takes bias_weight_decay when both are set.
+  double norm_weight_decay = -1.0, bias_weight_decay = -1.0;
+  double alpha = 0.9;            // rmsprop (torchvision's reference: alpha 0.9, eps 0.0316)
+  double trust_coeff = 0.001;    // lars (timm)
+  double max_grad_norm = 1.0;    // lamb's own global gradient clip (timm); <= 0: off
 };
 
 // One state tensor of an optimizer: params().size() floats in the parameters' layout,
 // in the model backend's memory (not owned).
 struct StateTensor {
-  std::string name;  // exp_avg, exp_avg_sq (adam); momentum_buffer (sgd)
+  std::string name;  // exp_avg, exp_avg_sq (adam, adamw, lamb); momentum_buffer (sgd, lars); square_avg (rmsprop)
   float* data = nullptr;
 };
 

@@ -53,4 +53,94 @@ RD_HD void sgd_update(float& p, float g, float& buf, const SgdHyper& h) {
   p -= h.lr * g;
 }
 
+// ---- per-parameter-tensor ("segment") updates -------------------------------------------
+// The updates whose scalars differ per parameter tensor: per-tensor weight decay
+// (torchvision's --norm-weight-decay / --bias-weight-decay param groups) and the
+// layer-wise trust ratios of timm's LARS / LAMB. A backend call covers the whole arena;
+// each segment (one parameter's slice) brings its own `decay` and `scale`.
+enum class SegmentRule : int32_t {
+  Sgd,            // torch.optim.SGD: g += decay * p; momentum (s0, may be null)
+  Adam,           // torch.optim.Adam: g += decay * p; s0 exp_avg, s1 exp_avg_sq
+  AdamW,          // torch.optim.AdamW: p *= scale (= 1 - lr * decay), then Adam without decay
+  RmsProp,        // torch.optim.RMSprop (not centred): s0 square_avg, s1 momentum_buffer (may be null)
+  Lars,           // timm Lars: g = (g + decay * p) * scale (the trust ratio), then SGD
+  LambMoments,    // timm Lamb, first pass: g /= grad_divisor; moments; g <- the update (+ decay * p)
+  ScaledDescent,  // timm Lamb, second pass: p -= lr * (g * scale)
+};
+
+// The scalars torch computes in double (1 - beta, lr / bias_correction1) come precomputed:
+// a float recomputation differs by an ulp every step, and that bias accumulates.
+struct SegmentHyper {
+  SegmentRule rule = SegmentRule::Sgd;
+  float lr = 0.f, eps = 1e-8f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float one_minus_beta1 = 0.1f;                  // also LAMB's gradient weight (grad averaging)
+  float one_minus_beta2 = 0.001f;
+  float step_size = 0.f;                         // Adam: lr / (1 - beta1^t)
+  float bias_correction1 = 1.f;                  // LAMB: 1 - beta1^t
+  float bias_correction2_sqrt = 1.f;             // sqrt(1 - beta2^t)
+  float alpha = 0.99f, one_minus_alpha = 0.01f;  // RMSprop's smoothing constant
+  float momentum = 0.f, dampening = 0.f;         // SGD / LARS / RMSprop
+  float grad_divisor = 1.f;                      // LAMB's global clip (timm divides the gradient)
+  bool nesterov = false;
+  bool first_step = false;                       // SGD / LARS seed the momentum buffer with g
+};
+
+// One element of segment `decay`/`scale`; s0/s1 are the element's state (unused ones: any
+// float). g is read, and LambMoments writes the update back into it.
+RD_HD void segment_update(float& p, float& g, float& s0, float& s1, float decay, float scale,
+                          const SegmentHyper& h) {
+  switch (h.rule) {
+    case SegmentRule::Sgd:
+    case SegmentRule::Lars: {
+      float d = g;
+      if (h.rule == SegmentRule::Lars) d = (d + decay * p) * scale;
+      else if (decay != 0.f) d += decay * p;
+      if (h.momentum != 0.f) {
+        s0 = h.first_step ? d : h.momentum * s0 + (1.f - h.dampening) * d;
+        d = h.nesterov ? d + h.momentum * s0 : s0;
+      }
+      p -= h.lr * d;
+      return;
+    }
+    case SegmentRule::Adam:
+    case SegmentRule::AdamW: {
+      float d = g;
+      if (h.rule == SegmentRule::AdamW) p *= scale;
+      else if (decay != 0.f) d += decay * p;
+      s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
+      s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
+      const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
+      p -= h.step_size * (s0 / denom);
+      return;
+    }
+    case SegmentRule::RmsProp: {
+      float d = g;
+      if (decay != 0.f) d += decay * p;
+      s0 = h.alpha * s0 + h.one_minus_alpha * d * d;
+      const float avg = sqrtf(s0) + h.eps;
+      if (h.momentum > 0.f) {
+        s1 = h.momentum * s1 + d / avg;
+        p -= h.lr * s1;
+      } else {
+        p -= h.lr * (d / avg);
+      }
+      return;
+    }
+    case SegmentRule::LambMoments: {
+      const float d = g / h.grad_divisor;
+      s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
+      s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
+      const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
+      float u = (s0 / h.bias_correction1) / denom;
+      if (decay != 0.f) u += decay * p;
+      g = u;
+      return;
+    }
+    case SegmentRule::ScaledDescent:
+      p -= h.lr * (g * scale);
+      return;
+  }
+}
+
 }  // namespace rd::math

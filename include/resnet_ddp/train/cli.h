@@ -33,9 +33,13 @@ struct TrainOptions {
   int epochs = 5;
   double lr = 1e-4;
   OptimizerKind optimizer = OptimizerKind::Adam;
-  double momentum = 0.9;             // sgd only
-  bool nesterov = false;             // sgd only
+  double momentum = 0.9;             // sgd, rmsprop, lars
+  bool nesterov = false;             // sgd, lars
   double weight_decay = 0.0;
+  // ---- optim (issue #27): torchvision's param-group decays and gradient clipping ----
+  double norm_weight_decay = -1.0;   // < 0: unset (batch-norm parameters take --weight-decay)
+  double bias_weight_decay = -1.0;   // < 0: unset
+  double clip_grad_norm = 0.0;       // 0: off
   double label_smoothing = 0.1;
   SchedulerKind scheduler = SchedulerKind::Plateau;
   bool sync_bn = true;  // SyncBatchNorm whenever world > 1 (the reference recipe)

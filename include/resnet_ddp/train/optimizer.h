@@ -1,9 +1,12 @@
 // Optimizers and learning-rate schedulers with PyTorch semantics.
 //
 // The optimizer works on the model's flat parameter arena in one backend call per
-// step (every parameter shares one param group), and keeps its state (Adam's
-// exp_avg / exp_avg_sq, SGD's momentum_buffer) in arenas of the same layout, so a
-// parameter's state is the slice at the parameter's offset.
+// step, and keeps its state (Adam's exp_avg / exp_avg_sq, SGD's momentum_buffer,
+// RMSprop's square_avg) in arenas of the same layout, so a parameter's state is the
+// slice at the parameter's offset. What differs per parameter tensor (torchvision's
+// norm / bias weight-decay groups, the trust ratios of timm's LARS and LAMB, the norms
+// they and --clip-grad-norm need) goes through the per-segment backend ops, one call
+// for the whole arena.
 //
 // Schedulers are stepped once per epoch after validation, like the reference:
 // ReduceLROnPlateau(mode="min") with the validation loss, CosineAnnealingLR(T_max =
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/backend/names.h"
@@ -45,8 +49,21 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return step_; }
 
-  // One update of every parameter from the current gradients.
+  // One update of every parameter from the current gradients (clipped first when
+  // set_clip_grad_norm was given a limit).
   void step();
+
+  // torch.nn.utils.clip_grad_norm_(params, max_norm) before each step (0 = off). Under DDP
+  // the gradients are all-reduced (and fp16-unscaled) before step(), so every rank
+  // computes the same global norm and the same factor.
+  void set_clip_grad_norm(double max_norm) { clip_grad_norm_ = max_norm; }
+  // The global L2 norm of the gradients before the last clip (0 before any).
+  double last_grad_norm() const { return last_grad_norm_; }
+  // clip_grad_norm_ itself: scales the gradients by max_norm / (norm + 1e-6) when that is
+  // below 1; returns the norm before clipping.
+  double clip_gradients(double max_norm);
+  // The weight decay each parameter slice gets (torchvision's set_weight_decay).
+  const std::vector<float>& weight_decays() const { return decay_; }
 
   // State buffers: adam -> {exp_avg, exp_avg_sq}; sgd -> {momentum_buffer} (when
   // momentum > 0). Each has params().size() floats in the params' layout.
@@ -69,7 +86,25 @@ class Optimizer {
   double lr_;
   int64_t step_ = 0;
   std::shared_ptr<void> state_[2];
+  // Per-segment (parameter slice) tables: [begin, end) offsets, decay, scale, and norms.
+  std::vector<int64_t> ranges_;
+  std::vector<float> decay_, scale_;
+  std::vector<double> sq_params_, sq_grads_;
+  bool segmented_ = false;  // false: one decay for all and adam/sgd: the original flat ops
+  double clip_grad_norm_ = 0.0;
+  double last_grad_norm_ = 0.0;
+
+  void flat_step();
+  void lars_step(math::SegmentHyper h);
+  void lamb_step(math::SegmentHyper h);
+  math::SegmentHyper segment_hyper() const;
 };
+
+// torchvision's references/classification/utils.set_weight_decay over the arena's names:
+// a bias ("<module>.bias") takes bias_weight_decay when set (>= 0); else a parameter of a
+// batch-norm module (one whose "<module>.weight" is 1-D) takes norm_weight_decay when set;
+// else weight_decay. One value per slice.
+std::vector<float> parameter_weight_decays(const Arena& params, const OptimizerConfig& cfg);
 
 class Scheduler {
  public:

@@ -4,9 +4,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/layout.h"
 #include "resnet_ddp/errors.h"
@@ -468,6 +470,46 @@ void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t coun
   float dummy = 0.f;
 #pragma omp parallel for schedule(static) firstprivate(dummy)
   for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);
+}
+
+// Fixed chunks summed in a fixed order: the sums do not depend on the thread count, so
+// ranks with different --threads still compute the same norms (and clip factors).
+void CpuBackend::segment_sum_squares_impl(const float* x, const int64_t* ranges, size_t segments, double* sums) {
+  constexpr int64_t kChunk = 4096;
+  std::vector<int64_t> first_chunk(segments + 1, 0);
+  for (size_t s = 0; s < segments; ++s)
+    first_chunk[s + 1] = first_chunk[s] + (ranges[2 * s + 1] - ranges[2 * s] + kChunk - 1) / kChunk;
+  const auto chunks = static_cast<size_t>(first_chunk[segments]);
+  std::vector<int64_t> chunk_begin(chunks), chunk_end(chunks);
+  for (size_t s = 0; s < segments; ++s)
+    for (int64_t c = first_chunk[s]; c < first_chunk[s + 1]; ++c) {
+      chunk_begin[static_cast<size_t>(c)] = ranges[2 * s] + (c - first_chunk[s]) * kChunk;
+      chunk_end[static_cast<size_t>(c)] = std::min(chunk_begin[static_cast<size_t>(c)] + kChunk, ranges[2 * s + 1]);
+    }
+  std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    double acc = 0.0;
+    for (int64_t i = chunk_begin[c]; i < chunk_end[c]; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    partial[c] = acc;
+  }
+  for (size_t s = 0; s < segments; ++s) {
+    double acc = 0.0;
+    for (int64_t c = first_chunk[s]; c < first_chunk[s + 1]; ++c) acc += partial[static_cast<size_t>(c)];
+    sums[s] = acc;
+  }
+}
+
+void CpuBackend::segment_step_impl(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
+                                   const float* decay, const float* scale, const math::SegmentHyper& h) {
+  for (size_t s = 0; s < segments; ++s) {
+    const int64_t b = ranges[2 * s], e = ranges[2 * s + 1];
+    const float d = decay[s], k = scale[s];
+    float unused0 = 0.f, unused1 = 0.f;
+#pragma omp parallel for schedule(static) firstprivate(unused0, unused1)
+    for (int64_t i = b; i < e; ++i)
+      math::segment_update(p[i], g[i], s0 ? s0[i] : unused0, s1 ? s1[i] : unused1, d, k, h);
+  }
 }
 
 void CpuBackend::scale(float* data, float factor, size_t count) {

@@ -403,7 +403,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
 std::vector<Scratch*> CudaBackend::scratch_buffers() {
   return {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_, &nchw_scratch_,
           &fallback_in_, &fallback_out_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
-          &argmax_device_, &loss_host_, &flag_device_, &flag_host_};
+          &argmax_device_, &loss_host_, &flag_device_, &flag_host_, &norm_table_device_, &norm_table_host_,
+          &step_table_device_, &step_table_host_, &partials_device_, &partials_host_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -1073,6 +1074,72 @@ void CudaBackend::sgd_step_impl(float* params, const float* grads, float* moment
                                 const math::SgdHyper& h) {
   kern::sgd_step(params, grads, momentum_buf, count, h, compute_);
   weights_changed_by_optimizer();
+}
+
+namespace {
+// The host table of a per-segment op: ranges, then (for a step) decay and scale.
+std::vector<char> segment_table(const int64_t* ranges, size_t segments, const float* decay, const float* scale) {
+  std::vector<char> t(segments * (2 * sizeof(int64_t) + (decay ? 2 * sizeof(float) : 0)));
+  std::memcpy(t.data(), ranges, segments * 2 * sizeof(int64_t));
+  if (decay) {
+    std::memcpy(t.data() + segments * 2 * sizeof(int64_t), decay, segments * sizeof(float));
+    std::memcpy(t.data() + segments * (2 * sizeof(int64_t) + sizeof(float)), scale, segments * sizeof(float));
+  }
+  return t;
+}
+
+int64_t longest_segment(const int64_t* ranges, size_t segments) {
+  int64_t longest = 0;
+  for (size_t i = 0; i < segments; ++i) longest = std::max(longest, ranges[2 * i + 1] - ranges[2 * i]);
+  return longest;
+}
+}  // namespace
+
+// The decays (and, outside LARS / LAMB, the scales) are the same every step: the
+// table goes up once. A changed one waits for the stream first, so the pinned staging
+// copy is not overwritten under a copy still queued.
+void* CudaBackend::upload_segment_table(const std::vector<char>& table, Scratch& device, Scratch& host,
+                                        std::vector<char>& uploaded) {
+  void* dev = device.get(table.size(), "segment table");
+  if (table == uploaded) return dev;
+  RD_CUDA(cudaStreamSynchronize(compute_));
+  void* pinned = host.get(table.size(), "pinned segment table");
+  std::memcpy(pinned, table.data(), table.size());
+  RD_CUDA(cudaMemcpyAsync(dev, pinned, table.size(), cudaMemcpyHostToDevice, compute_));
+  uploaded = table;
+  return dev;
+}
+
+void CudaBackend::segment_sum_squares_impl(const float* x, const int64_t* ranges, size_t segments, double* sums) {
+  if (segments == 0) return;
+  const auto* dev_ranges = static_cast<const int64_t*>(upload_segment_table(
+      segment_table(ranges, segments, nullptr, nullptr), norm_table_device_, norm_table_host_, norm_table_uploaded_));
+  // Up to 32 blocks of 256 threads per segment: enough to fill the device with ~100 segments.
+  const unsigned gx = static_cast<unsigned>(std::clamp<int64_t>((longest_segment(ranges, segments) + 255) / 256, 1, 32));
+  const size_t n = segments * gx;
+  double* partials = partials_device_.as<double>(n, "segment partial sums");
+  kern::segment_sum_squares(x, dev_ranges, static_cast<int64_t>(segments), gx, partials, compute_);
+  double* host = partials_host_.as<double>(n, "pinned segment partial sums");
+  RD_CUDA(cudaMemcpyAsync(host, partials, n * sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));
+  for (size_t s = 0; s < segments; ++s) {  // a fixed order: every rank gets the same sums
+    double acc = 0.0;
+    for (unsigned b = 0; b < gx; ++b) acc += host[s * gx + b];
+    sums[s] = acc;
+  }
+}
+
+void CudaBackend::segment_step_impl(float* params, float* grads, float* s0, float* s1, const int64_t* ranges,
+                                    size_t segments, const float* decay, const float* scale,
+                                    const math::SegmentHyper& h) {
+  auto* table = static_cast<char*>(upload_segment_table(segment_table(ranges, segments, decay, scale),
+                                                        step_table_device_, step_table_host_, step_table_uploaded_));
+  const auto* dev_ranges = reinterpret_cast<const int64_t*>(table);
+  const auto* dev_decay = reinterpret_cast<const float*>(table + segments * 2 * sizeof(int64_t));
+  const float* dev_scale = dev_decay + segments;
+  kern::segment_step(params, grads, s0, s1, dev_ranges, dev_decay, dev_scale, static_cast<int64_t>(segments),
+                     longest_segment(ranges, segments), h, compute_);
+  if (h.rule != math::SegmentRule::LambMoments) weights_changed_by_optimizer();  // LAMB's first pass writes grads only
 }
 
 void CudaBackend::weights_changed_by_optimizer() {

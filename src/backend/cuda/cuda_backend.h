@@ -204,6 +204,14 @@ class CudaBackend final : public Backend {
   Scratch images_device_, images_pinned_{true};
   Scratch labels_device_, row_loss_device_, argmax_device_, loss_host_{true};
   Scratch flag_device_, flag_host_{true};
+  // Per-segment optimizer ops: the segment tables on the device (re-uploaded only when
+  // their content changed: the norms' ranges; the step's ranges + decay + scale) and the
+  // norms' per-block partial sums.
+  Scratch norm_table_device_, norm_table_host_{true}, step_table_device_, step_table_host_{true};
+  Scratch partials_device_, partials_host_{true};
+  std::vector<char> norm_table_uploaded_, step_table_uploaded_;
+  void* upload_segment_table(const std::vector<char>& table, Scratch& device, Scratch& host,
+                             std::vector<char>& uploaded);
 };
 
 }  // namespace rd::cuda

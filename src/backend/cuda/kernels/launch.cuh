@@ -114,5 +114,12 @@ void adam_step(float* p, const float* g, float* m, float* v, size_t count,
                const math::AdamHyper& h, cudaStream_t s);
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
               cudaStream_t s);
+// Per-segment ops (ranges, decay, scale in device memory; see Backend::segment_step).
+// partials: segments * blocks_per_segment doubles, segment-major.
+void segment_sum_squares(const float* x, const int64_t* ranges, int64_t segments, unsigned blocks_per_segment,
+                         double* partials, cudaStream_t s);
+void segment_step(float* p, float* g, float* s0, float* s1, const int64_t* ranges, const float* decay,
+                  const float* scale, int64_t segments, int64_t longest, const math::SegmentHyper& h,
+                  cudaStream_t s);
 
 }  // namespace rd::kern

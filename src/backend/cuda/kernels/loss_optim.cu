@@ -1,5 +1,7 @@
 // Linear-layer helpers, softmax cross-entropy (forward + backward fused),
 // accuracy counts, and the optimizers over a whole flat arena in one launch.
+#include <algorithm>
+
 #include "common.cuh"
 #include "resnet_ddp/math/loss.h"
 #include "resnet_ddp/math/optim.h"
@@ -54,6 +56,39 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, math
   }
 }
 
+// Segment blockIdx.y (+ first) of the arena; each x-block takes a grid-stride share of it.
+__global__ void segment_sum_squares_kernel(const float* x, const int64_t* ranges, int64_t first,
+                                           double* partials) {
+  __shared__ double part[kThreads];
+  const int64_t seg = first + blockIdx.y;
+  const int64_t b = ranges[2 * seg], e = ranges[2 * seg + 1];
+  double acc = 0.0;
+  for (int64_t i = b + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < e;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[seg * gridDim.x + blockIdx.x] = part[0];
+}
+
+// table: decay[segments] then scale[segments], after the ranges.
+__global__ void segment_step_kernel(float* p, float* g, float* s0, float* s1, const int64_t* ranges,
+                                    const float* decay, const float* scale, int64_t first,
+                                    math::SegmentHyper h) {
+  const int64_t seg = first + blockIdx.y;
+  const int64_t b = ranges[2 * seg], e = ranges[2 * seg + 1];
+  const float d = decay[seg], k = scale[seg];
+  for (int64_t i = b + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < e;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float unused0 = 0.f, unused1 = 0.f;
+    math::segment_update(p[i], g[i], s0 ? s0[i] : unused0, s1 ? s1[i] : unused1, d, k, h);
+  }
+}
+
 }  // namespace
 
 void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
@@ -97,6 +132,29 @@ void sgd_step(float* p, const float* g, float* buf, size_t count, const math::Sg
   if (!count) return;
   RD_LAUNCH(sgd_kernel, grid_for(count), kThreads, 0, s)(p, g, buf, static_cast<int64_t>(count), h);
   RD_LAUNCH_CHECK("sgd_step");
+}
+
+// gridDim.y is at most 65535: more segments launch in chunks.
+inline constexpr int64_t kMaxSegmentsPerLaunch = 65535;
+
+void segment_sum_squares(const float* x, const int64_t* ranges, int64_t segments, unsigned blocks_per_segment,
+                         double* partials, cudaStream_t s) {
+  for (int64_t first = 0; first < segments; first += kMaxSegmentsPerLaunch) {
+    const auto ny = static_cast<unsigned>(std::min(kMaxSegmentsPerLaunch, segments - first));
+    RD_LAUNCH(segment_sum_squares_kernel, dim3(blocks_per_segment, ny), kThreads, 0, s)(x, ranges, first, partials);
+    RD_LAUNCH_CHECK("segment_sum_squares");
+  }
+}
+
+void segment_step(float* p, float* g, float* s0, float* s1, const int64_t* ranges, const float* decay,
+                  const float* scale, int64_t segments, int64_t longest, const math::SegmentHyper& h,
+                  cudaStream_t s) {
+  const unsigned gx = std::min(grid_for(longest), 512u);
+  for (int64_t first = 0; first < segments; first += kMaxSegmentsPerLaunch) {
+    const auto ny = static_cast<unsigned>(std::min(kMaxSegmentsPerLaunch, segments - first));
+    RD_LAUNCH(segment_step_kernel, dim3(gx, ny), kThreads, 0, s)(p, g, s0, s1, ranges, decay, scale, first, h);
+    RD_LAUNCH_CHECK("segment_step");
+  }
 }
 
 }  // namespace rd::kern
