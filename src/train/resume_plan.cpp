@@ -161,7 +161,7 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
     s.plateau = sc.plateau;
     s.cosine = sc.cosine;
     if (plan.honour_lr) s.cosine.base_lr = o.lr;
-    if (plan.epochs_changed) s.cosine.t_max = std::max(o.epochs, 1);
+    if (plan.epochs_changed) s.cosine.t_max = std::max<int64_t>(o.epochs - o.lr_warmup_epochs, 1);
   } else if (sc.present) {
     plan.start_lines.push_back("Notice: checkpoint used --scheduler " + sc.type + "; starting a fresh " + scheduler +
                                " schedule");

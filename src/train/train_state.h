@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 
 namespace rd::train {
 

@@ -23,6 +23,7 @@
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"

@@ -248,7 +248,8 @@ void Trainer::setup_model() {
     oc.nesterov = o_.nesterov;
   }
   opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
-  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
+  sched_ = std::make_unique<Scheduler>(scheduler_config(o_));
+  opt_->set_lr(sched_->initial_lr());  // a warmup starts below --lr (a resume's state replaces it)
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;

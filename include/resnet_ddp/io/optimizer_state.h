@@ -13,11 +13,16 @@
 namespace rd::io {
 
 enum class OptimizerKind { Adam, Sgd };
-enum class SchedulerKind { Plateau, Cosine, None };
+enum class SchedulerKind { Plateau, Cosine, None, Step, MultiStep, Exponential };
 // --optimizer / --scheduler spellings, also the type names a checkpoint records.
 inline NameTable<OptimizerKind> optimizer_names() { return {{"adam", OptimizerKind::Adam}, {"sgd", OptimizerKind::Sgd}}; }
 inline NameTable<SchedulerKind> scheduler_names() {
-  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
+  // The first name of a kind is what a checkpoint records; torchvision's spellings
+  // (--lr-scheduler, lower case as its train.py compares them) follow.
+  return {{"plateau", SchedulerKind::Plateau},         {"cosine", SchedulerKind::Cosine},
+          {"none", SchedulerKind::None},               {"steplr", SchedulerKind::Step},
+          {"multisteplr", SchedulerKind::MultiStep},   {"exponentiallr", SchedulerKind::Exponential},
+          {"cosineannealinglr", SchedulerKind::Cosine}};
 }
 
 struct OptimizerConfig {
