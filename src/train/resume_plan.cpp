@@ -166,6 +166,13 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
     plan.start_lines.push_back("Notice: checkpoint used --scheduler " + sc.type + "; starting a fresh " + scheduler +
                                " schedule");
   }
+  if (o.model_ema && m.ema.present) {
+    s.has_ema_state = true;
+    s.ema_n_averaged = m.ema.n_averaged;
+    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
+  } else if (o.model_ema) {
+    plan.start_lines.push_back("Notice: checkpoint has no weight EMA; --model-ema starts from its weights");
+  }
 }
 
 // A mid-epoch position: the checkpoint's ranks consumed the first

@@ -79,4 +79,16 @@ struct SchedulerState {
   CosineState cosine;
 };
 
+// The /model_ema group: torchvision's ExponentialMovingAverage (AveragedModel over
+// parameters and buffers). `params` / `buffers` are views of the average's arenas (the
+// model's layout, in the model backend's memory); empty in a CheckpointMeta.
+struct EmaState {
+  bool present = false;
+  double decay = 0.0;             // the adjusted decay in use
+  int64_t n_averaged = 0;
+  int64_t num_batches_tracked = 0;  // averaged too (use_buffers=True), as torch's int64 buffer
+  float* params = nullptr;
+  float* buffers = nullptr;
+};
+
 }  // namespace rd::io

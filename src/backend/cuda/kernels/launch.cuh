@@ -114,5 +114,7 @@ void adam_step(float* p, const float* g, float* m, float* v, size_t count,
                const math::AdamHyper& h, cudaStream_t s);
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
               cudaStream_t s);
+// avg = decay * avg + one_minus_decay * cur (math::ema_average).
+void ema_update(float* avg, const float* cur, size_t count, float decay, float one_minus_decay, cudaStream_t s);
 
 }  // namespace rd::kern

@@ -54,6 +54,10 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, math
   }
 }
 
+__global__ void ema_kernel(float* avg, const float* cur, int64_t n, float decay, float one_minus_decay) {
+  RD_GRID_STRIDE(i, n) avg[i] = math::ema_average(avg[i], cur[i], decay, one_minus_decay);
+}
+
 }  // namespace
 
 void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
@@ -97,6 +101,12 @@ void sgd_step(float* p, const float* g, float* buf, size_t count, const math::Sg
   if (!count) return;
   RD_LAUNCH(sgd_kernel, grid_for(count), kThreads, 0, s)(p, g, buf, static_cast<int64_t>(count), h);
   RD_LAUNCH_CHECK("sgd_step");
+}
+
+void ema_update(float* avg, const float* cur, size_t count, float decay, float one_minus_decay, cudaStream_t s) {
+  if (!count) return;
+  RD_LAUNCH(ema_kernel, grid_for(count), kThreads, 0, s)(avg, cur, static_cast<int64_t>(count), decay, one_minus_decay);
+  RD_LAUNCH_CHECK("ema_update");
 }
 
 }  // namespace rd::kern
