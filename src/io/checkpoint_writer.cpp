@@ -231,8 +231,10 @@ void write_ema(Writer& w, hid_t f, ResNet& model, const EmaState& s) {
   w.i64(g, "n_averaged", s.n_averaged);
   w.i64(g, "num_batches_tracked", s.num_batches_tracked);
   for (const StateEntry& e : state_dict_order(model)) {
-    if (!e.arena) w.int64_scalar(g, e.name, s.num_batches_tracked);
-    else w.slice(g, *e.arena, e.slice, e.arena == &model.params() ? s.params : s.buffers);
+    if (!e.arena)
+      w.int64_scalar(g, e.name, s.num_batches_tracked);
+    else
+      w.slice(g, *e.arena, e.slice, e.arena == &model.params() ? s.params : s.buffers);
   }
 }
 

@@ -75,7 +75,8 @@ double Scheduler::warmup_step(double lr, int64_t e) const {
 
 double Scheduler::main_closed_form_at_zero() const {
   if (cfg_.kind == SchedulerKind::Cosine)
-    return cosine.eta_min + (cosine.base_lr - cosine.eta_min) * (1.0 + std::cos(kPi * 0.0 / static_cast<double>(cosine.t_max))) / 2.0;
+    return cosine.eta_min +
+           (cosine.base_lr - cosine.eta_min) * (1.0 + std::cos(kPi * 0.0 / static_cast<double>(cosine.t_max))) / 2.0;
   return cfg_.base_lr;  // base_lr * gamma ** 0 (milestones are > 0); none: constant
 }
 
@@ -113,8 +114,7 @@ double Scheduler::main_step(double lr, int64_t e, double val_loss) {
     case SchedulerKind::Cosine: {
       const int64_t t_max = cosine.t_max;
       const double T = static_cast<double>(t_max), eta_min = cosine.eta_min;
-      if ((e - 1 - t_max) % (2 * t_max) == 0)
-        return lr + (cosine.base_lr - eta_min) * (1.0 - std::cos(kPi / T)) / 2.0;
+      if ((e - 1 - t_max) % (2 * t_max) == 0) return lr + (cosine.base_lr - eta_min) * (1.0 - std::cos(kPi / T)) / 2.0;
       return (1.0 + std::cos(kPi * static_cast<double>(e) / T)) /
                  (1.0 + std::cos(kPi * static_cast<double>(e - 1) / T)) * (lr - eta_min) +
              eta_min;

@@ -64,12 +64,14 @@ TEST_CASE("the EMA copies, averages, restarts and swaps like AveragedModel", "[t
   {
     const auto p = arena_host(*be, model->params().data(), np), b = arena_host(*be, model->buffers().data(), nb);
     const auto ep = arena_host(*be, s.params, np), eb = arena_host(*be, s.buffers, nb);
-    for (size_t i = 0; i < np; ++i) REQUIRE(ep[i] == Approx(decay * expect_p[i] + (1 - decay) * p[i]).epsilon(1e-6).margin(1e-7));
-    for (size_t i = 0; i < nb; ++i) REQUIRE(eb[i] == Approx(decay * expect_b[i] + (1 - decay) * b[i]).epsilon(1e-6).margin(1e-7));
+    for (size_t i = 0; i < np; ++i)
+      REQUIRE(ep[i] == Approx(decay * expect_p[i] + (1 - decay) * p[i]).epsilon(1e-6).margin(1e-7));
+    for (size_t i = 0; i < nb; ++i)
+      REQUIRE(eb[i] == Approx(decay * expect_b[i] + (1 - decay) * b[i]).epsilon(1e-6).margin(1e-7));
   }
   // num_batches_tracked: float32 arithmetic truncated, as torch's int64 buffer.
-  CHECK(ema.num_batches_tracked() == static_cast<int64_t>(0.75f * static_cast<float>(nbt0) +
-                                                          0.25f * static_cast<float>(nbt0 + 7)));
+  CHECK(ema.num_batches_tracked() ==
+        static_cast<int64_t>(0.75f * static_cast<float>(nbt0) + 0.25f * static_cast<float>(nbt0 + 7)));
   // A warmup epoch's reset: the next update copies again.
   ema.reset_count();
   perturb(*be, *model, 3);
@@ -78,7 +80,8 @@ TEST_CASE("the EMA copies, averages, restarts and swaps like AveragedModel", "[t
   // Evaluating the average puts it in the model's arenas and the model back afterwards.
   perturb(*be, *model, 4);
   ema.update(*model);
-  const auto model_p = arena_host(*be, model->params().data(), np), model_b = arena_host(*be, model->buffers().data(), nb);
+  const auto model_p = arena_host(*be, model->params().data(), np),
+             model_b = arena_host(*be, model->buffers().data(), nb);
   const auto avg_p = arena_host(*be, s.params, np);
   ema.swap_in(*model);
   CHECK(arena_host(*be, model->params().data(), np) == avg_p);

@@ -195,7 +195,8 @@ TEST_CASE("the torchvision schedule flags parse and refuse bad values by name", 
   CHECK_THAT(usage_error({"--lr-scheduler", "multisteplr", "--lr-milestones", "10,x"}),
              Catch::Contains("--lr-milestones 10,x: expected positive"));
   CHECK_THAT(usage_error({"--lr-scheduler", "multisteplr"}), Catch::Contains("needs --lr-milestones"));
-  CHECK_THAT(usage_error({"--lr-milestones", "10"}), Catch::Contains("--lr-milestones: only with --lr-scheduler multisteplr"));
+  CHECK_THAT(usage_error({"--lr-milestones", "10"}),
+             Catch::Contains("--lr-milestones: only with --lr-scheduler multisteplr"));
   CHECK_THAT(usage_error({"--lr-scheduler", "lambdalr"}), Catch::Contains("--lr-scheduler: expected one of"));
   CHECK_THAT(usage_error({"--lr-warmup-decay", "0"}), Catch::Contains("--lr-warmup-decay"));
   CHECK_THAT(usage_error({"--lr-warmup-decay", "1.5"}), Catch::Contains("--lr-warmup-decay"));

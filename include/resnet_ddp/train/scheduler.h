@@ -23,9 +23,9 @@ namespace rd::train {
 // The plain-value types live with the file formats that store them (io/optimizer_state.h).
 using io::CosineState;
 using io::PlateauState;
+using io::scheduler_names;
 using io::SchedulerKind;
 using io::SchedulerState;
-using io::scheduler_names;
 
 enum class WarmupMethod { Linear, Constant };
 inline NameTable<WarmupMethod> warmup_method_names() {
@@ -35,15 +35,15 @@ inline NameTable<WarmupMethod> warmup_method_names() {
 // What a schedule is (from the flags); SchedulerState is where it stands.
 struct SchedulerConfig {
   SchedulerKind kind = SchedulerKind::None;
-  double base_lr = 0.0;                 // the optimizer's initial LR (torch's initial_lr)
-  int64_t epochs = 1;                   // the run's epochs, warmup included
-  int64_t step_size = 30;               // steplr
-  double gamma = 0.1;                   // steplr, multisteplr, exponentiallr
-  std::vector<int64_t> milestones;      // multisteplr: strictly increasing, > 0
-  double eta_min = 0.0;                 // cosine
-  int64_t warmup_epochs = 0;            // 0 = no warmup
+  double base_lr = 0.0;             // the optimizer's initial LR (torch's initial_lr)
+  int64_t epochs = 1;               // the run's epochs, warmup included
+  int64_t step_size = 30;           // steplr
+  double gamma = 0.1;               // steplr, multisteplr, exponentiallr
+  std::vector<int64_t> milestones;  // multisteplr: strictly increasing, > 0
+  double eta_min = 0.0;             // cosine
+  int64_t warmup_epochs = 0;        // 0 = no warmup
   WarmupMethod warmup_method = WarmupMethod::Constant;
-  double warmup_decay = 0.01;           // LinearLR start_factor / ConstantLR factor
+  double warmup_decay = 0.01;  // LinearLR start_factor / ConstantLR factor
 };
 
 class Scheduler {

@@ -1073,8 +1073,10 @@ void CudaBackend::sgd_step_impl(float* params, const float* grads, float* moment
 
 void CudaBackend::ema_update_impl(float* averaged, const float* current, size_t count, float decay,
                                   float one_minus_decay, bool copy) {
-  if (copy) RD_CUDA(cudaMemcpyAsync(averaged, current, count * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
-  else kern::ema_update(averaged, current, count, decay, one_minus_decay, compute_);
+  if (copy)
+    RD_CUDA(cudaMemcpyAsync(averaged, current, count * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+  else
+    kern::ema_update(averaged, current, count, decay, one_minus_decay, compute_);
   weights_changed_by_optimizer();  // the EMA is copied into the model's weights to evaluate it
 }
 
