@@ -430,4 +430,13 @@ void Backend::segment_step(float* params, float* grads, float* s0, float* s1, co
   segment_step_impl(params, grads, s0, s1, ranges, segments, decay, scale, h);
 }
 
+void Backend::ema_update(float* averaged, const float* current, size_t count, float decay, float one_minus_decay,
+                         bool copy) {
+  RD_CHECK(count == 0 || (averaged && current), "ema_update: a buffer is missing");
+  RD_CHECK(decay >= 0.f && decay <= 1.f && one_minus_decay >= 0.f && one_minus_decay <= 1.f,
+           "ema_update: decay " << decay << " and 1 - decay " << one_minus_decay << " must be in [0, 1]");
+  RD_CHECK(count == 0 || averaged != current, "ema_update: the average and the model are the same buffer");
+  ema_update_impl(averaged, current, count, decay, one_minus_decay, copy);
+}
+
 }  // namespace rd

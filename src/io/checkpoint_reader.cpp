@@ -238,6 +238,25 @@ void CheckpointReader::load_optimizer(ResNet& model, const OptimizerState& into)
   be.synchronize();
 }
 
+void CheckpointReader::load_ema(ResNet& model, const EmaState& into) {
+  Impl& r = *impl_;
+  if (!r.meta.ema.present || !r.src->has_group("model_ema")) r.bad("has no /model_ema (the weight EMA) to resume from");
+  Backend& be = model.backend();
+  std::vector<float> staging;
+  for (const StateEntry& e : state_dict_order(model)) {
+    if (!e.arena) continue;  // num_batches_tracked: an attribute of the group (meta.ema)
+    const ParamSlice& s = e.arena->slice(e.slice);
+    const std::optional<std::vector<int64_t>> shape = r.src->float_shape("model_ema", e.name);
+    if (!shape) r.bad("missing model_ema/" + e.name);
+    if (*shape != s.shape.vec()) r.bad("model_ema/" + e.name + " has the wrong shape");
+    if (staging.size() < s.count) staging.resize(s.count);
+    r.src->read_floats("model_ema", e.name, staging.data());
+    float* base = e.arena == &model.params() ? into.params : into.buffers;
+    be.copy_from_host(base + s.offset, staging.data(), s.count * sizeof(float));
+  }
+  be.synchronize();
+}
+
 // ---- fit ------------------------------------------------------------------------------
 
 ResNetConfig model_config(const CheckpointMeta& m) {

@@ -234,8 +234,22 @@ void write_scheduler(Writer& w, hid_t f, const SchedulerState& s) {
 }
 
 // The one place that fixes what a file holds and in which order.
+// The /model_ema group: the average's state_dict in the model's order, and its counters.
+void write_ema(Writer& w, hid_t f, ResNet& model, const EmaState& s) {
+  Id g = w.group(f, "model_ema");
+  w.f64(g, "decay", s.decay);
+  w.i64(g, "n_averaged", s.n_averaged);
+  w.i64(g, "num_batches_tracked", s.num_batches_tracked);
+  for (const StateEntry& e : state_dict_order(model)) {
+    if (!e.arena)
+      w.int64_scalar(g, e.name, s.num_batches_tracked);
+    else
+      w.slice(g, *e.arena, e.slice, e.arena == &model.params() ? s.params : s.buffers);
+  }
+}
+
 void write_contents(Writer& w, hid_t f, ResNet& model, const OptimizerState* opt, const SchedulerState* sched,
-                    const CheckpointMeta& m) {
+                    const CheckpointMeta& m, const EmaState* ema) {
   write_attributes(w, f, m);
   {
     Id sd = w.group(f, "state_dict");
@@ -246,12 +260,13 @@ void write_contents(Writer& w, hid_t f, ResNet& model, const OptimizerState* opt
   }
   if (opt) write_optimizer(w, f, model.params(), *opt);
   if (sched) write_scheduler(w, f, *sched);
+  if (ema) write_ema(w, f, model, *ema);
 }
 
 // Writes the HDF5 file straight to `file` through the latching driver: no
 // in-memory image, so the only extra memory is HDF5's per-dataset buffers.
 void write_hdf5_file(const std::string& file, ResNet& model, const OptimizerState* opt, const SchedulerState* sched,
-                     const CheckpointMeta& meta) {
+                     const CheckpointMeta& meta, const EmaState* ema) {
   model.backend().synchronize();
   Writer w{model.backend(), {}, {}};
   LatchScope scope(w.io);
@@ -264,7 +279,7 @@ void write_hdf5_file(const std::string& file, ResNet& model, const OptimizerStat
   // The user block (ignored by HDF5 readers) holds the whole-file checksum.
   w.check(H5Pset_userblock(fcpl, kChecksumBlock), "user block");
   Id f = w.id(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, fcpl, fapl), H5Fclose, "temp file '" + file + "'");
-  write_contents(w, f, model, opt, sched, meta);
+  write_contents(w, f, model, opt, sched, meta, ema);
   // Metadata is written at close: its result is checked, not left to a destructor.
   w.check(H5Fclose(f.release()), "closing temp file '" + file + "'");
   w.check_io("closing temp file '" + file + "'");
@@ -286,7 +301,7 @@ void fsync_path(const std::string& path, bool directory) {
 
 // Atomic replace: temp file in the same directory, fsync, rename, fsync of the directory.
 void write_checkpoint(const std::string& path, ResNet& model, const OptimizerState* opt, const SchedulerState* sched,
-                      const CheckpointMeta& meta) {
+                      const CheckpointMeta& meta, const EmaState* ema) {
   h5::quiet_for_good();
   const fs::path final_path(path);
   const fs::path dir = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
@@ -302,7 +317,7 @@ void write_checkpoint(const std::string& path, ResNet& model, const OptimizerSta
     throw Error("cannot write checkpoint '" + path + "': " + what + "; the previous checkpoint (if any) is unchanged");
   };
   try {
-    write_hdf5_file(tmp_s, model, opt, sched, meta);
+    write_hdf5_file(tmp_s, model, opt, sched, meta, ema);
   } catch (const WriteError& e) {
     fail(e.what());
   }

@@ -1,5 +1,6 @@
 // The HDF5 tensor source (see tensor_source.h): a checkpoint's attributes, groups and
 // datasets through h5.h, every failure worded as "checkpoint 'PATH': ...".
+#include <algorithm>
 #include <map>
 
 #include "io/tensor_source.h"
@@ -212,6 +213,13 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   if (!weights_only) {
     read_optimizer(m.optimizer);
     read_scheduler(m.scheduler);
+    if (h5::has_link(file, "model_ema")) {  // --model-ema
+      const hid_t g = group("model_ema");
+      m.ema.present = true;
+      m.ema.decay = f64(g, "decay");
+      m.ema.n_averaged = i64(g, "n_averaged");
+      m.ema.num_batches_tracked = i64(g, "num_batches_tracked");
+    }
   }
   return m;
 }
@@ -270,7 +278,8 @@ void Hdf5Source::read_scheduler(SchedulerState& c) {
     c.cosine.t_max = i64(g, "T_max");
     c.cosine.eta_min = f64_or(g, "eta_min", 0.0);
     c.cosine.base_lr = f64(g, "base_lr");
-  } else if (c.type != "none") {
+  } else if (const auto names = scheduler_names();
+             std::none_of(names.begin(), names.end(), [&](const auto& n) { return n.first == c.type; })) {
     bad("unknown scheduler type '" + c.type + "'");
   }
 }

@@ -45,6 +45,21 @@ std::string TrainOptions::resume_checkpoint() const {
   return fs::exists(last, ec) ? last : "";
 }
 
+SchedulerConfig scheduler_config(const TrainOptions& o) {
+  SchedulerConfig c;
+  c.kind = o.scheduler;
+  c.base_lr = o.lr;
+  c.epochs = o.epochs;
+  c.step_size = o.lr_step_size;
+  c.gamma = o.lr_gamma;
+  c.milestones = o.lr_milestones;
+  c.eta_min = o.lr_min;
+  c.warmup_epochs = o.lr_warmup_epochs;
+  c.warmup_method = o.lr_warmup_method;
+  c.warmup_decay = o.lr_warmup_decay;
+  return c;
+}
+
 namespace {
 
 // Issue #27's optimizer flags (torchvision reference spellings).
@@ -68,6 +83,26 @@ void add_optim_flags(FlagSet& fs, TrainOptions& o) {
                  "weight decay of every bias, batch norm's included (none = as the other parameters)");
   fs.real("--clip-grad-norm", &o.clip_grad_norm, 0.0, false,
           "clip the global gradient norm (after the all-reduce and fp16 unscaling) to this; 0 = off");
+}
+
+// --lr-milestones "30,60,90": positive epochs, strictly increasing (MultiStepLR).
+std::vector<int64_t> parse_milestones(const std::string& v) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = v.find(',', pos);
+    const std::string item = v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    errno = 0;
+    const long long m = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno == ERANGE || m <= 0)
+      throw UsageError("--lr-milestones " + v + ": expected positive epoch numbers separated by commas (e.g. 30,60,90)");
+    if (!out.empty() && m <= out.back())
+      throw UsageError("--lr-milestones " + v + ": milestones must be strictly increasing");
+    out.push_back(m);
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
 }
 
 // The train flags in --help (and values()) order, declared in two parts only to keep
@@ -99,8 +134,10 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   add_optim_flags(fs, o);
   fs.real("--label-smoothing", &o.label_smoothing, 0.0, false, "cross-entropy label smoothing", 1.0);
   fs.enumeration("--scheduler", &o.scheduler, scheduler_names(),
-            "LR schedule per epoch: plateau = ReduceLROnPlateau(val loss, factor 0.1, patience 5, "
-            "min_lr 1e-8); cosine = CosineAnnealingLR(T_max = epochs)");
+            "LR schedule per epoch (--lr-scheduler): plateau = ReduceLROnPlateau(val loss, factor 0.1, "
+            "patience 5, min_lr 1e-8); cosine|cosineannealinglr = CosineAnnealingLR(T_max = epochs - "
+            "warmup, eta_min --lr-min); steplr, multisteplr, exponentiallr as torch's (--lr-step-size, "
+            "--lr-milestones, --lr-gamma)");
   fs.boolean("--sync-bn", &o.sync_bn,
              "batch-norm statistics over all ranks (SyncBatchNorm) [default: on, as the reference recipe]");
   fs.negated("--no-sync-bn", &o.sync_bn, "per-rank batch-norm statistics (plain BatchNorm under DDP)");
@@ -168,9 +205,41 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
              std::numeric_limits<int64_t>::max());
 }
 
+// torchvision reference train.py's LR schedule and weight-EMA flags (--lr-scheduler is
+// an alias of --scheduler; add_train_aliases).
+void add_sched_flags(FlagSet& fs, TrainOptions& o) {
+  fs.integer("--lr-step-size", &o.lr_step_size, 1, "steplr: multiply the LR by --lr-gamma every N epochs",
+             std::numeric_limits<int32_t>::max());
+  fs.real("--lr-gamma", &o.lr_gamma, 0.0, true, "steplr, multisteplr, exponentiallr: LR decay factor");
+  fs.custom(
+      "--lr-milestones", "E1,E2,...", "multisteplr: epochs (increasing, > 0) at which the LR is multiplied by --lr-gamma",
+      [&o](const std::string& v) { o.lr_milestones = parse_milestones(v); },
+      [&o] {
+        std::string out;
+        for (int64_t m : o.lr_milestones) {
+          if (!out.empty()) out += ',';
+          out += std::to_string(m);
+        }
+        return out;
+      });
+  fs.real("--lr-min", &o.lr_min, 0.0, false, "cosine: minimum LR (CosineAnnealingLR eta_min)");
+  fs.integer("--lr-warmup-epochs", &o.lr_warmup_epochs, 0, "epochs of LR warmup before the schedule (0 = none)",
+             std::numeric_limits<int32_t>::max());
+  fs.enumeration("--lr-warmup-method", &o.lr_warmup_method, warmup_method_names(),
+                 "warmup: linear = LinearLR(start_factor = decay), constant = ConstantLR(factor = decay)");
+  fs.real("--lr-warmup-decay", &o.lr_warmup_decay, 0.0, true, "warmup: the LR factor it starts from", 1.0);
+  fs.boolean("--model-ema", &o.model_ema, "also keep an exponential moving average of the weights and buffers "
+                                          "and evaluate it after each epoch (torchvision's --model-ema)");
+  fs.integer("--model-ema-steps", &o.model_ema_steps, 1, "EMA: update every N steps of an epoch",
+             std::numeric_limits<int32_t>::max());
+  fs.real("--model-ema-decay", &o.model_ema_decay, 0.0, false,
+          "EMA: decay before torchvision's adjustment by world x batch x steps / epochs", 1.0);
+}
+
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   add_train_recipe_flags(fs, o);
   add_train_run_flags(fs, o);
+  add_sched_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same
@@ -184,6 +253,7 @@ void add_train_aliases(FlagSet& fs) {
   fs.alias("--output", "--output-dir");
   fs.alias("--opt", "--optimizer");
   fs.alias("--sched", "--scheduler");
+  fs.alias("--lr-scheduler", "--scheduler");  // torchvision
   fs.alias("--wd", "--weight-decay");
   fs.alias("--smoothing", "--label-smoothing");
   fs.alias("--log-interval", "--log-every");
@@ -260,6 +330,22 @@ void train_flags(FlagSet& fs, ParsedCommand& pc) {
   add_train_aliases(fs);
 }
 
+// The LR schedule's and the EMA's checks across flags.
+void check_sched_flags(const TrainOptions& t) {
+  const std::string sched = "--scheduler " + name_of(scheduler_names(), t.scheduler);
+  if (t.lr_warmup_epochs > 0 && t.scheduler == SchedulerKind::Plateau)
+    throw UsageError("--lr-warmup-epochs: not with " + sched +
+                     " (ReduceLROnPlateau cannot follow a warmup; use --lr-scheduler "
+                     "steplr|multisteplr|cosineannealinglr|exponentiallr|none)");
+  if (t.lr_warmup_epochs >= t.epochs)
+    throw UsageError("--lr-warmup-epochs " + std::to_string(t.lr_warmup_epochs) + ": must be less than --epochs (" +
+                     std::to_string(t.epochs) + ")");
+  if (t.scheduler == SchedulerKind::MultiStep && t.lr_milestones.empty())
+    throw UsageError("--lr-scheduler multisteplr: needs --lr-milestones (e.g. 30,60,90)");
+  if (t.scheduler != SchedulerKind::MultiStep && !t.lr_milestones.empty())
+    throw UsageError("--lr-milestones: only with --lr-scheduler multisteplr (this run: " + sched + ")");
+}
+
 void train_finish(ParsedCommand& pc, Parsed& p) {
   TrainOptions& t = pc.train;
   t.given = std::move(p.given);
@@ -283,6 +369,7 @@ void train_finish(ParsedCommand& pc, Parsed& p) {
     throw UsageError("--precision: fp16 needs a GPU (--device cuda)");
   if (t.deterministic && t.device == Device::Cuda)
     throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
+  check_sched_flags(t);
   // With a config file's flags written out: a resume reads them back from the
   // checkpoint, whatever became of the file.
   std::vector<std::string> words = p.words.prefix;

@@ -161,10 +161,17 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
     s.plateau = sc.plateau;
     s.cosine = sc.cosine;
     if (plan.honour_lr) s.cosine.base_lr = o.lr;
-    if (plan.epochs_changed) s.cosine.t_max = std::max(o.epochs, 1);
+    if (plan.epochs_changed) s.cosine.t_max = std::max<int64_t>(o.epochs - o.lr_warmup_epochs, 1);
   } else if (sc.present) {
     plan.start_lines.push_back("Notice: checkpoint used --scheduler " + sc.type + "; starting a fresh " + scheduler +
                                " schedule");
+  }
+  if (o.model_ema && m.ema.present) {
+    s.has_ema_state = true;
+    s.ema_n_averaged = m.ema.n_averaged;
+    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
+  } else if (o.model_ema) {
+    plan.start_lines.push_back("Notice: checkpoint has no weight EMA; --model-ema starts from its weights");
   }
 }
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 
 namespace rd::train {
 
@@ -32,6 +32,10 @@ struct TrainState {
   PlateauState plateau;
   CosineState cosine;
   int64_t num_batches_tracked = 0;  // BatchNorm's counter, read from the loaded weights
+  // --model-ema continues from the checkpoint's average (false: a copy of the weights).
+  bool has_ema_state = false;
+  int64_t ema_n_averaged = 0;
+  int64_t ema_num_batches_tracked = 0;
 };
 // Broadcast as raw bytes.
 static_assert(std::is_trivially_copyable_v<TrainState>);

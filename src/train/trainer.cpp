@@ -87,6 +87,7 @@ void Trainer::train_epochs() {
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
     r.train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
     validate(r.val_loss, r.val_acc, &r.val_acc5);
+    if (ema_) validate_ema(r);
     r.seconds = seconds_since(t0);
     const bool improved = r.val_acc > state_.best_val_acc;
     if (improved) {
@@ -166,6 +167,7 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
     }
     bool preempt = false;
     update(epoch, step, nonfinite, sums, preempt, st.times);
+    if (ema_) update_ema(epoch, step);
     ++step;
     ++st.steps;
     report_step(step, sums, st.times.minus(before), seconds_since(t_step), local, seconds_since(t_start));
@@ -242,6 +244,24 @@ void Trainer::update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums
   backend_->synchronize();
   times.optimizer += seconds_since(t5);
   ++state_.global_step;
+}
+
+// The reference's EMA step: every --model-ema-steps-th step of an epoch (counted from its
+// first), and during warmup epochs the average restarts from the weights each time.
+void Trainer::update_ema(int64_t epoch, int64_t step) {
+  if (step % o_.model_ema_steps != 0) return;
+  ema_->update(*model_);
+  if (epoch < o_.lr_warmup_epochs) ema_->reset_count();
+}
+
+// The average evaluated as the reference's "Test: EMA", in the model's arenas for the
+// time of it; best_model.h5 stays chosen by the model's own accuracy, as there.
+void Trainer::validate_ema(EpochResult& r) {
+  ema_->swap_in(*model_);
+  validate(r.ema_val_loss, r.ema_val_acc);
+  ema_->swap_out(*model_);
+  say(epoch_tag(r.epoch) + " Test: EMA Acc@1 " + py_float(100.0 * r.ema_val_acc) + " Val loss " +
+      py_float(r.ema_val_loss));
 }
 
 // last.h5 inside an epoch, with the epoch's training sums so far (global).

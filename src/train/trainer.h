@@ -23,6 +23,8 @@
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
+#include "resnet_ddp/train/model_ema.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"
@@ -79,6 +81,7 @@ struct EpochResult {
   double train_loss = 0, train_acc = 0, val_loss = 0, val_acc = 0;
   double val_acc5 = 0;  // top-5
   double images = 0;  // trained this epoch by all ranks (a resumed part excluded)
+  double ema_val_loss = -1, ema_val_acc = -1;  // --model-ema: the average's validation
   double seconds = 0;  // the whole epoch, validation included
 };
 
@@ -170,6 +173,10 @@ class Trainer {
   std::unique_ptr<ResNet> model_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<ModelEma> ema_;  // --model-ema
+  void update_ema(int64_t epoch, int64_t step);
+  void validate_ema(EpochResult& r);
+  void apply_ema_state();
   std::unique_ptr<dist::GradientBucketer> bucketer_;
   std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
   std::unique_ptr<TrainStep> step_;

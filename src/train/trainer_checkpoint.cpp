@@ -73,6 +73,7 @@ void Trainer::load_checkpoint() {
     io::check_compatible(m, *model_, class_names_, path);
     ck.load_model(*model_, false);
     if (plan_.state.has_optimizer_state) ck.load_optimizer(*model_, opt_->export_state());
+    if (ema_ && plan_.state.has_ema_state) ck.load_ema(*model_, ema_->export_state());
     args_history_ = m.args_history.empty() && !m.args.empty() ? std::vector<std::string>{m.args} : m.args_history;
   } catch (const UsageError& e) {
     // A checkpoint that does not fit this run (classes, tensors, optimizer state).
@@ -107,6 +108,7 @@ void Trainer::apply_start_state() {
     os.lr = state_.lr;
     opt_->import_state(os);
   }
+  if (ema_) apply_ema_state();
   if (state_.has_scheduler_state) {
     io::SchedulerState ss = sched_->export_state();
     ss.last_epoch = state_.scheduler_last_epoch;
@@ -115,6 +117,21 @@ void Trainer::apply_start_state() {
     sched_->import_state(ss);
   }
   for (const auto& line : plan_.start_lines) say(line);
+}
+
+// --model-ema: rank 0's average (read from the checkpoint) everywhere, or a fresh one
+// from the weights every rank now holds.
+void Trainer::apply_ema_state() {
+  if (!state_.has_ema_state) {
+    ema_->restart(*model_);
+    return;
+  }
+  io::EmaState es = ema_->export_state();
+  grad_->broadcast(es.params, model_->params().bytes(), 0);
+  grad_->broadcast(es.buffers, model_->buffers().bytes(), 0);
+  es.n_averaged = state_.ema_n_averaged;
+  es.num_batches_tracked = state_.ema_num_batches_tracked;
+  ema_->import_state(es);
 }
 
 io::CheckpointMeta Trainer::base_meta() const {
@@ -155,8 +172,10 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_train_count = partial_count;
         const io::OptimizerState opt = opt_ && !weights_only ? opt_->export_state() : io::OptimizerState{};
         const io::SchedulerState sched = sched_ && !weights_only ? sched_->export_state() : io::SchedulerState{};
+        const io::EmaState ema = ema_ && !weights_only ? ema_->export_state() : io::EmaState{};
         io::write_checkpoint(path, *model_, weights_only || !opt_ ? nullptr : &opt,
-                             weights_only || !sched_ ? nullptr : &sched, m);  // straight from the arenas
+                             weights_only || !sched_ ? nullptr : &sched, m,
+                             ema.present ? &ema : nullptr);  // straight from the arenas
       },
       rank0());
 }

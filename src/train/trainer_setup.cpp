@@ -263,7 +263,13 @@ void Trainer::setup_model() {
   set_optim_config(oc, o_);
   opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
   opt_->set_clip_grad_norm(o_.clip_grad_norm);
-  sched_ = std::make_unique<Scheduler>(o_.scheduler, o_.lr, o_.epochs);
+  sched_ = std::make_unique<Scheduler>(scheduler_config(o_));
+  opt_->set_lr(sched_->initial_lr());  // a warmup starts below --lr (a resume's state replaces it)
+  // Per-rank images per optimizer step stand for the reference's (per-GPU) batch size.
+  const int64_t step_images = int64_t{o_.batch_size} * o_.accum_steps;
+  if (o_.model_ema)
+    ema_ = std::make_unique<ModelEma>(
+        *model_, ModelEma::adjusted_decay(env_.world, step_images, o_.model_ema_steps, o_.epochs, o_.model_ema_decay));
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;

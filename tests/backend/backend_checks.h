@@ -822,6 +822,27 @@ inline void check_segment_ops(Backend& be) {
     }
 }
 
+// The weight EMA: a copy (n_averaged == 0) is exact; each update is torch's ema_avg,
+// decay * avg + (1 - decay) * cur in float32, against a double reference.
+inline void check_ema(Backend& be, size_t count, double decay, int steps, Tol tol = {1e-6, 1e-7}) {
+  INFO("ema_update count " << count << " decay " << decay << " on " << be.name());
+  const float d = static_cast<float>(decay), omd = static_cast<float>(1.0 - decay);
+  const auto first = random_floats(count, 161);
+  DeviceVector avg(be, filled(count, 555.f)), cur(be, first);
+  be.ema_update(avg.ptr(), cur.ptr(), count, d, omd, true);
+  CHECK(avg.host() == first);
+  ref::Vec r = to_double(first);
+  for (int s = 1; s <= steps; ++s) {
+    const auto model = random_floats(count, 161 + static_cast<uint64_t>(s));
+    DeviceVector m(be, model);
+    be.ema_update(avg.ptr(), m.ptr(), count, d, omd, false);
+    for (size_t i = 0; i < count; ++i)
+      r[i] = static_cast<double>(d) * r[i] + static_cast<double>(omd) * static_cast<double>(model[i]);
+  }
+  RD_CHECK_CLOSE("ema average", avg.host(), r, tol);
+  CHECK(cur.host() == first);  // the model is only read
+}
+
 // ---- memory helpers -----------------------------------------------------------------------------
 
 inline void check_copy_roundtrip(Backend& be, const Dims& d) {

@@ -171,6 +171,9 @@ TEST_CASE("cpu backend: Adam and SGD steps", "[kernel]") {
     check_sgd(*be, count, 0.9f, 0.1f, 1e-4f, false, 3);
     check_sgd(*be, count, 0.9f, 0.f, 1e-4f, true, 3);
     check_sgd(*be, count, 0.f, 0.f, 0.f, false, 2);
+    check_ema(*be, count, 0.9, 5);
+    check_ema(*be, count, 0.99998, 3);
+    check_ema(*be, count, 0.0, 2);  // alpha clamped to 1: the average is the model
   }
   check_segment_ops(*be);
 }

@@ -266,6 +266,8 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
       check_sgd(be, count, 0.9f, 0.1f, 1e-4f, false, 3);
       check_sgd(be, count, 0.9f, 0.f, 1e-4f, true, 3);
       check_sgd(be, count, 0.f, 0.f, 0.f, false, 2);
+      check_ema(be, count, 0.9, 5);
+      check_ema(be, count, 0.99998, 3);
       check_fill_scale_finite(be, count);
     }
     check_segment_ops(be);

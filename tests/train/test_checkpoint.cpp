@@ -17,6 +17,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 #include "train/train_test_util.h"
 
 namespace fs = std::filesystem;

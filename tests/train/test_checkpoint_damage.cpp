@@ -18,6 +18,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 
 namespace fs = std::filesystem;
 using namespace rd;

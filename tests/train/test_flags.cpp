@@ -89,7 +89,7 @@ TEST_CASE("help lists each alias next to its flag", "[train][flags]") {
   const std::string h = command_help(Command::Train);
   for (const char* s : {"  --batch-size, -b N ", "  --workers, -j N ", "  --arch, --model, -a resnet18|",
                         "  --output-dir, --output DIR ", "  --optimizer, --opt adam|sgd|adamw|rmsprop|lars|lamb\n",
-                        "  --scheduler, --sched plateau|", "  --weight-decay, --wd X ",
+                        "  --scheduler, --sched, --lr-scheduler plateau|", "  --weight-decay, --wd X ",
                         "  --log-every, --log-interval, --print-freq N", "  --amp ", "  --config FILE ",
                         "  --train-split NAME ", "  --val-split NAME "})
     CHECK_THAT(h, Catch::Contains(s));

@@ -1,4 +1,4 @@
-// LR schedulers and optimizers over the flat arena, against PyTorch 1.13's numbers.
+// Optimizers over the flat arena, against PyTorch 1.13's numbers (schedulers: test_scheduler.cpp).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <string>
@@ -17,47 +17,6 @@
 using namespace rd;
 using namespace rd::train;
 using rd::test::host;
-
-TEST_CASE("ReduceLROnPlateau matches torch 1.13", "[train]") {
-  // lr after each step(loss), from torch.optim.lr_scheduler.ReduceLROnPlateau(Adam(lr=1e-4),
-  // mode='min', factor=0.1, patience=5, min_lr=1e-8) on these losses (torch 1.13.1).
-  const std::vector<double> losses = {1.0, 0.9, 0.95, 0.9, 0.8999, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.5, 0.6, 0.6, 0.6,
-                                      0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6};
-  const std::vector<double> torch_lr = {
-      0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001,
-      1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1.0000000000000002e-06, 1.0000000000000002e-06,
-      1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06, 1.0000000000000002e-06,
-      1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000002e-07,
-      1.0000000000000002e-07, 1.0000000000000002e-07, 1.0000000000000004e-08};
-  Scheduler s(SchedulerKind::Plateau, 1e-4, 5);
-  double lr = 1e-4;
-  for (size_t i = 0; i < losses.size(); ++i) {
-    lr = s.step(lr, losses[i]);
-    INFO("step " << i + 1);
-    CHECK(lr == torch_lr[i]);
-  }
-  // min_lr is a floor and changes smaller than eps are not applied.
-  for (int i = 0; i < 20; ++i) lr = s.step(lr, 0.6);
-  CHECK(lr == Approx(1e-8).epsilon(1e-6));
-}
-
-TEST_CASE("CosineAnnealingLR matches torch 1.13", "[train]") {
-  // CosineAnnealingLR(Adam(lr=0.1), T_max=5), lr after each step (torch 1.13.1),
-  // including the restart beyond T_max.
-  const std::vector<double> torch_lr = {0.09045084971874738, 0.06545084971874737, 0.03454915028125263,
-                                        0.009549150281252633, 0.0, 0.009549150281252628, 0.03454915028125265,
-                                        0.06545084971874741, 0.09045084971874744, 0.10000000000000006,
-                                        0.09045084971874746, 0.06545084971874743};
-  Scheduler s(SchedulerKind::Cosine, 0.1, 5);
-  double lr = 0.1;
-  for (size_t i = 0; i < torch_lr.size(); ++i) {
-    lr = s.step(lr, 0.0);
-    INFO("step " << i + 1);
-    CHECK(lr == Approx(torch_lr[i]).margin(1e-15));
-  }
-  Scheduler none(SchedulerKind::None, 0.1, 5);
-  CHECK(none.step(0.1, 1.0) == 0.1);
-}
 
 TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]") {
   auto be = make_cpu_backend({});

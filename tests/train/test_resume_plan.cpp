@@ -186,3 +186,31 @@ TEST_CASE("ResumePlan crosses ranks as bytes, unchanged", "[resume_plan]") {
   CHECK(q.encode() == p.encode());
   CHECK_THROWS_AS(ResumePlan::decode(p.encode().substr(0, 10)), rd::Error);
 }
+
+TEST_CASE("plan_resume: the torchvision schedules and --model-ema continue from the checkpoint", "[resume_plan]") {
+  const std::vector<std::string> args = {"--data", "d", "--lr", "0.1", "--epochs", "20", "--lr-scheduler", "steplr",
+                                         "--lr-warmup-epochs", "3", "--lr-warmup-method", "linear", "--model-ema"};
+  io::CheckpointMeta m = checkpoint_of(args);
+  CHECK(m.scheduler.type == "steplr");
+  m.ema.present = true;
+  m.ema.n_averaged = 9;
+  m.ema.num_batches_tracked = 35;
+  const ResumePlan p = plan_resume(train_flags(args), "out/last.h5", m, {false, 1});
+  CHECK(p.state.has_scheduler_state);
+  CHECK(p.state.scheduler_last_epoch == 2);
+  CHECK(p.state.has_ema_state);
+  CHECK(p.state.ema_n_averaged == 9);
+  CHECK(p.state.ema_num_batches_tracked == 35);
+  // A cosine resumed with more epochs: T_max = epochs - warmup epochs, as the reference.
+  const std::vector<std::string> cos = {"--data", "d", "--epochs", "20", "--lr-scheduler", "cosineannealinglr",
+                                        "--lr-warmup-epochs", "4"};
+  std::vector<std::string> longer = cos;
+  longer[3] = "30";
+  const ResumePlan c = plan_resume(train_flags(longer), "out/last.h5", checkpoint_of(cos), {false, 1});
+  CHECK(c.state.cosine.t_max == 26);
+  // A checkpoint without the average: --model-ema starts from its weights, and says so.
+  m.ema = io::EmaState{};
+  const ResumePlan q = plan_resume(train_flags(args), "out/last.h5", m, {false, 1});
+  CHECK_FALSE(q.state.has_ema_state);
+  CHECK(has_line(q.start_lines, "checkpoint has no weight EMA"));
+}

@@ -60,6 +60,7 @@ struct CheckpointMeta {
   int64_t partial_train_count = 0;
   OptimizerState optimizer;  // without tensors
   SchedulerState scheduler;
+  EmaState ema;  // --model-ema's counters (the tensors: CheckpointReader::load_ema)
 };
 
 // One /state_dict entry as stored: float32 of `shape`, or an int64 scalar
@@ -85,8 +86,9 @@ std::vector<StateEntry> state_dict_order(ResNet& model);
 // Atomic write in torchvision's state_dict order, straight from the arenas.
 // Throws rd::Error naming the path (the previous file stays intact).
 // `opt` and `sched` (Optimizer/Scheduler::export_state()) may be null: a weights-only file.
+// `ema` (ModelEma::export_state(), --model-ema) adds the /model_ema group.
 void write_checkpoint(const std::string& path, ResNet& model, const OptimizerState* opt, const SchedulerState* sched,
-                      const CheckpointMeta& meta);
+                      const CheckpointMeta& meta, const EmaState* ema = nullptr);
 
 // A checkpoint opened for reading: HDF5 (ours, tools/torch_to_h5.py's, h5py's) or
 // safetensors (weights and __metadata__ only, see docs/interop.md), both read through
@@ -116,6 +118,8 @@ class CheckpointReader {
   // after checking the saved optimizer is of into's type; the caller then imports
   // meta().optimizer for the step and LR.
   void load_optimizer(ResNet& model, const OptimizerState& into);
+  // The /model_ema tensors into `into`'s arenas (the model's layout).
+  void load_ema(ResNet& model, const EmaState& into);
 
  private:
   struct Impl;

@@ -14,7 +14,7 @@ namespace rd::io {
 
 // Adam, Sgd: torch.optim with L2 decay; AdamW, RmsProp: torch.optim; Lars, Lamb: timm.optim.
 enum class OptimizerKind { Adam, Sgd, AdamW, RmsProp, Lars, Lamb };
-enum class SchedulerKind { Plateau, Cosine, None };
+enum class SchedulerKind { Plateau, Cosine, None, Step, MultiStep, Exponential };
 // --optimizer / --scheduler spellings, also the type names a checkpoint records.
 inline NameTable<OptimizerKind> optimizer_names() {
   return {{"adam", OptimizerKind::Adam},       {"sgd", OptimizerKind::Sgd},   {"adamw", OptimizerKind::AdamW},
@@ -27,7 +27,12 @@ inline bool uses_adam_moments(OptimizerKind k) {
 // SGD-style momentum buffers are seeded with the first step's gradient: none exists before it.
 inline bool momentum_seeded_by_first_step(OptimizerKind k) { return k == OptimizerKind::Sgd || k == OptimizerKind::Lars; }
 inline NameTable<SchedulerKind> scheduler_names() {
-  return {{"plateau", SchedulerKind::Plateau}, {"cosine", SchedulerKind::Cosine}, {"none", SchedulerKind::None}};
+  // The first name of a kind is what a checkpoint records; torchvision's spellings
+  // (--lr-scheduler, lower case as its train.py compares them) follow.
+  return {{"plateau", SchedulerKind::Plateau},         {"cosine", SchedulerKind::Cosine},
+          {"none", SchedulerKind::None},               {"steplr", SchedulerKind::Step},
+          {"multisteplr", SchedulerKind::MultiStep},   {"exponentiallr", SchedulerKind::Exponential},
+          {"cosineannealinglr", SchedulerKind::Cosine}};
 }
 
 struct OptimizerConfig {
@@ -89,6 +94,18 @@ struct SchedulerState {
   int64_t last_epoch = 0;
   PlateauState plateau;
   CosineState cosine;
+};
+
+// The /model_ema group: torchvision's ExponentialMovingAverage (AveragedModel over
+// parameters and buffers). `params` / `buffers` are views of the average's arenas (the
+// model's layout, in the model backend's memory); empty in a CheckpointMeta.
+struct EmaState {
+  bool present = false;
+  double decay = 0.0;             // the adjusted decay in use
+  int64_t n_averaged = 0;
+  int64_t num_batches_tracked = 0;  // averaged too (use_buffers=True), as torch's int64 buffer
+  float* params = nullptr;
+  float* buffers = nullptr;
 };
 
 }  // namespace rd::io

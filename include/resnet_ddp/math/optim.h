@@ -8,6 +8,16 @@
 
 namespace rd::math {
 
+// One element of torchvision's ema_avg, decay * averaged + (1 - decay) * current, with
+// the rounding of torch's separate mul, mul and add (no fused multiply-add on a GPU).
+RD_HD float ema_average(float averaged, float current, float decay, float one_minus_decay) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(decay, averaged), __fmul_rn(one_minus_decay, current));
+#else
+  return decay * averaged + one_minus_decay * current;
+#endif
+}
+
 struct AdamHyper {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;       // 1 - beta1^t

@@ -15,6 +15,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/option_types.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 
 namespace rd::train {
 
@@ -79,6 +80,18 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
   bool check = false;                // dry run: validate everything, train nothing (check_main)
 
+  // LR schedule and weight EMA (torchvision reference train.py; cli.cpp add_sched_flags).
+  int64_t lr_step_size = 30;         // --lr-step-size (steplr)
+  double lr_gamma = 0.1;             // --lr-gamma (steplr, multisteplr, exponentiallr)
+  std::vector<int64_t> lr_milestones;  // --lr-milestones (multisteplr)
+  double lr_min = 0.0;               // --lr-min: cosine eta_min
+  int64_t lr_warmup_epochs = 0;      // --lr-warmup-epochs, 0 = no warmup
+  WarmupMethod lr_warmup_method = WarmupMethod::Constant;
+  double lr_warmup_decay = 0.01;     // LinearLR start_factor / ConstantLR factor
+  bool model_ema = false;            // --model-ema
+  int64_t model_ema_steps = 32;      // EMA update every N steps of an epoch
+  double model_ema_decay = 0.99998;  // before the reference's adjustment
+
   // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
   // these may override what the checkpoint records.
   std::vector<std::string> given;
@@ -94,6 +107,9 @@ struct TrainOptions {
   std::string resume_checkpoint() const;
   int effective_val_batch() const { return val_batch_size > 0 ? val_batch_size : batch_size; }
 };
+
+// The LR schedule the flags describe (--scheduler, --lr-*).
+SchedulerConfig scheduler_config(const TrainOptions& o);
 
 struct PredictOptions {
   std::string checkpoint;

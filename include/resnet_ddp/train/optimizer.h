@@ -1,4 +1,4 @@
-// Optimizers and learning-rate schedulers with PyTorch semantics.
+// Optimizers with PyTorch semantics (the LR schedulers: train/scheduler.h).
 //
 // The optimizer works on the model's flat parameter arena in one backend call per
 // step, and keeps its state (Adam's exp_avg / exp_avg_sq, SGD's momentum_buffer,
@@ -6,12 +6,7 @@
 // slice at the parameter's offset. What differs per parameter tensor (torchvision's
 // norm / bias weight-decay groups, the trust ratios of timm's LARS and LAMB, the norms
 // they and --clip-grad-norm need) goes through the per-segment backend ops, one call
-// for the whole arena.
-//
-// Schedulers are stepped once per epoch after validation, like the reference:
-// ReduceLROnPlateau(mode="min") with the validation loss, CosineAnnealingLR(T_max =
-// epochs), or none. Their arithmetic follows torch.optim.lr_scheduler exactly
-// (double precision, the recursive cosine form), so the LR sequence matches.
+// for the whole arena. The LR schedules are in train/scheduler.h.
 #pragma once
 
 #include <cstddef>
@@ -28,15 +23,10 @@
 namespace rd::train {
 
 // The plain-value types live with the file formats that store them (io/optimizer_state.h).
-using io::CosineState;
 using io::OptimizerConfig;
 using io::OptimizerKind;
 using io::OptimizerState;
 using io::optimizer_names;
-using io::PlateauState;
-using io::SchedulerKind;
-using io::SchedulerState;
-using io::scheduler_names;
 
 class Optimizer {
  public:
@@ -105,29 +95,5 @@ class Optimizer {
 // batch-norm module (one whose "<module>.weight" is 1-D) takes norm_weight_decay when set;
 // else weight_decay. One value per slice.
 std::vector<float> parameter_weight_decays(const Arena& params, const OptimizerConfig& cfg);
-
-class Scheduler {
- public:
-  // base_lr is the optimizer's initial LR.
-  Scheduler(SchedulerKind kind, double base_lr, int64_t epochs);
-
-  SchedulerKind kind() const { return kind_; }
-  std::string type() const { return name_of(scheduler_names(), kind_); }  // as checkpoints record it
-  // End of an epoch: takes the current LR and the validation loss, returns the new LR.
-  double step(double current_lr, double val_loss);
-  int64_t last_epoch() const { return last_epoch_; }
-
-  PlateauState plateau;
-  CosineState cosine;
-
-  // The whole state as plain values, and back: a saved state of another type (a
-  // changed --scheduler) is ignored, so the schedule starts fresh.
-  SchedulerState export_state() const;
-  void import_state(const SchedulerState& s);
-
- private:
-  SchedulerKind kind_;
-  int64_t last_epoch_ = 0;
-};
 
 }  // namespace rd::train

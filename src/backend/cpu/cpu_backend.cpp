@@ -512,6 +512,29 @@ void CpuBackend::segment_step_impl(float* p, float* g, float* s0, float* s1, con
   }
 }
 
+void CpuBackend::ema_update_impl(float* averaged, const float* current, size_t count, float decay,
+                                 float one_minus_decay, bool copy) {
+  if (copy) {
+    std::memcpy(averaged, current, count * sizeof(float));
+    return;
+  }
+  // Both products go through memory before the add: under -march=native GCC would
+  // otherwise fuse one of them into an FMA and round differently from torch's three
+  // kernels (math::ema_average's rounding; the CUDA kernel gets it from __fmul_rn).
+  constexpr size_t kChunk = 1024;
+  const size_t chunks = (count + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    alignas(64) float scaled_avg[kChunk], scaled_cur[kChunk];
+    const size_t begin = c * kChunk, n = std::min(kChunk, count - begin);
+    float* avg = averaged + begin;
+    const float* cur = current + begin;
+    for (size_t j = 0; j < n; ++j) scaled_avg[j] = decay * avg[j];
+    for (size_t j = 0; j < n; ++j) scaled_cur[j] = one_minus_decay * cur[j];
+    for (size_t j = 0; j < n; ++j) avg[j] = scaled_avg[j] + scaled_cur[j];
+  }
+}
+
 void CpuBackend::scale(float* data, float factor, size_t count) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < count; ++i) data[i] *= factor;

@@ -1142,6 +1142,15 @@ void CudaBackend::segment_step_impl(float* params, float* grads, float* s0, floa
   if (h.rule != math::SegmentRule::LambMoments) weights_changed_by_optimizer();  // LAMB's first pass writes grads only
 }
 
+void CudaBackend::ema_update_impl(float* averaged, const float* current, size_t count, float decay,
+                                  float one_minus_decay, bool copy) {
+  if (copy)
+    RD_CUDA(cudaMemcpyAsync(averaged, current, count * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+  else
+    kern::ema_update(averaged, current, count, decay, one_minus_decay, compute_);
+  weights_changed_by_optimizer();  // the EMA is copied into the model's weights to evaluate it
+}
+
 void CudaBackend::weights_changed_by_optimizer() {
   ++weights_version_;
   ++optimizer_steps_;

@@ -121,5 +121,7 @@ void segment_sum_squares(const float* x, const int64_t* ranges, int64_t segments
 void segment_step(float* p, float* g, float* s0, float* s1, const int64_t* ranges, const float* decay,
                   const float* scale, int64_t segments, int64_t longest, const math::SegmentHyper& h,
                   cudaStream_t s);
+// avg = decay * avg + one_minus_decay * cur (math::ema_average).
+void ema_update(float* avg, const float* cur, size_t count, float decay, float one_minus_decay, cudaStream_t s);
 
 }  // namespace rd::kern

@@ -89,6 +89,10 @@ __global__ void segment_step_kernel(float* p, float* g, float* s0, float* s1, co
   }
 }
 
+__global__ void ema_kernel(float* avg, const float* cur, int64_t n, float decay, float one_minus_decay) {
+  RD_GRID_STRIDE(i, n) avg[i] = math::ema_average(avg[i], cur[i], decay, one_minus_decay);
+}
+
 }  // namespace
 
 void add_bias_rows(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t s) {
@@ -155,6 +159,12 @@ void segment_step(float* p, float* g, float* s0, float* s1, const int64_t* range
     RD_LAUNCH(segment_step_kernel, dim3(gx, ny), kThreads, 0, s)(p, g, s0, s1, ranges, decay, scale, first, h);
     RD_LAUNCH_CHECK("segment_step");
   }
+}
+
+void ema_update(float* avg, const float* cur, size_t count, float decay, float one_minus_decay, cudaStream_t s) {
+  if (!count) return;
+  RD_LAUNCH(ema_kernel, grid_for(count), kThreads, 0, s)(avg, cur, static_cast<int64_t>(count), decay, one_minus_decay);
+  RD_LAUNCH_CHECK("ema_update");
 }
 
 }  // namespace rd::kern
