@@ -41,12 +41,20 @@ int64_t uniform_below(std::mt19937_64& gen, int64_t n) {
   return std::min<int64_t>(n - 1, static_cast<int64_t>(open_uniform(gen) * static_cast<double>(n)));
 }
 
-// CutMix's box and area-corrected lambda, with torchvision's arithmetic.
-void cutmix_box(std::mt19937_64& gen, double lambda, int64_t h, int64_t w, BatchMixing& out) {
-  const int64_t r_x = uniform_below(gen, w), r_y = uniform_below(gen, h);
+}  // namespace
+
+double sample_symmetric_beta(std::mt19937_64& gen, double alpha) {
+  RD_CHECK(alpha > 0.0 && std::isfinite(alpha), "Beta(alpha, alpha): alpha " << alpha << " must be > 0");
+  const double lx = log_gamma_draw(gen, alpha), ly = log_gamma_draw(gen, alpha);
+  // X / (X + Y) = 1 / (1 + exp(log Y - log X)).
+  return 1.0 / (1.0 + std::exp(ly - lx));
+}
+
+BatchMixing cutmix_box(double lambda, int64_t r_x, int64_t r_y, int64_t h, int64_t w) {
   const double r = 0.5 * std::sqrt(1.0 - lambda);
   const auto r_w_half = static_cast<int64_t>(r * static_cast<double>(w));
   const auto r_h_half = static_cast<int64_t>(r * static_cast<double>(h));
+  BatchMixing out;
   math::ImageMix& m = out.image;
   m.cutmix = true;
   m.x0 = std::max<int64_t>(r_x - r_w_half, 0);
@@ -55,15 +63,7 @@ void cutmix_box(std::mt19937_64& gen, double lambda, int64_t h, int64_t w, Batch
   m.y1 = std::min<int64_t>(r_y + r_h_half, h);
   const double area = static_cast<double>((m.x1 - m.x0) * (m.y1 - m.y0));
   out.target_lambda = static_cast<float>(1.0 - area / static_cast<double>(w * h));
-}
-
-}  // namespace
-
-double sample_symmetric_beta(std::mt19937_64& gen, double alpha) {
-  RD_CHECK(alpha > 0.0 && std::isfinite(alpha), "Beta(alpha, alpha): alpha " << alpha << " must be > 0");
-  const double lx = log_gamma_draw(gen, alpha), ly = log_gamma_draw(gen, alpha);
-  // X / (X + Y) = 1 / (1 + exp(log Y - log X)).
-  return 1.0 / (1.0 + std::exp(ly - lx));
+  return out;
 }
 
 BatchMixing draw_batch_mixing(const MixingOptions& o, const MixingDrawKey& key, int64_t height, int64_t width) {
@@ -79,13 +79,13 @@ BatchMixing draw_batch_mixing(const MixingOptions& o, const MixingDrawKey& key, 
   bool cutmix = o.cutmix_alpha > 0.0;
   if (o.mixup_alpha > 0.0 && o.cutmix_alpha > 0.0) cutmix = uniform_below(gen, 2) == 1;
   const double lambda = sample_symmetric_beta(gen, cutmix ? o.cutmix_alpha : o.mixup_alpha);
-  BatchMixing out;
   if (cutmix) {
-    cutmix_box(gen, lambda, height, width, out);
-  } else {
-    out.image.lambda = static_cast<float>(lambda);
-    out.target_lambda = static_cast<float>(lambda);
+    const int64_t r_x = uniform_below(gen, width), r_y = uniform_below(gen, height);
+    return cutmix_box(lambda, r_x, r_y, height, width);
   }
+  BatchMixing out;
+  out.image.lambda = static_cast<float>(lambda);
+  out.target_lambda = static_cast<float>(lambda);
   return out;
 }
 

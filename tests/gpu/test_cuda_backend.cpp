@@ -268,6 +268,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
     if (g.exact_copies) {
       check_images_u8(be, Dims{2, 3, 5, 7}, false);
       check_images_u8(be, Dims{1, 3, 4, 4}, true);
+      check_mixing_ops(be);  // MixUp / CutMix (issue #27): exact in F32 storage
     }
   }
 }

@@ -31,8 +31,9 @@ RD_HD float mixup_element(float self, float partner, float self_weight, float pa
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(__fmul_rn(self, self_weight), __fmul_rn(partner, partner_weight));  // never fused
 #else
-  const volatile float a = self * self_weight;  // volatile: the compiler may not fuse it into an FMA
-  const float b = partner * partner_weight;
+  // volatile: each product is stored rounded, so the compiler cannot fuse either into an FMA.
+  const volatile float a = self * self_weight;
+  const volatile float b = partner * partner_weight;
   return a + b;
 #endif
 }

@@ -47,6 +47,10 @@ double sample_symmetric_beta(std::mt19937_64& gen, double alpha);
 // images of height x width. Requires o.enabled().
 BatchMixing draw_batch_mixing(const MixingOptions& o, const MixingDrawKey& key, int64_t height, int64_t width);
 
+// CutMix's box for a drawn lambda and centre (r_x, r_y), torchvision's arithmetic;
+// sets image (cutmix, box) and target_lambda (1 - box area / image area).
+BatchMixing cutmix_box(double lambda, int64_t r_x, int64_t r_y, int64_t height, int64_t width);
+
 // Labels of the partners (the batch rolled by one): out[i] = labels[i - 1], out[0] = labels[n - 1].
 std::vector<int32_t> partner_labels(const int32_t* labels, int n);
 
