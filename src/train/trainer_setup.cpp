@@ -225,6 +225,12 @@ void Trainer::setup_data() {
     mixing_ = MixingOptions{o_.mixup_alpha, o_.cutmix_alpha};
     mix_key_.seed = static_cast<uint64_t>(o_.seed);
     mix_key_.rank = env_.rank;
+    if (mixing_.enabled())
+      say(std::string("Batch mixing: ") +
+          (o_.mixup_alpha > 0 && o_.cutmix_alpha > 0 ? "MixUp or CutMix (one per batch)"
+           : o_.mixup_alpha > 0                     ? "MixUp"
+                                                    : "CutMix") +
+          " on each rank's batch, lambda ~ Beta(alpha, alpha)");
     train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
   }
   data::LoaderOptions vo = lo;
