@@ -728,8 +728,8 @@ inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothin
 
 // mix_images against the formula on the host: partner of image i is i-1 (0's is the
 // last); MixUp rounds both products to float before the sum, as torch does, so F32
-// storage must match exactly.
-inline void check_mix_images(Backend& be, const Dims& d, const math::ImageMix& mix) {
+// storage must match exactly (16-bit storage: within `tol`, one rounding of input and output).
+inline void check_mix_images(Backend& be, const Dims& d, const math::ImageMix& mix, Tol tol = {0, 0}) {
   INFO("mix_images " << d.str() << (mix.cutmix ? " cutmix" : " mixup") << " lambda " << mix.lambda << " box ["
                      << mix.x0 << "," << mix.x1 << ")x[" << mix.y0 << "," << mix.y1 << ") on " << be.name());
   const auto xh = random_floats(d.numel(), 211, -2.5f, 2.5f);
@@ -755,7 +755,7 @@ inline void check_mix_images(Backend& be, const Dims& d, const math::ImageMix& m
           }
           expected[static_cast<size_t>(((n * d.c + c) * d.h + h) * d.w + w)] = v;
         }
-  RD_CHECK_CLOSE("mixed batch", download_activation(be, dst), expected, (Tol{0, 0}));
+  RD_CHECK_CLOSE("mixed batch", download_activation(be, dst), expected, tol);
 }
 
 // softmax_xent_mixed against the soft-target formula in double, its finite
@@ -811,12 +811,12 @@ inline void check_softmax_xent_mixed(Backend& be, int64_t n, int64_t k, float la
                     check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 14, 1e-2)));
 }
 
-inline void check_mixing_ops(Backend& be) {
+inline void check_mixing_ops(Backend& be, Tol image_tol = {0, 0}) {
   for (const Dims& d : {Dims{3, 3, 5, 7}, Dims{1, 3, 4, 4}, Dims{2, 16, 3, 5}}) {
     math::ImageMix mixup;
     for (float lam : {0.f, 0.3f, 0.77f, 1.f}) {
       mixup.lambda = lam;
-      check_mix_images(be, d, mixup);
+      check_mix_images(be, d, mixup, image_tol);
     }
     math::ImageMix cut;
     cut.cutmix = true;
@@ -826,7 +826,7 @@ inline void check_mixing_ops(Backend& be) {
       cut.y0 = box[1];
       cut.x1 = box[2];
       cut.y1 = box[3];
-      check_mix_images(be, d, cut);
+      check_mix_images(be, d, cut, image_tol);
     }
   }
   check_softmax_xent_mixed(be, 4, 3, 0.3f, 0.f, 1.f);

@@ -2,8 +2,9 @@
 # MixUp / CutMix and RASampler in a real 2-rank run (issue #27):
 #  - --mixup-alpha 0.2 --cutmix-alpha 1.0 trains: finite losses, the mixing is on
 #    (announced, and the training loss differs from the same seeded run without it);
-#  - its draws come from (seed, epoch, step, rank): 1 epoch + resume gives exactly
-#    the metrics and parameters of 2 epochs straight (--deterministic, CPU);
+#  - its draws come from (seed, epoch, step, rank): 1 epoch + resume, and a run killed
+#    mid-epoch and resumed from its --checkpoint-every save, end exactly as the
+#    uninterrupted runs (--deterministic, CPU);
 #  - --ra-sampler trains on a set large enough for it and refuses a too-small one
 #    with a clear error naming the flag; bad alphas are refused.
 source "$(dirname "$0")/common.sh"
@@ -41,6 +42,28 @@ if command -v h5diff >/dev/null; then
 else
   tensors() { "$RD_BIN" info --tensors "$1" | grep -vE '^(file|command line|first run|resume [0-9]+): '; }
   cmp <(tensors "$WORK/a/last.h5") <(tensors "$WORK/b/last.h5") || fail "parameters differ after resume"
+fi
+
+note "killed mid-epoch (after a step-3 checkpoint), resumed: the same draws from that step on"
+mid=(--data "$WORK/data" "${TINY[@]}" --batch-size 2 --epochs 1 --deterministic --checkpoint-every 3 --log-every 1
+  --progress lines "${mix[@]}")
+"$RD_BIN" "${mid[@]}" --output-dir "$WORK/c" >"$WORK/c.log" 2>&1 || { cat "$WORK/c.log"; fail "uninterrupted run"; }
+"$RD_BIN" "${mid[@]}" --output-dir "$WORK/d" >"$WORK/d1.log" 2>&1 &
+pid=$!
+deadline=$((SECONDS + 60))
+until grep -q '^(Epoch 1/1) step 8/' "$WORK/d1.log" 2>/dev/null; do
+  [ $SECONDS -lt $deadline ] || { cat "$WORK/d1.log"; fail "run d did not start"; }
+  sleep 0.02
+done
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null || true
+"$RD_BIN" "${mid[@]}" --output-dir "$WORK/d" >"$WORK/d2.log" 2>&1 || { cat "$WORK/d2.log"; fail "resumed run d"; }
+grep -qE "^Resuming from $WORK/d/last.h5 at epoch 1 step [1-9]" "$WORK/d2.log" || { cat "$WORK/d2.log"; fail "no mid-epoch resume"; }
+[ "$(grep '^(Epoch 1/1) Val loss' "$WORK/c.log")" = "$(grep '^(Epoch 1/1) Val loss' "$WORK/d2.log")" ] ||
+  fail "validation after a mid-epoch resume differs from the uninterrupted run"
+if command -v h5diff >/dev/null; then
+  h5diff "$WORK/c/last.h5" "$WORK/d/last.h5" /state_dict /state_dict >"$WORK/diff" ||
+    { head "$WORK/diff"; fail "parameters differ after a mid-epoch resume"; }
 fi
 
 note "RASampler"
