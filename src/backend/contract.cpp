@@ -359,6 +359,43 @@ double Backend::softmax_xent(const Tensor& logits, const int32_t* labels, float 
   return softmax_xent_impl(logits, labels, smoothing, grad_scale, dlogits, predictions);
 }
 
+// ---- MixUp / CutMix (issue #27) --------------------------------------------------------------
+
+void Backend::mix_images(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
+  const char* op = "mix_images";
+  expect_activation(*this, src, op, "src");
+  expect_activation(*this, dst, op, "dst");
+  expect_same_shape(src, dst, op, "src and dst");
+  expect_disjoint(dst, src, op, "dst", "src");  // dst_i reads src_{i-1}: no in-place
+  if (mix.cutmix) {
+    const int64_t h = src.shape[2], w = src.shape[3];
+    RD_CHECK(0 <= mix.x0 && mix.x0 <= mix.x1 && mix.x1 <= w && 0 <= mix.y0 && mix.y0 <= mix.y1 && mix.y1 <= h,
+             op << ": CutMix box [" << mix.x0 << ", " << mix.x1 << ") x [" << mix.y0 << ", " << mix.y1
+                << ") is not inside the " << w << " x " << h << " image");
+  } else {
+    RD_CHECK(mix.lambda >= 0.f && mix.lambda <= 1.f, op << ": MixUp lambda " << mix.lambda << " not in [0, 1]");
+  }
+  mix_images_impl(src, dst, mix);
+}
+
+double Backend::softmax_xent_mixed(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
+                                   float lam, float smoothing, float grad_scale, Tensor* dlogits,
+                                   int32_t* predictions) {
+  const char* op = "softmax_xent_mixed";
+  expect_matrix(*this, logits, -1, -1, op, "logits");
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  RD_CHECK(k > 0, op << ": logits have no classes");
+  RD_CHECK(smoothing >= 0.f && smoothing <= 1.f, op << ": smoothing " << smoothing << " not in [0, 1]");
+  RD_CHECK(lam >= 0.f && lam <= 1.f, op << ": lam " << lam << " not in [0, 1]");
+  RD_CHECK((labels && partner_labels) || n == 0, op << ": labels missing");
+  for (int64_t i = 0; i < n; ++i)
+    RD_CHECK(labels[i] >= 0 && labels[i] < k && partner_labels[i] >= 0 && partner_labels[i] < k,
+             op << ": labels " << labels[i] << ", " << partner_labels[i] << " of row " << i << " outside [0, " << k
+                << ")");
+  if (dlogits) expect_matrix(*this, *dlogits, n, k, op, "dlogits");
+  return softmax_xent_mixed_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, predictions);
+}
+
 // ---- optimizers ------------------------------------------------------------------------------
 
 void Backend::adam_step(float* params, const float* grads, float* m, float* v, size_t count,

@@ -59,6 +59,38 @@ std::vector<int64_t> DistributedSampler::indices() const {
   return mine;
 }
 
+RASampler::RASampler(size_t n, int world, int rank, int repetitions, bool shuffle, uint64_t seed)
+    : n_(n), world_(world), rank_(rank), repetitions_(repetitions), shuffle_(shuffle), seed_(seed) {
+  check_ranks(world, rank);
+  if (repetitions < 1) throw UsageError("--ra-reps " + std::to_string(repetitions) + " must be >= 1");
+  const size_t w = static_cast<size_t>(world);
+  num_samples_ = (n * static_cast<size_t>(repetitions) + w - 1) / w;  // ceil(n * reps / world)
+  num_selected_ = n / 256 * 256 / w;                                  // floor(n // 256 * 256 / world)
+  if (num_selected_ == 0)
+    throw UsageError("--ra-sampler: RASampler visits floor((n // 256) * 256 / world) samples per rank, which is 0 "
+                     "for the training set's " + std::to_string(n) + " samples on " + std::to_string(world) +
+                     " ranks (it needs at least 256 samples, and (n // 256) * 256 >= world)");
+}
+
+std::vector<int64_t> RASampler::indices() const {
+  std::vector<int64_t> perm;
+  if (shuffle_) {
+    perm = torch_randperm(n_, seed_ + static_cast<uint64_t>(epoch_));
+  } else {
+    perm.resize(n_);
+    for (size_t i = 0; i < n_; ++i) perm[i] = static_cast<int64_t>(i);
+  }
+  const size_t reps = static_cast<size_t>(repetitions_), w = static_cast<size_t>(world_);
+  const size_t total = num_samples_ * w, repeated = n_ * reps;
+  // Position p of the repeated list (each index `reps` times in a row), padded by
+  // repeating its start: element (p mod repeated) of it.
+  std::vector<int64_t> mine;
+  mine.reserve(num_selected_);
+  for (size_t p = static_cast<size_t>(rank_); p < total && mine.size() < num_selected_; p += w)
+    mine.push_back(perm[(p % repeated) / reps]);
+  return mine;
+}
+
 std::vector<int64_t> shard_exact(size_t n, int world, int rank) {
   check_ranks(world, rank);
   std::vector<int64_t> mine;

@@ -236,10 +236,23 @@ void add_sched_flags(FlagSet& fs, TrainOptions& o) {
           "EMA: decay before torchvision's adjustment by world x batch x steps / epochs", 1.0);
 }
 
+// MixUp / CutMix and repeated augmentation: torchvision's references/classification flags.
+void add_mix_flags(FlagSet& fs, TrainOptions& o) {
+  fs.real("--mixup-alpha", &o.mixup_alpha, 0.0, false,
+          "MixUp on each batch with lambda ~ Beta(alpha, alpha) (0 = off; with --cutmix-alpha one of the two per batch)");
+  fs.real("--cutmix-alpha", &o.cutmix_alpha, 0.0, false,
+          "CutMix on each batch with lambda ~ Beta(alpha, alpha) (0 = off; with --mixup-alpha one of the two per batch)");
+  fs.boolean("--ra-sampler", &o.ra_sampler,
+             "repeated-augmentation sampler (torchvision's RASampler): each image --ra-reps times per epoch, on "
+             "different ranks");
+  fs.integer("--ra-reps", &o.ra_reps, 1, "repetitions of each image per epoch under --ra-sampler", 1024);
+}
+
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   add_train_recipe_flags(fs, o);
   add_train_run_flags(fs, o);
   add_sched_flags(fs, o);
+  add_mix_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same

@@ -37,7 +37,8 @@ TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer*
       label_smoothing_(label_smoothing),
       scaler_(loss_scaling, initial_loss_scale) {}
 
-double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions) {
+double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions,
+                          const MixedTargets* mixed) {
   micro_ = micro;
   group_ = group;
   logits_ = &model_.forward(input);
@@ -45,7 +46,10 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
   if (!dlogits_.defined() || dlogits_.shape[0] != n) dlogits_ = backend_.matrix(n, classes);
   // Accumulated micro-batches average: each contributes 1/group of the gradient.
   const float scale = static_cast<float>(scaler_.scale() / group);
-  const double loss = backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
+  const double loss =
+      mixed ? backend_.softmax_xent_mixed(*logits_, labels, mixed->partner_labels, mixed->lambda, label_smoothing_,
+                                          scale, &dlogits_, predictions)
+            : backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
   if (inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
     backend_.fill(dlogits_.f32(), std::numeric_limits<float>::infinity(), 1);
   return loss;

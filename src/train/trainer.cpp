@@ -157,6 +157,8 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
     StepSums sums;
     const int group = micro_batches_in_step(step, micro_total, o_.accum_steps);
     bool nonfinite = false;
+    mix_key_.epoch = epoch;  // MixUp / CutMix draws: a resume at this step redraws the same
+    mix_key_.step = step;
     const int micro = forward_backward(group, batch, st, local, sums, nonfinite);
     if (micro < group) {
       // The loader ran dry inside a group: every rank has the same batch count,
@@ -207,10 +209,9 @@ int Trainer::forward_backward(int group, data::Batch& batch, EpochStats& st, Ste
     if (micro == 0) sync_buffers();
     auto t1 = Clock::now();
     times.data += std::chrono::duration<double>(t1 - t0).count();
-    preds_.resize(static_cast<size_t>(batch.n));
-    const double l = step_->forward(input, batch.labels.data(), micro, group, preds_.data());
+    int64_t c = 0;
+    const double l = forward_micro(input, batch, micro, group, c);
     if (!std::isfinite(l)) nonfinite = true;
-    const int64_t c = count_correct(preds_.data(), batch.labels.data(), batch.n);
     st.loss_sum += l;
     st.correct += c;
     st.seen += batch.n;
@@ -222,6 +223,32 @@ int Trainer::forward_backward(int group, data::Batch& batch, EpochStats& st, Ste
     times.comm += s.comm;
   }
   return micro;
+}
+
+double Trainer::forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, int64_t& correct) {
+  preds_.resize(static_cast<size_t>(batch.n));
+  if (!mixing_.enabled()) {
+    const double l = step_->forward(input, batch.labels.data(), micro, group, preds_.data());
+    correct = count_correct(preds_.data(), batch.labels.data(), batch.n);
+    return l;
+  }
+  // torchvision mixes the normalised batch; so do we (input is ToTensor + Normalize).
+  // Mixing is affine, so it would commute with the normalisation anyway, up to float
+  // rounding. Each rank mixes its own batch, as torchvision's collate_fn per process.
+  mix_key_.micro = micro;
+  const BatchMixing m = draw_batch_mixing(mixing_, mix_key_, input.shape[2], input.shape[3]);
+  if (!mixed_input_.defined() || mixed_input_.shape != input.shape)
+    mixed_input_ = backend_->activation(input.shape[0], input.shape[1], input.shape[2], input.shape[3]);
+  backend_->mix_images(input, mixed_input_, m.image);
+  partner_labels_ = partner_labels(batch.labels.data(), batch.n);
+  const TrainStep::MixedTargets targets{partner_labels_.data(), m.target_lambda};
+  const double l = step_->forward(mixed_input_, batch.labels.data(), micro, group, preds_.data(), &targets);
+  // Accuracy against the mixed target's argmax, as torchvision's utils.accuracy.
+  target_classes_.resize(static_cast<size_t>(batch.n));
+  for (size_t i = 0; i < target_classes_.size(); ++i)
+    target_classes_[i] = mixed_target_class(batch.labels[i], partner_labels_[i], m.target_lambda);
+  correct = count_correct(preds_.data(), target_classes_.data(), batch.n);
+  return l;
 }
 
 // The ranks agree on preemption and a non-finite loss (and sum the step's training sums

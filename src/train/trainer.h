@@ -28,6 +28,7 @@
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/report.h"
 #include "resnet_ddp/train/tensorboard.h"
+#include "resnet_ddp/train/mixing.h"
 #include "resnet_ddp/train/train_step.h"
 #include "train/evaluate.h"
 #include "train/resume_plan.h"
@@ -135,6 +136,9 @@ class Trainer {
   EpochStats train_one_epoch(int64_t epoch);
   int forward_backward(int group, data::Batch& batch, EpochStats& st, StepSums& local, StepSums& sums,
                        bool& nonfinite);
+  // Forward and loss of one micro-batch (mixed under --mixup-alpha / --cutmix-alpha);
+  // `correct`: the samples training accuracy counts as right.
+  double forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, int64_t& correct);
   void update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums, bool& preempt, StepTimes& times);
   void save_mid_epoch(int64_t epoch, int64_t step, const EpochStats& st);
   // val_acc5 (when given): top-5 accuracy, exact counts summed over ranks like top-1.
@@ -169,7 +173,7 @@ class Trainer {
   std::unique_ptr<data::Dataset> train_set_, val_set_;
   std::optional<data::TransformPipeline> train_tf_, val_tf_;
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
-  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<data::EpochSampler> sampler_;  // DistributedSampler, or RASampler (--ra-sampler)
   std::unique_ptr<ResNet> model_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Scheduler> sched_;
@@ -185,6 +189,13 @@ class Trainer {
   std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's
   Normalization norm_;
   std::vector<int32_t> preds_;  // a micro-batch's predicted classes
+  // MixUp / CutMix (--mixup-alpha, --cutmix-alpha): the draws' key (epoch, step set by
+  // the epoch loop), the mixed copy of the input, the partners' labels, the classes
+  // training accuracy counts as right.
+  MixingOptions mixing_;
+  MixingDrawKey mix_key_;
+  Tensor mixed_input_;
+  std::vector<int32_t> partner_labels_, target_classes_;
   ResumePlan plan_;    // decided on rank 0, the same value on every rank
   TrainState state_;   // the run's live state: starts as plan_.state
   std::unique_ptr<MetricsCsv> metrics_;

@@ -227,8 +227,23 @@ void Trainer::setup_data() {
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   if (train_set_) {
-    sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
-                                                          static_cast<uint64_t>(o_.seed), false);
+    agree([&] {  // RASampler refuses a training set too small for it (every rank alike)
+      if (o_.ra_sampler)
+        sampler_ = std::make_unique<data::RASampler>(train_set_->size(), env_.world, env_.rank, o_.ra_reps, true,
+                                                     static_cast<uint64_t>(o_.seed));
+      else
+        sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+                                                              static_cast<uint64_t>(o_.seed), false);
+    });
+    mixing_ = MixingOptions{o_.mixup_alpha, o_.cutmix_alpha};
+    mix_key_.seed = static_cast<uint64_t>(o_.seed);
+    mix_key_.rank = env_.rank;
+    if (mixing_.enabled())
+      say(std::string("Batch mixing: ") +
+          (o_.mixup_alpha > 0 && o_.cutmix_alpha > 0 ? "MixUp or CutMix (one per batch)"
+           : o_.mixup_alpha > 0                     ? "MixUp"
+                                                    : "CutMix") +
+          " on each rank's batch, lambda ~ Beta(alpha, alpha)");
     train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
   }
   data::LoaderOptions vo = lo;

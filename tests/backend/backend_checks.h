@@ -7,6 +7,7 @@
 // (pass a looser Tol for TF32).
 #pragma once
 
+#include <array>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -722,6 +723,117 @@ inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothin
   };
   RD_CHECK_GRADIENT("xent vs finite differences",
                     check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 13, 1e-2)));
+}
+
+// ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------
+
+// mix_images against the formula on the host: partner of image i is i-1 (0's is the
+// last); MixUp rounds both products to float before the sum, as torch does, so F32
+// storage must match exactly (16-bit storage: within `tol`, one rounding of input and output).
+inline void check_mix_images(Backend& be, const Dims& d, const math::ImageMix& mix, Tol tol = {0, 0}) {
+  INFO("mix_images " << d.str() << (mix.cutmix ? " cutmix" : " mixup") << " lambda " << mix.lambda << " box ["
+                     << mix.x0 << "," << mix.x1 << ")x[" << mix.y0 << "," << mix.y1 << ") on " << be.name());
+  const auto xh = random_floats(d.numel(), 211, -2.5f, 2.5f);
+  Tensor src = upload_activation(be, xh, d.n, d.c, d.h, d.w);
+  Tensor dst = be.activation(d.n, d.c, d.h, d.w);
+  be.mix_images(src, dst, mix);
+  const volatile float self_w = mix.lambda;  // volatile: no FMA in this reference either
+  const float partner_w = static_cast<float>(1.0 - static_cast<double>(mix.lambda));
+  std::vector<double> expected(d.numel());
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t c = 0; c < d.c; ++c)
+      for (int64_t h = 0; h < d.h; ++h)
+        for (int64_t w = 0; w < d.w; ++w) {
+          const int64_t p = n == 0 ? d.n - 1 : n - 1;
+          const float self = xh[static_cast<size_t>(((n * d.c + c) * d.h + h) * d.w + w)];
+          const float other = xh[static_cast<size_t>(((p * d.c + c) * d.h + h) * d.w + w)];
+          float v;
+          if (mix.cutmix) {
+            v = (h >= mix.y0 && h < mix.y1 && w >= mix.x0 && w < mix.x1) ? other : self;
+          } else {
+            const volatile float a = self * self_w, b = other * partner_w;
+            v = a + b;
+          }
+          expected[static_cast<size_t>(((n * d.c + c) * d.h + h) * d.w + w)] = v;
+        }
+  RD_CHECK_CLOSE("mixed batch", download_activation(be, dst), expected, tol);
+}
+
+// softmax_xent_mixed against the soft-target formula in double, its finite
+// differences, and softmax_xent when the target is one label.
+inline void check_softmax_xent_mixed(Backend& be, int64_t n, int64_t k, float lam, float smoothing, float grad_scale,
+                                     Tol tol = {}) {
+  INFO("softmax_xent_mixed N=" << n << " K=" << k << " lam " << lam << " smoothing " << smoothing << " on "
+                               << be.name());
+  const auto zh = random_floats(static_cast<size_t>(n * k), 311, -3.f, 3.f);
+  std::vector<int32_t> labels(static_cast<size_t>(n)), partners(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % k);
+    partners[static_cast<size_t>(i)] = static_cast<int32_t>((i * 5 + 1) % k);  // equal to the label for some rows
+  }
+  Tensor z = upload_rowmajor(be, zh, Shape{n, k});
+  Tensor dz = upload_rowmajor(be, filled(zh.size(), 123.f), Shape{n, k});
+  std::vector<int32_t> pred(static_cast<size_t>(n), -1);
+  const double sum = be.softmax_xent_mixed(z, labels.data(), partners.data(), lam, smoothing, grad_scale, &dz,
+                                           pred.data());
+  double expected_sum = 0.0;
+  std::vector<double> expected_dz(zh.size());
+  std::vector<int32_t> expected_pred(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = &zh[static_cast<size_t>(r * k)];
+    double mx = row[0], se = 0.0;
+    int32_t am = 0;
+    for (int64_t j = 1; j < k; ++j)
+      if (row[j] > mx) { mx = row[j]; am = static_cast<int32_t>(j); }
+    for (int64_t j = 0; j < k; ++j) se += std::exp(row[j] - mx);
+    expected_pred[static_cast<size_t>(r)] = am;
+    for (int64_t j = 0; j < k; ++j) {
+      const double t = (j == labels[static_cast<size_t>(r)] ? lam : 0.0) +
+                       (j == partners[static_cast<size_t>(r)] ? 1.0 - lam : 0.0);
+      const double q = t * (1.0 - smoothing) + smoothing / static_cast<double>(k);
+      const double logp = row[j] - mx - std::log(se);
+      expected_sum -= q * logp;
+      expected_dz[static_cast<size_t>(r * k + j)] = (std::exp(logp) - q) / static_cast<double>(n) * grad_scale;
+    }
+  }
+  CHECK(sum == Approx(expected_sum).epsilon(1e-5));
+  const auto dz_backend = download_rowmajor(be, dz);
+  RD_CHECK_CLOSE("mixed xent dlogits", dz_backend, expected_dz, tol);
+  CHECK(pred == expected_pred);
+  // One label (lam = 1): the same loss as softmax_xent.
+  CHECK(be.softmax_xent_mixed(z, labels.data(), partners.data(), 1.f, smoothing, 1.f, nullptr, nullptr) ==
+        Approx(be.softmax_xent(z, labels.data(), smoothing, 1.f, nullptr, nullptr)).epsilon(1e-6));
+  auto loss = [&](const std::vector<float>& v) {
+    Tensor t = upload_rowmajor(be, v, Shape{n, k});
+    return be.softmax_xent_mixed(t, labels.data(), partners.data(), lam, smoothing, 1.f, nullptr, nullptr) /
+           static_cast<double>(n) * grad_scale;
+  };
+  RD_CHECK_GRADIENT("mixed xent vs finite differences",
+                    check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 14, 1e-2)));
+}
+
+inline void check_mixing_ops(Backend& be, Tol image_tol = {0, 0}) {
+  for (const Dims& d : {Dims{3, 3, 5, 7}, Dims{1, 3, 4, 4}, Dims{2, 16, 3, 5}}) {
+    math::ImageMix mixup;
+    for (float lam : {0.f, 0.3f, 0.77f, 1.f}) {
+      mixup.lambda = lam;
+      check_mix_images(be, d, mixup, image_tol);
+    }
+    math::ImageMix cut;
+    cut.cutmix = true;
+    for (const auto& box : {std::array<int64_t, 4>{0, 0, 0, 0}, std::array<int64_t, 4>{1, 0, 3, 2},
+                            std::array<int64_t, 4>{0, 0, d.w, d.h}, std::array<int64_t, 4>{2, 1, d.w, d.h - 1}}) {
+      cut.x0 = box[0];
+      cut.y0 = box[1];
+      cut.x1 = box[2];
+      cut.y1 = box[3];
+      check_mix_images(be, d, cut, image_tol);
+    }
+  }
+  check_softmax_xent_mixed(be, 4, 3, 0.3f, 0.f, 1.f);
+  check_softmax_xent_mixed(be, 5, 10, 0.62f, 0.1f, 1.f);
+  check_softmax_xent_mixed(be, 3, 1000, 0.5f, 0.1f, 0.5f);
+  check_softmax_xent_mixed(be, 16, 3, 0.9f, 0.1f, 65536.f);
 }
 
 // ---- optimizers -----------------------------------------------------------------------------------

@@ -241,3 +241,32 @@ TEST_CASE("cuda_device_for_rank: one GPU per task, or GPU i for local rank i", "
   CHECK(cuda_device_for_rank(3, 4, 2) == -1);
   CHECK(cuda_device_for_rank(0, 1, 0) == -1);
 }
+
+TEST_CASE("contract: mix_images and softmax_xent_mixed (MixUp / CutMix)", "[kernel][contract]") {
+  ProbeBackend be(DType::F32, Layout::NHWC);
+  Tensor src = be.activation(4, 3, 6, 5), dst = be.activation(4, 3, 6, 5), other = be.activation(4, 3, 5, 5);
+  math::ImageMix cut;
+  cut.cutmix = true;
+  cut.x0 = 1, cut.y0 = 2, cut.x1 = 5, cut.y1 = 6;  // x < W = 5, y < H = 6
+  REQUIRE_NOTHROW(be.mix_images(src, dst, cut));
+  CHECK(called(be, "mix_images"));
+  CHECK_THROWS_AS(be.mix_images(src, src, cut), Error);    // dst_i reads src_{i-1}: never in place
+  CHECK_THROWS_AS(be.mix_images(src, other, cut), Error);  // shapes differ
+  cut.x1 = 6;                                              // past the width
+  CHECK_THROWS_AS(be.mix_images(src, dst, cut), Error);
+  cut.x1 = 5, cut.x0 = 5, cut.y0 = 6;  // empty box: fine
+  CHECK_NOTHROW(be.mix_images(src, dst, cut));
+  math::ImageMix mixup;
+  mixup.lambda = 1.5f;
+  CHECK_THROWS_AS(be.mix_images(src, dst, mixup), Error);
+
+  Tensor logits = be.matrix(3, 4), dlogits = be.matrix(3, 4), wrong = be.matrix(3, 5);
+  const int32_t labels[3] = {0, 3, 1}, partners[3] = {1, 0, 3}, bad[3] = {1, 4, 0};
+  REQUIRE_NOTHROW(be.softmax_xent_mixed(logits, labels, partners, 0.4f, 0.1f, 1.f, &dlogits, nullptr));
+  CHECK(called(be, "softmax_xent_mixed"));
+  CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, bad, 0.4f, 0.1f, 1.f, &dlogits, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, partners, -0.1f, 0.1f, 1.f, &dlogits, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, partners, 0.4f, 1.5f, 1.f, &dlogits, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, nullptr, 0.4f, 0.1f, 1.f, &dlogits, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, partners, 0.4f, 0.1f, 1.f, &wrong, nullptr), Error);
+}

@@ -187,3 +187,7 @@ TEST_CASE("cpu backend: fill, scale, all_finite, u8 images", "[kernel]") {
     check_images_u8(*be, Dims{1, 3, 4, 4}, true);
   }
 }
+
+TEST_CASE("cpu backend: MixUp / CutMix batch mixing and the mixed-target loss", "[kernel]") {
+  for (auto& be : cpu_backends()) check_mixing_ops(*be);
+}

@@ -3,7 +3,8 @@
 # against the same run on the CPU backend: the loss and accuracy of every step and
 # the epoch's validation agree within the error model below.
 #   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp, $3 = mpiexec, $4 = repo root,
-#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export | device_choice
+#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export | device_choice |
+#        mixup_cutmix
 #
 # Error model (per step, on the running mean printed by --log-every 1, 4 decimals):
 #   fp32: cuDNN/cuBLAS stand-ins sum in float64, the CPU backend in float32 with its
@@ -79,6 +80,17 @@ case "$CASE" in
     awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
       'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= 2e-3) }' ||
       fail "validation loss differs"
+    ;;
+  mixup_cutmix)
+    # MixUp / CutMix (issue #27): the draws depend on (seed, epoch, step, rank) alone, so
+    # the emulated GPU's mix_images + softmax_xent_mixed must follow the CPU run's steps.
+    args=(--arch resnet_tiny --epochs 1 --mixup-alpha 0.2 --cutmix-alpha 1.0)
+    note "emulated GPU, fp32, MixUp + CutMix"
+    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
+    grep -q "Batch mixing: MixUp or CutMix" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "mixing not on"; }
+    note "CPU backend, fp32, MixUp + CutMix"
+    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
     ;;
   fp16_overflow)
     # ResNet-50 (bottlenecks) in fp16 with dynamic loss scaling; rank 1 injects an

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "resnet_ddp/math/image.h"
 #include "resnet_ddp/math/optim.h"
 #include "resnet_ddp/tensor.h"
 

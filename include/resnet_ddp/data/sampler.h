@@ -16,15 +16,23 @@
 
 namespace rd::data {
 
-class DistributedSampler {
+// What the trainer asks of a training sampler: this rank's indices for an epoch.
+class EpochSampler {
+ public:
+  virtual ~EpochSampler() = default;
+  virtual void set_epoch(int64_t epoch) = 0;
+  virtual std::vector<int64_t> indices() const = 0;
+};
+
+class DistributedSampler : public EpochSampler {
  public:
   // Throws rd::UsageError when world < 1 or rank is outside [0, world).
   DistributedSampler(size_t n, int world, int rank, bool shuffle = true, uint64_t seed = 0,
                      bool drop_last = false);
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  void set_epoch(int64_t epoch) override { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
   size_t total_size() const { return num_samples_ * static_cast<size_t>(world_); }
-  std::vector<int64_t> indices() const;  // this rank's indices for the current epoch
+  std::vector<int64_t> indices() const override;  // this rank's indices for the current epoch
 
  private:
   size_t n_;
@@ -34,6 +42,29 @@ class DistributedSampler {
   bool drop_last_;
   int64_t epoch_ = 0;
   size_t num_samples_;  // per rank
+};
+
+// Repeated augmentation (torchvision references/classification/sampler.py RASampler,
+// from DeiT): each index of the seed + epoch permutation repeated `repetitions` times
+// in a row, padded from the start to a multiple of world, rank r taking positions
+// r, r + world, ...; of those only the first floor((n // 256) * 256 / world) are
+// visited (so an epoch sees about n samples, each in `repetitions` augmentations on
+// different ranks). Throws rd::UsageError for bad ranks, repetitions < 1, or when
+// that count is 0 (n < 256, or n // 256 * 256 < world).
+class RASampler : public EpochSampler {
+ public:
+  RASampler(size_t n, int world, int rank, int repetitions = 3, bool shuffle = true, uint64_t seed = 0);
+  void set_epoch(int64_t epoch) override { epoch_ = epoch; }
+  size_t num_selected_samples() const { return num_selected_; }
+  std::vector<int64_t> indices() const override;
+
+ private:
+  size_t n_;
+  int world_, rank_, repetitions_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t epoch_ = 0;
+  size_t num_samples_, num_selected_;
 };
 
 // torch.randperm(n, generator=torch.Generator().manual_seed(seed)) for n < 2^24.

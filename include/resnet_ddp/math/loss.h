@@ -35,4 +35,31 @@ RD_HD float softmax_xent_row(const float* z, int K, int label, float smoothing,
   return static_cast<float>(loss);
 }
 
+// Mixed (MixUp / CutMix) targets: t = lam onehot(a) + (1 - lam) onehot(b), smoothed as
+// torch smooths probability targets, q = t (1 - s) + s / K (same loss and gradient
+// form as above). With a == b the two weights add to one, as torch's sum of the two
+// one-hot halves does.
+RD_HD float softmax_xent_mixed_row(const float* z, int K, int label, int partner, float lam, float smoothing,
+                                   float grad_scale, float* dz, int* argmax) {
+  float zmax = z[0];
+  int amax = 0;
+  for (int k = 1; k < K; ++k)
+    if (z[k] > zmax) { zmax = z[k]; amax = k; }
+  double sum = 0.0;
+  for (int k = 0; k < K; ++k) sum += exp(static_cast<double>(z[k] - zmax));
+  const double log_sum = log(sum);
+  const double keep = 1.0 - static_cast<double>(smoothing), off = static_cast<double>(smoothing) / K;
+  const double w_label = static_cast<double>(lam), w_partner = 1.0 - static_cast<double>(lam);
+  double loss = 0.0;
+  for (int k = 0; k < K; ++k) {
+    const double logp = static_cast<double>(z[k] - zmax) - log_sum;
+    const double t = (k == label ? w_label : 0.0) + (k == partner ? w_partner : 0.0);
+    const double q = t * keep + off;
+    loss -= q * logp;
+    if (dz) dz[k] = static_cast<float>((exp(logp) - q) * grad_scale);
+  }
+  if (argmax) *argmax = amax;
+  return static_cast<float>(loss);
+}
+
 }  // namespace rd::math

@@ -79,6 +79,11 @@ struct TrainOptions {
   VerifyData verify_data = VerifyData::Full;  // scan: decode every image, or read headers only
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
   bool check = false;                // dry run: validate everything, train nothing (check_main)
+  // MixUp / CutMix and repeated augmentation (issue #27, torchvision's reference flags).
+  double mixup_alpha = 0.0;          // Beta(alpha, alpha) MixUp on the batch, 0 = off
+  double cutmix_alpha = 0.0;         // Beta(alpha, alpha) CutMix on the batch, 0 = off
+  bool ra_sampler = false;           // RASampler instead of DistributedSampler
+  int ra_reps = 3;                   // RASampler's repetitions
 
   // LR schedule and weight EMA (torchvision reference train.py; cli.cpp add_sched_flags).
   int64_t lr_step_size = 30;         // --lr-step-size (steplr)

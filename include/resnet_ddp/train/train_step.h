@@ -49,11 +49,18 @@ class TrainStep {
   TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
             bool loss_scaling = false, double initial_loss_scale = 65536.0);
 
+  // MixUp / CutMix targets (train/mixing.h): sample i's target is
+  // lambda onehot(labels[i]) + (1 - lambda) onehot(partner_labels[i]).
+  struct MixedTargets {
+    const int32_t* partner_labels = nullptr;
+    float lambda = 1.f;
+  };
+
   // Forward and label-smoothed cross-entropy of micro-batch `micro` of `group`.
   // Returns the batch's summed (unscaled) loss; `predictions` (optional) receives each
-  // sample's arg-max class.
+  // sample's arg-max class. `mixed` (optional): soft targets instead of `labels` alone.
   double forward(const Tensor& input, const int32_t* labels, int micro = 0, int group = 1,
-                 int32_t* predictions = nullptr);
+                 int32_t* predictions = nullptr, const MixedTargets* mixed = nullptr);
   const Tensor& logits() const { return *logits_; }
 
   // Backward of the last forward. On the group's last micro-batch the gradient

@@ -457,6 +457,49 @@ double CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels
   return total;
 }
 
+// ---- MixUp / CutMix (issue #27) -----------------------------------------------------------
+
+void CpuBackend::mix_images_impl(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
+  const Indexer at(src);
+  const Dims d = at.d;
+  const float* in = src.f32();
+  float* out = dst.f32();
+  // torch multiplies by float casts of lambda and of (1 - lambda) taken in double.
+  const float self_w = mix.lambda, partner_w = static_cast<float>(1.0 - static_cast<double>(mix.lambda));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < d.n; ++n)
+    for (int64_t c = 0; c < d.c; ++c) {
+      const int64_t partner = n == 0 ? d.n - 1 : n - 1;  // the batch rolled by one
+      for (int64_t h = 0; h < d.h; ++h)
+        for (int64_t w = 0; w < d.w; ++w) {
+          const float self = in[at(n, c, h, w)], other = in[at(partner, c, h, w)];
+          float v;
+          if (mix.cutmix)
+            v = (h >= mix.y0 && h < mix.y1 && w >= mix.x0 && w < mix.x1) ? other : self;
+          else
+            v = math::mixup_element(self, other, self_w, partner_w);
+          out[at(n, c, h, w)] = v;
+        }
+    }
+}
+
+double CpuBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
+                                           float lam, float smoothing, float grad_scale, Tensor* dlogits,
+                                           int32_t* predictions) {
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  const float* z = logits.f32();
+  float* dz = dlogits ? dlogits->f32() : nullptr;
+  const float row_scale = n > 0 ? grad_scale / static_cast<float>(n) : 0.f;
+  double total = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    int amax = 0;
+    total += math::softmax_xent_mixed_row(z + r * k, static_cast<int>(k), labels[r], partner_labels[r], lam,
+                                          smoothing, row_scale, dz ? dz + r * k : nullptr, &amax);
+    if (predictions) predictions[r] = amax;
+  }
+  return total;
+}
+
 // ---- optimizers -------------------------------------------------------------------------
 
 void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,

@@ -1062,6 +1062,40 @@ int64_t CudaBackend::count_correct(const Tensor& logits, const int32_t* labels) 
   return *out;
 }
 
+// ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------------
+
+void CudaBackend::mix_images_impl(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
+  const kern::ActDesc d = act(src, "mix_images", "src");
+  kern::mix_images(d, src.data, dst.data, mix, compute_);
+}
+
+double CudaBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* labels,
+                                            const int32_t* partner_labels, float lam, float smoothing,
+                                            float grad_scale, Tensor* dlogits, int32_t* predictions) {
+  check_matrix(logits, -1, -1, "softmax_xent_mixed", "logits");
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  if (n == 0) return 0.0;
+  const size_t N = static_cast<size_t>(n);
+  int32_t* lab = labels_device_.as<int32_t>(2 * N, "labels");
+  float* loss = row_loss_device_.as<float>(N, "row losses");
+  int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");
+  // Pinned: labels, partner labels, then the row losses and predictions coming back.
+  auto* host = static_cast<unsigned char*>(loss_host_.get(N * 16, "pinned loss results"));
+  std::memcpy(host, labels, N * 4);
+  std::memcpy(host + N * 4, partner_labels, N * 4);
+  RD_CUDA(cudaMemcpyAsync(lab, host, N * 8, cudaMemcpyHostToDevice, compute_));
+  kern::softmax_xent_mixed(logits.f32(), lab, n, k, lam, smoothing, grad_scale / static_cast<float>(n),
+                           dlogits ? dlogits->f32() : nullptr, loss, amax, compute_);
+  RD_CUDA(cudaMemcpyAsync(host + N * 8, loss, N * 4, cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaMemcpyAsync(host + N * 12, amax, N * 4, cudaMemcpyDeviceToHost, compute_));
+  RD_CUDA(cudaStreamSynchronize(compute_));  // as softmax_xent: the loss is returned now
+  const float* row = reinterpret_cast<const float*>(host + N * 8);
+  double total = 0.0;
+  for (size_t i = 0; i < N; ++i) total += row[i];
+  if (predictions) std::memcpy(predictions, host + N * 12, N * 4);
+  return total;
+}
+
 // ---- optimizers ------------------------------------------------------------------------------------------
 
 void CudaBackend::adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,

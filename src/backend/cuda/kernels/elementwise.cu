@@ -85,6 +85,24 @@ __global__ void images_kernel(const uint8_t* src, ActDesc d, T* dst, Rgb mean, R
   }
 }
 
+// MixUp / CutMix with the batch rolled by one; one thread per destination element.
+template <class T>
+__global__ void mix_images_kernel(const T* src, ActDesc d, T* dst, math::ImageMix mix, float partner_w) {
+  RD_GRID_STRIDE(i, d.count()) {
+    int64_t n, c, h, w;
+    act_coords(d, i, n, c, h, w);
+    const int64_t partner = n == 0 ? d.n - 1 : n - 1;
+    const int64_t j = d.nhwc ? ((partner * d.h + h) * d.w + w) * d.c + c : ((partner * d.c + c) * d.h + h) * d.w + w;
+    const float self = to_f(src[i]), other = to_f(src[j]);
+    float v;
+    if (mix.cutmix)
+      v = (h >= mix.y0 && h < mix.y1 && w >= mix.x0 && w < mix.x1) ? other : self;
+    else
+      v = math::mixup_element(self, other, mix.lambda, partner_w);
+    dst[i] = from_f<T>(v);
+  }
+}
+
 // One thread per destination element; `ohwi` selects the staged layout.
 template <class T>
 __global__ void stage_weight_kernel(const float* w, int64_t O, int64_t I, int64_t KH, int64_t KW,
@@ -197,6 +215,18 @@ void images_u8_to_act(const uint8_t* src, const ActDesc& d, void* dst, const flo
     RD_LAUNCH(images_kernel<T>, grid_for(d.count()), kThreads, 0, s)(src, d, static_cast<T*>(dst), m, sd);
   });
   RD_LAUNCH_CHECK("images_u8_to_act");
+}
+
+void mix_images(const ActDesc& d, const void* src, void* dst, const math::ImageMix& mix, cudaStream_t s) {
+  if (!d.count()) return;
+  // torch multiplies by float casts of lambda and of (1 - lambda) taken in double.
+  const float partner_w = static_cast<float>(1.0 - static_cast<double>(mix.lambda));
+  dispatch_float(d.dtype, "mix_images", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RD_LAUNCH(mix_images_kernel<T>, grid_for(d.count()), kThreads, 0, s)(static_cast<const T*>(src), d,
+                                                                        static_cast<T*>(dst), mix, partner_w);
+  });
+  RD_LAUNCH_CHECK("mix_images");
 }
 
 void stage_conv_weight(const float* w, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "resnet_ddp/math/image.h"
 #include "resnet_ddp/math/optim.h"
 #include "resnet_ddp/tensor.h"
 
@@ -44,6 +45,8 @@ void act_to_nchw_f32(const ActDesc& src_desc, const void* src, float* dst, cudaS
 // src: N x H x W x 3 uint8 (device); dst (N, 3, H, W); (v / 255 - mean[c]) / std[c].
 void images_u8_to_act(const uint8_t* src, const ActDesc& dst_desc, void* dst, const float mean[3],
                       const float std[3], cudaStream_t s);
+// MixUp / CutMix of a batch with its roll by one (Backend::mix_images); src, dst distinct.
+void mix_images(const ActDesc& d, const void* src, void* dst, const math::ImageMix& mix, cudaStream_t s);
 // Conv weight (O, I, kh, kw) float -> `t` in OIHW (ohwi = false) or OHWI (the
 // layout cuDNN wants next to NHWC activations).
 void stage_conv_weight(const float* w_oihw, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,
@@ -101,6 +104,11 @@ void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool ac
                  cudaStream_t s);
 
 // ---- loss and accuracy ---------------------------------------------------------------
+// softmax_xent with mixed targets (math::softmax_xent_mixed_row); `labels` holds n labels then
+// n partner labels.
+void softmax_xent_mixed(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
+                        float smoothing, float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                        cudaStream_t s);
 // One row per thread through math::softmax_xent_row; dlogits may be null.
 void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
                   float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,

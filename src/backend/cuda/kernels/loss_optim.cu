@@ -33,6 +33,17 @@ __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t 
   }
 }
 
+__global__ void xent_mixed_kernel(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
+                                  float smoothing, float row_grad_scale, float* dlogits, float* row_loss,
+                                  int32_t* argmax) {
+  RD_GRID_STRIDE(r, n) {
+    int amax = 0;
+    row_loss[r] = math::softmax_xent_mixed_row(logits + r * k, static_cast<int>(k), labels[r], labels[n + r], lam,
+                                               smoothing, row_grad_scale, dlogits ? dlogits + r * k : nullptr, &amax);
+    if (argmax) argmax[r] = amax;
+  }
+}
+
 __global__ void correct_kernel(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                                int* correct) {
   RD_GRID_STRIDE(r, n) {
@@ -106,6 +117,15 @@ void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool ac
   if (!cols) return;
   RD_LAUNCH(column_sums_kernel, grid_for(cols), kThreads, 0, s)(m, rows, cols, out, accumulate);
   RD_LAUNCH_CHECK("column_sums");
+}
+
+void softmax_xent_mixed(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
+                        float smoothing, float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                        cudaStream_t s) {
+  if (!n) return;
+  RD_LAUNCH(xent_mixed_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, lam, smoothing, row_grad_scale,
+                                                          dlogits, row_loss, argmax);
+  RD_LAUNCH_CHECK("softmax_xent_mixed");
 }
 
 void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
