@@ -219,6 +219,7 @@ class Unpickler {
   Value* persistent(Value* pid);
   Value* rebuild_tensor(const std::vector<Value*>& a, const std::string& how);
   void set_items(Value* dict, const std::vector<Value*>& kv);
+  bool push_literal(unsigned char op);
   bool step(unsigned char op);
 };
 
@@ -335,14 +336,9 @@ Value* Unpickler::reduce(Value* func, Value* args) {
   bad("calls '" + g + "' with " + std::to_string(a.size()) + " arguments, which a state_dict never does");
 }
 
-// One opcode; false at STOP. The opcodes torch.save's pickler (protocol 2) emits, plus
-// protocol 4's framing, memoize and short strings; anything else is refused.
-bool Unpickler::step(unsigned char op) {
+// A literal opcode (None, bool, int, float, string) pushes its value; false for others.
+bool Unpickler::push_literal(unsigned char op) {
   switch (op) {
-    case 0x80: (void)take(1); return true;                       // PROTO
-    case 0x95: (void)take(8); return true;                       // FRAME
-    case '.': return false;                                      // STOP
-    case '(': marks_.push_back(stack_.size()); return true;      // MARK
     case 'N': stack_.push_back(make(Value::None)); return true;  // NONE
     case 0x88: case 0x89: {                                      // NEWTRUE, NEWFALSE
       Value* v = make(Value::Bool);
@@ -379,9 +375,19 @@ bool Unpickler::step(unsigned char op) {
       stack_.push_back(v);
       return true;
     }
-    default: break;
+    default: return false;
   }
+}
+
+// One opcode; false at STOP. The opcodes torch.save's pickler (protocol 2) emits, plus
+// protocol 4's framing, memoize and short strings; anything else is refused.
+bool Unpickler::step(unsigned char op) {
+  if (push_literal(op)) return true;
   switch (op) {
+    case 0x80: (void)take(1); return true;                       // PROTO
+    case 0x95: (void)take(8); return true;                       // FRAME
+    case '.': return false;                                      // STOP
+    case '(': marks_.push_back(stack_.size()); return true;      // MARK
     case ')': stack_.push_back(tuple({})); return true;           // EMPTY_TUPLE
     case ']': stack_.push_back(make(Value::List)); return true;   // EMPTY_LIST
     case '}': stack_.push_back(make(Value::Dict)); return true;   // EMPTY_DICT
