@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,8 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr size_t kMaxRank = 8;
+// A ResNet-152 state_dict's pickle makes ~20,000 objects; each costs ~250 bytes here.
+constexpr size_t kMaxValues = 2'000'000;
 
 // ---- zip (stored entries only, as torch.save writes them) ----------------------------
 
@@ -131,13 +134,18 @@ bool torch_allows(const std::string& g) {
                                 "torch._tensor._rebuild_from_type_v2", "torch.device"};
   for (const char* n : names)
     if (g == n) return true;
+  static const char* dtypes[] = {"float32", "float", "float16", "half", "bfloat16", "float64", "double",
+                                 "int64", "long", "int32", "int", "int16", "short", "int8", "uint8", "bool",
+                                 "complex64", "cfloat", "complex128", "cdouble", "qint8", "quint8", "qint32"};
+  for (const char* d : dtypes)
+    if (g == std::string("torch.") + d) return true;
   if (g.rfind("torch.", 0) != 0 || g.find('.', 6) != std::string::npos) return false;
-  const std::string leaf = g.substr(6);  // torch.<X>Storage, torch.<X>Tensor, torch.<dtype>
+  const std::string leaf = g.substr(6);  // torch.<X>Storage, torch.<X>Tensor
   auto ends = [&](const char* suffix) {
     const size_t n = std::strlen(suffix);
-    return leaf.size() > n && leaf.compare(leaf.size() - n, n, suffix) == 0;
+    return leaf.size() > n && leaf.compare(leaf.size() - n, n, suffix) == 0 && std::isupper(static_cast<unsigned char>(leaf[0]));
   };
-  return ends("Storage") || ends("Tensor") || leaf.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+  return ends("Storage") || ends("Tensor");
 }
 
 bool reads_global(const std::string& g) {
@@ -169,6 +177,8 @@ class Unpickler {
     ar_.bad("data.pkl byte " + std::to_string(at_) + ": " + what);
   }
   Value* make(Value::Kind k) {
+    if (arena_.size() >= kMaxValues)  // bounds memory: a hostile pickle of one-byte opcodes
+      bad("over " + std::to_string(kMaxValues) + " pickled objects; a state_dict has a few dozen per tensor");
     arena_.push_back(std::make_unique<Value>());
     arena_.back()->kind = k;
     return arena_.back().get();
@@ -238,20 +248,12 @@ Value* Unpickler::global(const std::string& module, const std::string& name) {
   return v;
 }
 
+// Appends: a repeated key is resolved when the state_dict is read (the last one wins, as
+// in Python), so a hostile pickle of many keys stays linear here.
 void Unpickler::set_items(Value* dict, const std::vector<Value*>& kv) {
   if (dict->kind != Value::Dict) bad("SETITEM(S) on a " + std::string(kind_name(dict->kind)));
   if (kv.size() % 2) bad("SETITEMS with an odd number of items");
-  for (size_t i = 0; i < kv.size(); i += 2) {
-    Value* key = kv[i];
-    if (key->kind == Value::Str)  // a repeated key replaces, as in Python
-      for (size_t j = 0; j < dict->items.size(); j += 2)
-        if (dict->items[j]->kind == Value::Str && dict->items[j]->s == key->s) {
-          dict->items[j + 1] = kv[i + 1];
-          key = nullptr;
-          break;
-        }
-    if (key) dict->items.insert(dict->items.end(), {key, kv[i + 1]});
-  }
+  dict->items.insert(dict->items.end(), kv.begin(), kv.end());
 }
 
 // ('storage', torch.<T>Storage, key, location, numel): the storage data/<key>.
@@ -569,15 +571,16 @@ void Archive::parse() {
   for (size_t i = 0; i < kv.size(); i += 2) {
     Tensor t = kv[i + 1]->tensor;
     t.name = all_module ? kv[i]->s.substr(7) : kv[i]->s;  // a DDP-wrapped model's save
-    tensors_.push_back(std::move(t));
+    const auto [at, fresh] = index_.emplace(t.name, tensors_.size());
+    if (fresh) tensors_.push_back(std::move(t));
+    else tensors_[at->second] = std::move(t);  // a repeated key: the last wins, in the first one's place
   }
   if (tensors_.empty()) bad("holds no tensors");
 }
 
 const Tensor* Archive::find(const std::string& name) const {
-  for (const Tensor& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
 // Element `index` (in storage elements) of t's storage, as a double (exact for every

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace rd::io::torch_pth {
@@ -61,6 +62,7 @@ class Archive {
   std::string path_;
   std::string bytes_;  // the whole file
   std::vector<Tensor> tensors_;
+  std::unordered_map<std::string, size_t> index_;  // name -> tensors_ position
 };
 
 // Why a legacy-format file (a pickle from its first byte) is refused, with the command

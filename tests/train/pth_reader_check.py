@@ -186,6 +186,10 @@ def main():
     sparse = b"\x80\x02ctorch._utils\n_rebuild_sparse_tensor\nq\x00."
     expect_refused(zip_with_pickle("sparse.pth", sparse), "does not read", what="an allowed but unsupported global")
     expect_refused(zip_with_pickle("opcode.pth", b"\x80\x02i"), "opcode 0x69", what="an unknown opcode (INST)")
+    expect_refused(zip_with_pickle("load.pth", b"\x80\x02ctorch\nload\n."), "refused: its pickle names the global 'torch.load'",
+                   what="GLOBAL torch.load (a torch name, still not allowed)")
+    expect_refused(zip_with_pickle("many.pth", b"\x80\x02" + b"N" * 2_100_000 + b"."), "pickled objects",
+                   what="a pickle of 2.1 million objects (memory bound)")
 
     # A view reaching past its storage (4 floats; offset 2 + 3 elements).
     def tensor_pickle(offset, size, stride, numel=4):
@@ -196,6 +200,12 @@ def main():
                 + struct.pack("<BI", ord("J"), stride) + b"t\x89ccollections\nOrderedDict\n)RtRu.")
     four = struct.pack("<4f", 1, 2, 3, 4)
     ok_path = zip_with_pickle("handmade.pth", tensor_pickle(1, 3, 1), [("0", four)])
+    # The same key twice: the last value wins, as in Python's dict.
+    twice = tensor_pickle(0, 2, 1)[:-2] + tensor_pickle(2, 2, 1)[
+        tensor_pickle(0, 2, 1).index(b")R(") + 3:-2] + b"u."
+    rc, err, out = run_dump(zip_with_pickle("twice.pth", twice, [("0", four)]))
+    got = read_dump(out) if rc == 0 else {}
+    check(rc == 0 and list(got) == ["w"] and list(got["w"]) == [3, 4], f"a repeated key: the last wins ({err.strip()})")
     rc, err, out = run_dump(ok_path)
     check(rc == 0 and list(read_dump(out)["w"]) == [2, 3, 4], f"a hand-written in-bounds view reads [2, 3, 4] ({err.strip()})")
     expect_refused(zip_with_pickle("past.pth", tensor_pickle(2, 3, 1), [("0", four)]), "reaches past its storage",
