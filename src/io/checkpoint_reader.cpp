@@ -97,13 +97,15 @@ std::string describe_damage(const std::string& path, const std::string& problem)
 }
 
 // The opener: which source reads `path`, after refusing what must not be parsed
-// (a PyTorch pickle; an HDF5 file of ours that fails its checksum).
+// (a legacy PyTorch pickle; an HDF5 file of ours that fails its checksum).
 std::unique_ptr<TensorSource> open_source(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) bad_file(path, "no such file");
   if (fs::is_directory(path, ec)) bad_file(path, "is a directory");
   if (const std::string torch = safetensors::torch_file_problem(path); !torch.empty()) bad_file(path, torch);
-  if (safetensors::sniff(path) == safetensors::Kind::Safetensors) return open_safetensors_source(path);
+  const safetensors::Kind kind = safetensors::sniff(path);
+  if (kind == safetensors::Kind::Safetensors) return open_safetensors_source(path);
+  if (kind == safetensors::Kind::TorchZip) return open_torch_source(path);
   // Before HDF5 parses anything: a damaged file of ours never reaches HDF5 in this process.
   if (const std::string problem = checksum_problem(path); !problem.empty()) {
     // Several readers open the same file in turn (info tries full, then weights-only):

@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "resnet_ddp/errors.h"
+#include "io/torch_pth.h"
 #include "resnet_ddp/io/json.h"
-#include "resnet_ddp/shell_quote.h"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +44,17 @@ bool parse_dtype(const std::string& s, DType& t) {
   return false;
 }
 
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
 // IEEE half -> float, exact for every value (subnormals, Inf, NaN included).
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -70,17 +81,6 @@ float half_to_float(uint16_t h) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-}  // namespace
 
 const char* dtype_name(DType t) {
   switch (t) {
@@ -372,16 +372,7 @@ Kind sniff(const std::string& path) {
 }
 
 std::string torch_file_problem(const std::string& path) {
-  const Kind k = sniff(path);
-  if (k != Kind::TorchZip && k != Kind::TorchPickle) return "";
-  fs::path out = fs::path(path).filename();
-  out.replace_extension(".h5");
-  return std::string("is a PyTorch file (torch.save ") + (k == Kind::TorchZip ? "zip archive" : "pickle") +
-         "), which resnet_ddp does not read (loading it would run Python's pickle). Convert it once: "
-         "/usr/bin/python3 tools/torch_to_h5.py " +
-         shell_quote(path) + " " + shell_quote(out.string()) +
-         " --head mlp|fc --num-classes N, then use the .h5 (docs/interop.md); "
-         "a .safetensors file of the same weights is read directly";
+  return sniff(path) == Kind::TorchPickle ? torch_pth::legacy_format_problem(path) : "";
 }
 
 }  // namespace rd::io::safetensors

@@ -1,10 +1,10 @@
 // Where a checkpoint's metadata and tensors come from: an HDF5 file (ours, h5py's,
-// tools/torch_to_h5.py's) or a safetensors file. CheckpointReader works over this
+// tools/torch_to_h5.py's), a safetensors file or a PyTorch .pth (torch.save zip). CheckpointReader works over this
 // interface only; each source words its own errors (they name the file).
 //
 // Tensors are addressed by group and name: "state_dict" holds the model's, and an
 // HDF5 checkpoint's "optimizer/<state>" groups (exp_avg, ...) hold one tensor per
-// parameter. A safetensors file has the state_dict only.
+// parameter. A safetensors or .pth file has the state_dict only.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,8 @@ class TensorSource {
 std::unique_ptr<TensorSource> open_hdf5_source(const std::string& path);
 // A safetensors file (validated when opened).
 std::unique_ptr<TensorSource> open_safetensors_source(const std::string& path);
+// A torch.save zip archive holding a state_dict (torch_pth.h; validated when opened).
+std::unique_ptr<TensorSource> open_torch_source(const std::string& path);
 
 // Names shared by the sources and the reader.
 bool is_num_batches_tracked(const std::string& name);

@@ -629,7 +629,7 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
   if (!exists(o.data)) throw UsageError("--data: no such file or directory: '" + o.data + "'");
   if (!o.init.empty() && !exists(o.init))
     throw UsageError("--init: no such file: '" + o.init + "'");
-  // A .pth is the likeliest wrong file here: say so before MPI starts, with the fix.
+  // A legacy .pth cannot be read: say so before MPI starts, with the fix (a zip .pth is read).
   if (!o.init.empty())
     if (const std::string p = io::safetensors::torch_file_problem(o.init); !p.empty())
       throw UsageError("--init: '" + o.init + "' " + p);
@@ -640,6 +640,9 @@ void check_train_paths(const TrainOptions& o, bool probe_output) {
     if (const std::string p = io::safetensors::torch_file_problem(f); !p.empty())
       throw UsageError("--resume: '" + f + "' " + p +
                        " (a converted file holds weights only: start from it with --init)");
+    if (io::safetensors::sniff(f) == io::safetensors::Kind::TorchZip)
+      throw UsageError("--resume: '" + f + "' is a PyTorch state_dict (torch.save), which holds weights only "
+                       "(no optimizer state to resume): start from it with --init " + f);
   }
   if (probe_output && !o.eval_only) {
     probe_writable_dir("--output-dir", o.output_dir);

@@ -81,6 +81,7 @@ void print_text(std::ostringstream& out, const InfoOptions& o, const Contents& s
   const bool st = m.container == "safetensors";
   out << "file:            " << o.checkpoint << (weights_only ? " (weights only)" : "") << "\n";
   if (st) out << "format:          safetensors" << (weights_only ? "" : " (" + m.created_by + ")") << "\n";
+  if (m.container == "pytorch") out << "format:          PyTorch state_dict (torch.save zip)\n";
   else if (!weights_only) out << "format:          resnet_ddp v" << m.format_version << " (" << m.created_by << ")\n";
   if (!m.arch.empty()) out << "model:           " << m.arch << ", " << m.head << " head\n";
   out << "parameters:      " << count_params(s.state_dict) << " in " << s.state_dict.size() << " state_dict tensors\n";

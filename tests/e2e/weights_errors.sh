@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Weights that resnet_ddp cannot use are refused with exit status 2 and a message naming
-# the file (and the flag): PyTorch .pth/.pt files (with the converter command), and
+# the file (and the flag): legacy PyTorch .pt files (with the re-save command), damaged .pth, and
 # .safetensors files that are truncated or whose header lies (length, JSON, dtype,
 # shape, offsets, overlaps, holes, nesting, NaN, wrong shape for the model). `export`
 # refuses bad paths and never touches an existing file when it fails.
@@ -25,19 +25,20 @@ refused() {
   sed -n 's/^resnet_ddp: error: /  /p' "$WORK/r.err" | head -n 1 | cut -c1-220
 }
 
-note "PyTorch files name the converter"
+note "PyTorch files: a legacy pickle names the re-save command, a broken zip its problem"
 printf 'PK\003\004\024\000\000\000\010\000archive/data.pkl' >"$WORK/w.pth"
 printf '\200\002\175q\000(X\005\000\000\000conv1q' >"$WORK/w.pt"
 EVAL=("$RD_BIN" --data "$WORK/data" "${TINY1[@]}" --eval-only)
-refused "--init: '$WORK/w.pth' is a PyTorch file (torch.save zip archive)" "${EVAL[@]}" --init "$WORK/w.pth"
-grep -q -F "tools/torch_to_h5.py $WORK/w.pth w.h5" "$WORK/r.err" || fail "--init .pth: no converter command"
-refused "--resume: '$WORK/w.pt' is a PyTorch file (torch.save pickle)" "${EVAL[@]}" --resume "$WORK/w.pt"
-grep -q -F "tools/torch_to_h5.py" "$WORK/r.err" || fail "--resume .pt: no converter command"
-refused "--resume: '$WORK/w.pth' is a PyTorch file" "$RD_BIN" --data "$WORK/data" "${TINY1[@]}" --resume "$WORK/w.pth" \
-  --output-dir "$WORK/o2"
-refused "--checkpoint: '$WORK/w.pth' is a PyTorch file" "$RD_BIN" predict --checkpoint "$WORK/w.pth" "$WORK/data"
-refused "checkpoint '$WORK/w.pt': is a PyTorch file" "$RD_BIN" info "$WORK/w.pt"
-refused "tools/torch_to_h5.py" "$RD_BIN" export --checkpoint "$WORK/w.pth" --out "$WORK/x.safetensors"
+refused "PyTorch file '$WORK/w.pth': no zip end record" "${EVAL[@]}" --init "$WORK/w.pth"
+refused "--init: '$WORK/w.pt' is in PyTorch's legacy format" "${EVAL[@]}" --init "$WORK/w.pt"
+grep -q -F "torch.save(torch.load(\"$WORK/w.pt\", weights_only=True), \"w.zip.pth\")" "$WORK/r.err" ||
+  fail "--init legacy .pt: no re-save command"
+refused "--resume: '$WORK/w.pt' is in PyTorch's legacy format" "${EVAL[@]}" --resume "$WORK/w.pt"
+refused "--resume: '$WORK/w.pth' is a PyTorch state_dict (torch.save), which holds weights only" \
+  "$RD_BIN" --data "$WORK/data" "${TINY1[@]}" --resume "$WORK/w.pth" --output-dir "$WORK/o2"
+refused "PyTorch file '$WORK/w.pth'" "$RD_BIN" predict --checkpoint "$WORK/w.pth" "$WORK/data"
+refused "checkpoint '$WORK/w.pt': is in PyTorch's legacy format" "$RD_BIN" info "$WORK/w.pt"
+refused "PyTorch file '$WORK/w.pth'" "$RD_BIN" export --checkpoint "$WORK/w.pth" --out "$WORK/x.safetensors"
 
 note "damaged or lying .safetensors files"
 # Variants of the good file, one per way a header can be wrong (stdlib only).

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """MixUp / CutMix, the mixed-target loss and RASampler against torch (issue #27).
 
-Run by ctest (train.mix_vs_torch): mix_probe (C++) computes ours, this script the
+Run by ctest (mix_vs_torch): mix_probe (C++) computes ours, this script the
 reference with torch 1.13, and compares:
   - loss and gradient: torch.nn.CrossEntropyLoss(label_smoothing) on the probability
     targets torchvision's RandomMixup / RandomCutmix build (one_hot, roll(1, 0),

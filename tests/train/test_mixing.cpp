@@ -1,5 +1,5 @@
 // MixUp / CutMix draws, the accuracy rule, RASampler's rules and the flags (issue #27).
-// Equality with torch / torchvision is train.mix_vs_torch's; these are the invariants.
+// Equality with torch / torchvision is mix_vs_torch's; these are the invariants.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -5,6 +5,7 @@ fuzz_image: small images in every format the loader reads (PIL writes them;
   binary PNM is written by hand, 8- and 16-bit). fuzz_flags: command lines, one
   argument per NUL-separated field. fuzz_packed / fuzz_checkpoint: their inputs are
   edit scripts (fuzz/h5_edit.h), so the seeds are fixed pseudo-random byte strings.
+fuzz_pth: hand-written torch.save pickles and zips (and a real torch.save with torch).
 """
 import io
 import os
@@ -130,15 +131,81 @@ def safetensors_seeds(out):
                             ("x.num_batches_tracked", "I32", [1], struct.pack("<i", 3))], {}, pad=False)
 
 
+def pth_seeds(out):
+    """fuzz_pth: mode byte 1 + a data.pkl over fuzz_pth's fixed storages (data/0: 16
+    float32, data/1: one int64, data/2: 8 float16), and mode byte 0 + whole torch.save
+    zip files. Pickles are written opcode by opcode as torch.save does (protocol 2,
+    BINPUT/BINGET memo, the state_dict's _metadata BUILD); with torch installed, a real
+    torch.save of the same layout is added."""
+    import struct
+    import zipfile
+
+    def text(s):
+        b = s.encode()
+        return b"X" + struct.pack("<I", len(b)) + b
+
+    def integer(v):
+        return b"J" + struct.pack("<i", v)
+
+    def tup(items):
+        return b"(" + b"".join(items) + b"t"
+
+    def tensor(key, stype, numel, offset, size, stride, memo):
+        pid = tup([text("storage"), b"ctorch\n" + stype + b"\n", text(key), text("cpu"), integer(numel)]) + b"Q"
+        func = b"h\x01" if memo > 3 else b"ctorch._utils\n_rebuild_tensor_v2\nq\x01"  # memoized after the first
+        return (func + b"(" + pid + integer(offset) + tup([integer(x) for x in size]) +
+                tup([integer(x) for x in stride]) + b"\x89h\x00)Rt" + b"R" + b"q" + bytes([memo]))
+
+    def state_dict(entries):
+        body = b"".join(text(k) + t for k, t in entries)
+        return (b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x02(" + body + b"u}" + text("_metadata") + b"h\x00)R" + text("") + b"}" + text("version") +
+                b"K\x01sssb.")
+
+    pickles = {
+        "flat": state_dict([("conv1.weight", tensor("0", b"FloatStorage", 16, 0, [2, 2, 2, 2], [8, 4, 2, 1], 3)),
+                            ("bn1.num_batches_tracked", tensor("1", b"LongStorage", 1, 0, [], [], 4)),
+                            ("half", tensor("2", b"HalfStorage", 8, 0, [8], [1], 5))]),
+        "views": state_dict([("t", tensor("0", b"FloatStorage", 16, 0, [4, 4], [1, 4], 3)),
+                             ("strided", tensor("0", b"FloatStorage", 16, 3, [2, 3], [6, 2], 4)),
+                             ("empty", tensor("2", b"HalfStorage", 8, 8, [0, 5], [5, 1], 5))]),
+    }
+    four = struct.pack("<16f", *[0.25 * i - 1 for i in range(16)])
+    storages = {"0": four, "1": struct.pack("<q", 7), "2": struct.pack("<8H", *range(0x3C00, 0x3C08))}
+    for name, pkl in pickles.items():
+        write(os.path.join(out, "pickle_" + name), b"\x01" + pkl)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("archive/data.pkl", pkl)
+            for key, data in storages.items():
+                z.writestr("archive/data/" + key, data)
+            z.writestr("archive/version", "3\n")
+        write(os.path.join(out, "zip_" + name), b"\x00" + buf.getvalue())
+    try:
+        import torch
+    except ImportError:
+        return
+    from collections import OrderedDict
+    sd = OrderedDict([("conv1.weight", torch.arange(16, dtype=torch.float32).reshape(2, 2, 2, 2)),
+                      ("bn1.num_batches_tracked", torch.tensor(7)),
+                      ("half", torch.ones(8, dtype=torch.float16))])
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    write(os.path.join(out, "torch_save"), b"\x00" + buf.getvalue())
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        write(os.path.join(out, "torch_save_pickle"),
+              b"\x01" + z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0]))
+
+
 def main():
     root = sys.argv[1]
-    for t in ("fuzz_image", "fuzz_flags", "fuzz_packed", "fuzz_checkpoint", "fuzz_safetensors"):
+    for t in ("fuzz_image", "fuzz_flags", "fuzz_packed", "fuzz_checkpoint", "fuzz_safetensors", "fuzz_pth"):
         os.makedirs(os.path.join(root, t), exist_ok=True)
     image_seeds(os.path.join(root, "fuzz_image"))
     flag_seeds(os.path.join(root, "fuzz_flags"))
     edit_seeds(os.path.join(root, "fuzz_packed"), 24)
     edit_seeds(os.path.join(root, "fuzz_checkpoint"), 24)
     safetensors_seeds(os.path.join(root, "fuzz_safetensors"))
+    pth_seeds(os.path.join(root, "fuzz_pth"))
 
 
 if __name__ == "__main__":

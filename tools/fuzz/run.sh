@@ -8,7 +8,7 @@ set -uo pipefail
 build=$(cd "$1" && pwd); seconds=$2; shift 2
 src=$(cd "$(dirname "$0")/../.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors)
+[ ${#targets[@]} -eq 0 ] && targets=(fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors fuzz_pth)
 py=/usr/bin/python3; [ -x "$py" ] || py=python3
 work="$build/fuzz"
 rm -rf "$work/seeds" && mkdir -p "$work/seeds"

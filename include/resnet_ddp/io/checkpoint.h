@@ -53,7 +53,7 @@ struct CheckpointMeta {
   std::string created_by;
   std::string normalize = "none";
   std::vector<std::string> class_names;
-  std::string container = "hdf5";  // or "safetensors" (weights and metadata only)
+  std::string container = "hdf5";  // or "safetensors" (weights and metadata only), "pytorch" (.pth: weights only)
   // Running train statistics of an interrupted epoch (global sums).
   double partial_train_loss_sum = 0.0;
   int64_t partial_train_correct = 0;

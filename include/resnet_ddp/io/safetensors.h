@@ -6,7 +6,7 @@
 //   the rest  the tensors' bytes, little-endian, C order; offsets relative to here.
 // Read directly (no Python, no pickle): every field is checked against the file, so a
 // truncated or hostile file is a clear error naming the file and tensor, never a crash.
-// Also the sniffing of PyTorch's own formats, which are refused with the converter's name.
+// Also the sniffing of PyTorch's own formats (the zip one is read by src/io/torch_pth.h).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,8 @@ namespace rd::io::safetensors {
 enum class DType { F32, F16, BF16, I64, I32 };
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
+// IEEE half -> float, exact for every value (subnormals, Inf, NaN included).
+float half_to_float(uint16_t h);
 
 struct Entry {
   std::string name;
@@ -86,8 +88,9 @@ enum class Kind { Safetensors, TorchZip, TorchPickle, Other };
 // truncated one is still parsed as one and gets a precise message.
 Kind sniff(const std::string& path);
 
-// For a PyTorch file, why resnet_ddp refuses it and the converter command that turns it
-// into an --init file; "" for anything else.
+// For a PyTorch file in the legacy (pre-1.6, non-zip) format, why resnet_ddp refuses it
+// and the command that re-saves it in the zip format, which is read (torch_pth.h); ""
+// for anything else.
 std::string torch_file_problem(const std::string& path);
 
 }  // namespace rd::io::safetensors

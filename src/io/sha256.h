@@ -1,0 +1,14 @@
+// SHA-256 (FIPS 180-4), for torch.hub's file-name checksum rule (torch_pth.cpp):
+// torchvision's weight files are named <name>-<first hex digits of their SHA-256>.pth.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rd::io {
+
+// The lowercase hex digest (64 digits) of `size` bytes at `data`.
+std::string sha256_hex(const void* data, size_t size);
+
+}  // namespace rd::io
