@@ -56,7 +56,7 @@ trap 'rm -rf "$work"' EXIT
 # The recipe, spelled the same on both sides (torchvision's flag names).
 recipe=(--arch resnet18 --epochs "$epochs" --batch-size 32 --lr 0.05 --momentum 0.9 --weight-decay 5e-5
   --norm-weight-decay 0 --label-smoothing 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0
-  --lr-warmup-epochs 2 --lr-warmup-decay 0.01 --train-crop-size 28 --val-resize-size 32 --val-crop-size 28
+  --lr-warmup-epochs 2 --lr-warmup-decay 0.01 --train-crop-size 32 --val-resize-size 32 --val-crop-size 32
   --auto-augment ta_wide --random-erase 0.1 --model-ema --model-ema-steps 8 --model-ema-decay 0.999
   --ra-sampler --ra-reps 2 --workers 1 --threads 1)
 ours=(--head fc --normalize imagenet --optimizer sgd --lr-scheduler cosineannealinglr --no-sync-bn)

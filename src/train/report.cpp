@@ -146,7 +146,10 @@ std::vector<EpochMetrics::Column> EpochMetrics::columns() const {
           {"optimizer_ms", optimizer_ms, false},
           {"world_size", static_cast<double>(world_size), true},
           {"global_step", static_cast<double>(global_step), true},
-          {"val_acc5", val_acc5, false}};
+          {"val_acc5", val_acc5, false},
+          {"ema_val_loss", ema_val_loss, false},
+          {"ema_val_acc", ema_val_acc, false},
+          {"ema_val_acc5", ema_val_acc5, false}};
 }
 
 const char* MetricsCsv::header() {

@@ -82,7 +82,7 @@ struct EpochResult {
   double train_loss = 0, train_acc = 0, val_loss = 0, val_acc = 0;
   double val_acc5 = 0;  // top-5
   double images = 0;  // trained this epoch by all ranks (a resumed part excluded)
-  double ema_val_loss = -1, ema_val_acc = -1;  // --model-ema: the average's validation
+  double ema_val_loss = -1, ema_val_acc = -1, ema_val_acc5 = -1;  // --model-ema: the average's validation
   double seconds = 0;  // the whole epoch, validation included
 };
 

@@ -2,6 +2,7 @@
 // scalars and progress, each epoch's summary lines, metrics.csv row and epoch/ scalars.
 // All of it on rank 0.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string_view>
 
@@ -63,6 +64,11 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
   m.val_loss = r.val_loss;
   m.val_acc = r.val_acc;
   m.val_acc5 = r.val_acc5;
+  if (r.ema_val_acc >= 0) {
+    m.ema_val_loss = r.ema_val_loss;
+    m.ema_val_acc = r.ema_val_acc;
+    m.ema_val_acc5 = r.ema_val_acc5;
+  }
   m.best_val_acc = state_.best_val_acc;
   m.lr = r.lr_used;
   m.images_per_s = ips;
@@ -99,10 +105,11 @@ void Trainer::record_epoch(const EpochMetrics& m) {
   }
   if (tb_) {
     // The metrics.csv columns under epoch/, at the epoch's last global step (less the
-    // two that are not measurements).
+    // two that are not measurements, and the EMA's when there is no EMA: nan).
     std::vector<std::pair<std::string, double>> scalars;
     for (const auto& c : m.columns())
-      if (std::string_view(c.name) != "world_size" && std::string_view(c.name) != "global_step")
+      if (std::string_view(c.name) != "world_size" && std::string_view(c.name) != "global_step" &&
+          !std::isnan(c.value))
         scalars.emplace_back(std::string("epoch/") + c.name, c.value);
     tb_->scalars(m.global_step, scalars);
     tb_->flush();

@@ -58,10 +58,11 @@ TEST_CASE("metrics CSV keeps earlier epochs on resume", "[train]") {
   CHECK(lines[3].rfind("3,", 0) == 0);
 }
 
-TEST_CASE("metrics CSV: val_acc5 is the last column, and an older file's rows get nan for it on resume", "[train]") {
+TEST_CASE("metrics CSV: val_acc5 and the EMA's columns come last; an older file's rows get nan for them on resume",
+          "[train]") {
   const std::string header = MetricsCsv::header();
   CHECK(header.rfind("epoch,time_s,train_loss,train_acc,val_loss,val_acc,best_val_acc,", 0) == 0);
-  const std::string tail = ",global_step,val_acc5";
+  const std::string tail = ",global_step,val_acc5,ema_val_loss,ema_val_acc,ema_val_acc5";
   REQUIRE(header.size() > tail.size());
   CHECK(header.substr(header.size() - tail.size()) == tail);
   TempDir dir;
@@ -80,9 +81,9 @@ TEST_CASE("metrics CSV: val_acc5 is the last column, and an older file's rows ge
     for (std::string l; std::getline(in, l);) lines.push_back(l);
   }
   REQUIRE(lines.size() == 2);
-  CHECK(lines[1].substr(lines[1].size() - 6) == ",0.875");
+  CHECK(lines[1].substr(lines[1].size() - 18) == ",0.875,nan,nan,nan");  // no EMA: nan
   // A metrics.csv written before val_acc5 existed: same columns less the last.
-  const std::string old_header = header.substr(0, header.size() - std::string(",val_acc5").size());
+  const std::string old_header = header.substr(0, header.size() - (tail.size() - std::string(",global_step").size()));
   {
     std::ofstream out(p, std::ios::trunc);
     out << old_header << "\n1,10.0,1.0,0.5,1.0,0.5,0.5,0.1,1.0,1.0,1.0,1.0,1.0,1.0,1.0,1,5\n";
@@ -93,7 +94,7 @@ TEST_CASE("metrics CSV: val_acc5 is the last column, and an older file's rows ge
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   REQUIRE(lines.size() == 2);
   CHECK(lines[0] == header);
-  CHECK(lines[1] == "1,10.0,1.0,0.5,1.0,0.5,0.5,0.1,1.0,1.0,1.0,1.0,1.0,1.0,1.0,1,5,nan");
+  CHECK(lines[1] == "1,10.0,1.0,0.5,1.0,0.5,0.5,0.1,1.0,1.0,1.0,1.0,1.0,1.0,1.0,1,5,nan,nan,nan,nan");
 }
 
 TEST_CASE("the validation summary has torchvision's Acc@1/Acc@5 line", "[train]") {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -41,7 +42,9 @@ struct EpochMetrics {
   double time_s = 0;
   double train_loss = 0, train_acc = 0;
   double val_loss = 0, val_acc = 0;
-  double val_acc5 = 0;  // top-5 (metrics.csv's last column, so earlier columns keep their places)
+  double val_acc5 = 0;  // top-5 (after the older columns, so those keep their places)
+  // --model-ema: the average's validation (nan without it); the last columns.
+  double ema_val_loss = std::nan(""), ema_val_acc = std::nan(""), ema_val_acc5 = std::nan("");
   double best_val_acc = 0;
   double lr = 0;
   double images_per_s = 0, images_per_s_per_rank = 0;
