@@ -79,7 +79,7 @@ times = {int(l.split()[0]): (float(l.split()[1]), float(l.split()[2])) for l in 
 rows = {"resnet_ddp": [], "pytorch": []}
 for s in range(1, seeds + 1):
     last = list(csv.DictReader(open(f"{work}/rd_{s}/metrics.csv")))[-1]
-    rows["resnet_ddp"].append((float(last["val_acc1"]), float(last["ema_val_acc1"]), times[s][0]))
+    rows["resnet_ddp"].append((100 * float(last["val_acc"]), 100 * float(last["ema_val_acc"]), times[s][0]))
     for line in open(f"{work}/pt_{s}.log"):
         if line.startswith("RESULT_JSON "):
             e = json.loads(line[12:])["epochs"][-1]
