@@ -19,12 +19,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tools"))
-from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
+from torch_reference import ARCHS, build_model, import_deps, launch_local_ranks  # noqa: E402
 
 
 def parse():
@@ -59,19 +58,6 @@ def parse():
     p.add_argument("--launch", type=int, default=0, help="start this many local ranks")
     p.add_argument("--port", type=int, default=29541)
     return p.parse_args()
-
-
-def launch(args):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), WORLD_SIZE=str(args.launch))
-    argv = list(sys.argv[1:])
-    i = argv.index("--launch")
-    del argv[i:i + 2]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv,
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(args.launch)]
-    rc = 0
-    for p in procs:
-        rc |= p.wait()
-    return rc
 
 
 def ra_indices(n, world, rank, reps, seed, epoch, torch):
@@ -132,7 +118,7 @@ def param_groups(model, wd, norm_wd, torch):
 def main():
     args = parse()
     if args.launch:
-        return launch(args)
+        return launch_local_ranks(__file__, args.launch, args.port)
     torch, torchvision = import_deps("pytorch_imagenet_recipe.py")
     import torch.distributed as dist
     from torchvision.transforms import v2

@@ -15,12 +15,11 @@ Launch N ranks yourself (Debian's torchrun fails on Python 3.11):
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tools"))
-from torch_reference import ARCHS, build_model, import_deps  # noqa: E402
+from torch_reference import ARCHS, build_model, import_deps, launch_local_ranks  # noqa: E402
 
 
 def parse():
@@ -37,21 +36,6 @@ def parse():
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--output-dir", default="", help="save best_model.pt here and evaluate it at the end")
     return p.parse_args()
-
-
-def launch(args):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), WORLD_SIZE=str(args.launch))
-    argv = [a for a in sys.argv[1:]]
-    i = argv.index("--launch")
-    del argv[i:i + 2]
-    procs = []
-    for r in range(args.launch):
-        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=e))
-    rc = 0
-    for p in procs:
-        rc |= p.wait()
-    return rc
 
 
 def evaluate(model, loader, loss_fn):
@@ -71,7 +55,7 @@ def evaluate(model, loader, loss_fn):
 def main():
     args = parse()
     if args.launch:
-        return launch(args)
+        return launch_local_ranks(__file__, args.launch, args.port)
     torch, torchvision = import_deps("pytorch_reference_recipe.py")
     import torch.distributed as dist
     import torch.nn as nn

@@ -4,6 +4,8 @@
 Scripts outside tools/ find it from their own location, so they run from any cwd:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "<...>/tools"))
 """
+import os
+import subprocess
 import sys
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "resnext50_32x4d")
@@ -47,3 +49,19 @@ def build_model(torch, torchvision, arch, head, num_classes, seed=0):
     else:
         raise ValueError(f"unknown head '{head}' (expected fc or mlp)")
     return model
+
+
+def launch_local_ranks(script, ranks, port):
+    """Runs `script` (this process's own argv less `--launch N`) as `ranks` local
+    processes with torch.distributed's environment (torchrun without torchrun: Debian's
+    fails on Python 3.11); returns their exit statuses or-ed."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ranks))
+    argv = list(sys.argv[1:])
+    i = argv.index("--launch")
+    del argv[i:i + 2]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(ranks)]
+    rc = 0
+    for p in procs:
+        rc |= p.wait()
+    return rc
