@@ -137,9 +137,42 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
              std::numeric_limits<int64_t>::max());
 }
 
+// torchvision's reference presets (references/classification/presets.py), with the
+// reference train.py's flag names.
+void add_data_flags(FlagSet& fs, TrainOptions& o) {
+  fs.integer("--train-crop-size", &o.train_crop_size, 0,
+             "train on torchvision's preset: RandomResizedCrop(N) -> RandomHorizontalFlip(--hflip-prob) -> "
+             "--auto-augment, instead of --augment -> Resize((S, S)) (0 = off, the tutorial's pipeline)",
+             4096);
+  fs.real("--hflip-prob", &o.hflip_prob, 0.0, false, "with --train-crop-size: RandomHorizontalFlip probability", 1.0);
+  fs.enumeration("--auto-augment", &o.auto_augment, auto_augment_names(),
+                 "with --train-crop-size: policy after the flip: imagenet = AutoAugment (what --augment "
+                 "autoaugment applies, here with --interpolation), ta_wide = TrivialAugmentWide, "
+                 "ra = RandAugment(2 ops, --ra-magnitude)");
+  fs.integer("--ra-magnitude", &o.ra_magnitude, 0, "with --auto-augment ra: magnitude bin (of 31)", 30);
+  fs.custom(
+      "--interpolation", "bilinear",
+      "resampling of the preset's crops, resizes and geometric ops (only torchvision's default, bilinear)",
+      [](const std::string& v) {
+        if (v != "bilinear")
+          throw UsageError("--interpolation " + v + ": only bilinear (torchvision's default) is implemented");
+      },
+      [] { return std::string("bilinear"); });
+  fs.integer("--val-resize-size", &o.val_resize_size, 0,
+             "evaluate on Resize(R) (shorter side) -> CenterCrop(--val-crop-size) instead of Resize((S, S)) "
+             "(0 = off; torchvision: 256)",
+             4096);
+  fs.integer("--val-crop-size", &o.val_crop_size, 0,
+             "evaluation's CenterCrop size (0 = off; torchvision: 224); validation, --eval-only and predict use it",
+             4096);
+  fs.real("--random-erase", &o.random_erase, 0.0, false,
+          "RandomErasing probability (value 0 after Normalize, scale 0.02-0.33, ratio 0.3-3.3)", 1.0);
+}
+
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   add_train_recipe_flags(fs, o);
   add_train_run_flags(fs, o);
+  add_data_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same
@@ -229,9 +262,32 @@ void train_flags(FlagSet& fs, ParsedCommand& pc) {
   add_train_aliases(fs);
 }
 
+// The reference presets' flags against each other and the tutorial's (add_data_flags).
+void finish_data_flags(TrainOptions& t) {
+  for (auto [flag, value] : {std::pair<const char*, int>{"--train-crop-size", t.train_crop_size},
+                              {"--val-resize-size", t.val_resize_size}, {"--val-crop-size", t.val_crop_size}})
+    if (value > 0 && value < 8) throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected 0 (off) or 8..4096");
+  const bool preset = t.train_crop_size > 0;
+  const std::string needs_preset = ": only with --train-crop-size (torchvision's training preset; the tutorial's "
+                                   "pipeline augments with --augment)";
+  if (!preset && t.auto_augment != AutoAugmentPolicy::None) throw UsageError("--auto-augment" + needs_preset);
+  if (!preset && t.was_given("--hflip-prob")) throw UsageError("--hflip-prob" + needs_preset);
+  if (preset && t.was_given("--augment"))
+    throw UsageError("--augment: the tutorial pipeline's augmentation; with --train-crop-size the preset's "
+                     "are --hflip-prob and --auto-augment (imagenet = autoaugment)");
+  if (t.was_given("--ra-magnitude") && t.auto_augment != AutoAugmentPolicy::RandAugment)
+    throw UsageError("--ra-magnitude: only with --auto-augment ra");
+  // One of the evaluation sizes implies the preset; the other takes torchvision's default.
+  if (t.val_crop_size > 0 || t.val_resize_size > 0) {
+    if (t.val_resize_size == 0) t.val_resize_size = 256;
+    if (t.val_crop_size == 0) t.val_crop_size = 224;
+  }
+}
+
 void train_finish(ParsedCommand& pc, Parsed& p) {
   TrainOptions& t = pc.train;
   t.given = std::move(p.given);
+  finish_data_flags(t);
   if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
   data::check_split_folder("--train-split", t.train_split);
   data::check_split_folder("--val-split", t.val_split);
@@ -523,6 +579,23 @@ void check_predict_paths(const PredictOptions& o) {
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
 }
+
+data::TransformConfig transform_config(const TrainOptions& o) {
+  data::TransformConfig tc;
+  tc.image_size = o.image_size;
+  tc.augment = o.augment;
+  tc.train_crop_size = o.train_crop_size;
+  tc.hflip_prob = o.hflip_prob;
+  tc.auto_augment = o.auto_augment;
+  tc.ra_magnitude = o.ra_magnitude;
+  tc.interpolation = data::Interpolation::Bilinear;  // --interpolation accepts only this
+  tc.val_resize_size = o.val_resize_size;
+  tc.val_crop_size = o.val_crop_size;
+  tc.random_erase = o.random_erase;
+  return tc;
+}
+
+int eval_image_size(const TrainOptions& o) { return o.val_crop_size > 0 ? o.val_crop_size : o.image_size; }
 
 std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o) {
   TrainOptions copy = o;

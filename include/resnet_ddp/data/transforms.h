@@ -106,8 +106,8 @@ void trivial_augment_wide(Image& img, SampleRng& rng, Image& scratch, Interpolat
 void rand_augment(Image& img, SampleRng& rng, int magnitude, Image& scratch, Interpolation interpolation);
 
 // ---- torchvision reference presets' geometry (presets.cpp) -------------------------
-struct CropBox {
-  int top = 0, left = 0, height = 0, width = 0;
+struct CropBox {  // four int32 in this order (the loader copies it as such)
+  int32_t top = 0, left = 0, height = 0, width = 0;
 };
 // RandomResizedCrop.get_params(scale (0.08, 1), ratio (3/4, 4/3)) for a width x height
 // image: 10 attempts (area uniform in scale, log-ratio uniform, w/h rounded, accepted

@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
   Scratch images_device_, images_pinned_{true};
   Scratch labels_device_, row_loss_device_, argmax_device_, loss_host_{true};
   Scratch flag_device_, flag_host_{true};
+  Scratch erase_boxes_;  // erase_rectangles' boxes on the device
 };
 
 }  // namespace rd::cuda

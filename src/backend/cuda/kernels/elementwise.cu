@@ -85,6 +85,16 @@ __global__ void images_kernel(const uint8_t* src, ActDesc d, T* dst, Rgb mean, R
   }
 }
 
+template <class T>
+__global__ void erase_kernel(ActDesc d, T* x, const int32_t* boxes) {
+  RD_GRID_STRIDE(i, d.count()) {
+    int64_t n, c, h, w;
+    act_coords(d, i, n, c, h, w);
+    const int32_t* b = boxes + 4 * n;
+    if (h >= b[0] && h < b[0] + b[2] && w >= b[1] && w < b[1] + b[3]) x[i] = from_f<T>(0.f);
+  }
+}
+
 // One thread per destination element; `ohwi` selects the staged layout.
 template <class T>
 __global__ void stage_weight_kernel(const float* w, int64_t O, int64_t I, int64_t KH, int64_t KW,
@@ -197,6 +207,15 @@ void images_u8_to_act(const uint8_t* src, const ActDesc& d, void* dst, const flo
     RD_LAUNCH(images_kernel<T>, grid_for(d.count()), kThreads, 0, s)(src, d, static_cast<T*>(dst), m, sd);
   });
   RD_LAUNCH_CHECK("images_u8_to_act");
+}
+
+void erase_rectangles(const ActDesc& d, void* x, const int32_t* boxes, cudaStream_t s) {
+  if (!d.count()) return;
+  dispatch_float(d.dtype, "erase_rectangles", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RD_LAUNCH(erase_kernel<T>, grid_for(d.count()), kThreads, 0, s)(d, static_cast<T*>(x), boxes);
+  });
+  RD_LAUNCH_CHECK("erase_rectangles");
 }
 
 void stage_conv_weight(const float* w, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,
