@@ -118,7 +118,7 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
   fs.enumeration("--progress", &o.progress, progress_names(),
             "progress display: bar on a terminal, lines (--log-every) otherwise");
   fs.enumeration("--augment", &o.augment, augment_names(),
-            "training augmentation before Resize (reference: autoaugment)");
+            "training augmentation before Resize (reference: autoaugment; with --train-crop-size: --auto-augment)");
   fs.enumeration("--normalize", &o.normalize, normalize_names(),
             "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
