@@ -272,9 +272,10 @@ void finish_data_flags(TrainOptions& t) {
                                    "pipeline augments with --augment)";
   if (!preset && t.auto_augment != AutoAugmentPolicy::None) throw UsageError("--auto-augment" + needs_preset);
   if (!preset && t.was_given("--hflip-prob")) throw UsageError("--hflip-prob" + needs_preset);
-  if (preset && t.was_given("--augment"))
-    throw UsageError("--augment: the tutorial pipeline's augmentation; with --train-crop-size the preset's "
-                     "are --hflip-prob and --auto-augment (imagenet = autoaugment)");
+  if (preset && t.was_given("--augment") && t.augment != Augment::None)
+    throw UsageError("--augment " + name_of(augment_names(), t.augment) +
+                     ": the tutorial pipeline's augmentation; with --train-crop-size the preset's are "
+                     "--hflip-prob and --auto-augment (imagenet = autoaugment)");
   if (t.was_given("--ra-magnitude") && t.auto_augment != AutoAugmentPolicy::RandAugment)
     throw UsageError("--ra-magnitude: only with --auto-augment ra");
   // One of the evaluation sizes implies the preset; the other takes torchvision's default.

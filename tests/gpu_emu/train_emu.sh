@@ -3,7 +3,7 @@
 # against the same run on the CPU backend: the loss and accuracy of every step and
 # the epoch's validation agree within the error model below.
 #   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp, $3 = mpiexec, $4 = repo root,
-#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export | device_choice
+#   $5 = case: fp32 | fp16_overflow | bf16 | preempt_resume | predict_export | device_choice | presets
 #
 # Error model (per step, on the running mean printed by --log-every 1, 4 decimals):
 #   fp32: cuDNN/cuBLAS stand-ins sum in float64, the CPU backend in float32 with its
@@ -74,6 +74,22 @@ case "$CASE" in
     run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
     grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
     note "CPU backend, fp32"
+    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
+    awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
+      'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= 2e-3) }' ||
+      fail "validation loss differs"
+    ;;
+  presets)
+    # torchvision's reference presets: RandomResizedCrop + TrivialAugmentWide, RandomErasing
+    # after Normalize (Backend::erase_rectangles on the device), Resize + CenterCrop
+    # evaluation. The data decisions are the same on both backends, so the fp32 model.
+    args=(--arch resnet18 --epochs 1 --train-crop-size 32 --auto-augment ta_wide --random-erase 0.7
+      --val-resize-size 36 --val-crop-size 28 --normalize imagenet)
+    note "emulated GPU, fp32, presets"
+    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
+    grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
+    note "CPU backend, fp32, presets"
     run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
     compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
     awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
