@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <tuple>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/commands.h"
@@ -264,9 +265,14 @@ void train_flags(FlagSet& fs, ParsedCommand& pc) {
 
 // The reference presets' flags against each other and the tutorial's (add_data_flags).
 void finish_data_flags(TrainOptions& t) {
-  for (auto [flag, value] : {std::pair<const char*, int>{"--train-crop-size", t.train_crop_size},
-                              {"--val-resize-size", t.val_resize_size}, {"--val-crop-size", t.val_crop_size}})
-    if (value > 0 && value < 8) throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected 0 (off) or 8..4096");
+  // The model's input is at least 32x32 (as --image-size); Resize's side may be smaller
+  // (CenterCrop then pads).
+  for (auto [flag, value, least] : {std::tuple<const char*, int, int>{"--train-crop-size", t.train_crop_size, 32},
+                                    {"--val-resize-size", t.val_resize_size, 8},
+                                    {"--val-crop-size", t.val_crop_size, 32}})
+    if (value > 0 && value < least)
+      throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected 0 (off) or " +
+                       std::to_string(least) + "..4096");
   const bool preset = t.train_crop_size > 0;
   const std::string needs_preset = ": only with --train-crop-size (torchvision's training preset; the tutorial's "
                                    "pipeline augments with --augment)";

@@ -83,9 +83,13 @@ case "$CASE" in
   presets)
     # torchvision's reference presets: RandomResizedCrop + TrivialAugmentWide, RandomErasing
     # after Normalize (Backend::erase_rectangles on the device), Resize + CenterCrop
-    # evaluation. The data decisions are the same on both backends, so the fp32 model.
-    args=(--arch resnet18 --epochs 1 --train-crop-size 32 --auto-augment ta_wide --random-erase 0.7
-      --val-resize-size 36 --val-crop-size 28 --normalize imagenet)
+    # evaluation (a crop larger than the resize: CenterCrop's zero padding). The data
+    # decisions do not depend on the backend, so fp32's error model applies, over 2 steps:
+    # on these augmented images (flat black borders, batches of 4 per rank) float32
+    # summation differences grow faster than in case fp32 (measured without erasing:
+    # |d| 0, 0, 4e-4, 6.4e-3 at steps 1-4).
+    args=(--arch resnet18 --epochs 1 --max-steps 2 --train-crop-size 32 --auto-augment ta_wide --random-erase 0.7
+      --val-resize-size 30 --val-crop-size 32 --normalize imagenet)
     note "emulated GPU, fp32, presets"
     run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
     grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }

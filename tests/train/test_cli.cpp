@@ -227,7 +227,7 @@ TEST_CASE("data: torchvision preset flags, their defaults and their errors", "[t
   CHECK(tc.random_erase == 0.1);
   CHECK(tc.hflip_prob == 0.25);
   CHECK(eval_image_size(t) == 224);
-  CHECK(parse({"--data", "x", "--train-crop-size", "8", "--auto-augment", "ra", "--ra-magnitude", "30"})
+  CHECK(parse({"--data", "x", "--train-crop-size", "32", "--auto-augment", "ra", "--ra-magnitude", "30"})
             .train.ra_magnitude == 30);
   // One evaluation size takes torchvision's default for the other.
   CHECK(parse({"--data", "x", "--val-crop-size", "200"}).train.val_resize_size == 256);
@@ -249,6 +249,8 @@ TEST_CASE("data: torchvision preset flags, their defaults and their errors", "[t
   CHECK_THAT(usage_error({"--data", "x", "--interpolation", "bicubic"}),
              Catch::Contains("--interpolation bicubic") && Catch::Contains("only bilinear"));
   CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "4"}), Catch::Contains("--train-crop-size 4"));
+  CHECK_THAT(usage_error({"--data", "x", "--val-crop-size", "28"}),
+             Catch::Contains("--val-crop-size 28") && Catch::Contains("32..4096"));
   CHECK_THAT(usage_error({"--data", "x", "--val-crop-size", "5000"}), Catch::Contains("--val-crop-size"));
   CHECK_THAT(usage_error({"--data", "x", "--random-erase", "1.5"}), Catch::Contains("--random-erase"));
   CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--hflip-prob", "-0.1"}),
