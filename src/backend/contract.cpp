@@ -134,6 +134,18 @@ void Backend::copy_to_host_nchw(const Tensor& src, float* dst) {
   copy_to_host_nchw_impl(src, dst);
 }
 
+void Backend::erase_rectangles(Tensor& x, const int32_t* boxes) {
+  expect_activation(*this, x, "erase_rectangles", "tensor");
+  RD_CHECK(boxes || x.shape[0] == 0, "erase_rectangles: boxes missing");
+  for (int64_t n = 0; n < x.shape[0]; ++n) {
+    const int32_t* b = boxes + 4 * n;
+    RD_CHECK(b[0] >= 0 && b[1] >= 0 && b[2] >= 0 && b[3] >= 0 && b[0] + b[2] <= x.shape[2] && b[1] + b[3] <= x.shape[3],
+             "erase_rectangles: image " << n << "'s box (top " << b[0] << ", left " << b[1] << ", " << b[2] << "x"
+                                        << b[3] << ") is outside " << x.describe());
+  }
+  erase_rectangles_impl(x, boxes);
+}
+
 void Backend::images_u8_to_activation(const uint8_t* src_nhwc, Tensor& dst, const float* mean, const float* std) {
   expect_activation(*this, dst, "images_u8_to_activation", "destination");
   RD_CHECK(dst.shape[1] == 3, "images_u8_to_activation: destination must have 3 channels, got " << dst.describe());

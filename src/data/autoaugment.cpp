@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "resnet_ddp/data/transforms.h"
@@ -258,6 +260,74 @@ void affine_nearest(Image& img, const double a[6], Image& scratch) {
   std::swap(img.pixels, scratch.pixels);
 }
 
+// PIL's Image.transform(AFFINE, BILINEAR) with fill 0 (Geometry.c: the generic
+// transform with bilinear_filter32RGB): the input point of output pixel centre
+// (x + .5, y + .5), outside [0, w) x [0, h) -> 0; otherwise a 2x2 blend in double
+// with edge-clamped neighbours, truncated to uint8.
+void affine_bilinear(Image& img, const double a[6], Image& scratch) {
+  const int w = img.width, h = img.height;
+  scratch.resize(w, h);
+  const uint8_t* in = img.data();
+  uint8_t* out = scratch.data();
+  const size_t stride = static_cast<size_t>(w) * 3;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x, out += 3) {
+      const double xs = x + 0.5, ys = y + 0.5;
+      double xin = a[0] * xs + a[1] * ys + a[2];
+      double yin = a[3] * xs + a[4] * ys + a[5];
+      if (xin < 0.0 || xin >= w || yin < 0.0 || yin >= h) {
+        out[0] = out[1] = out[2] = 0;
+        continue;
+      }
+      xin -= 0.5;
+      yin -= 0.5;
+      const int x0 = pil_floor(xin), y0 = pil_floor(yin);
+      const double dx = xin - x0, dy = yin - y0;
+      const size_t c0 = static_cast<size_t>(std::clamp(x0, 0, w - 1)) * 3;
+      const size_t c1 = static_cast<size_t>(std::clamp(x0 + 1, 0, w - 1)) * 3;
+      const uint8_t* r0 = in + static_cast<size_t>(std::clamp(y0, 0, h - 1)) * stride;
+      const bool has_r1 = y0 + 1 >= 0 && y0 + 1 < h;
+      const uint8_t* r1 = has_r1 ? in + static_cast<size_t>(y0 + 1) * stride : r0;
+      for (int c = 0; c < 3; ++c) {
+        const double v1 = r0[c0 + c] + (r0[c1 + c] - r0[c0 + c]) * dx;
+        const double v2 = has_r1 ? r1[c0 + c] + (r1[c1 + c] - r1[c0 + c]) * dx : v1;
+        out[c] = static_cast<uint8_t>(v1 + (v2 - v1) * dy);
+      }
+    }
+  std::swap(img.pixels, scratch.pixels);
+}
+
+void affine(Image& img, const double a[6], Image& scratch, Interpolation interpolation) {
+  if (interpolation == Interpolation::Bilinear)
+    affine_bilinear(img, a, scratch);
+  else
+    affine_nearest(img, a, scratch);
+}
+
+// PIL's Image.transpose(ROTATE_90 / ROTATE_180 / ROTATE_270) for `quarter_turns`
+// counter-clockwise turns (90 and 270 on square images only, as PIL's rotate uses them).
+void rotate_quarters(Image& img, int quarter_turns, Image& scratch) {
+  const int w = img.width, h = img.height;
+  scratch.resize(w, h);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      int sx = x, sy = y;
+      if (quarter_turns == 2) {
+        sx = w - 1 - x;
+        sy = h - 1 - y;
+      } else if (quarter_turns == 1) {  // counter-clockwise: out(x, y) = in(w-1-y, x)
+        sx = w - 1 - y;
+        sy = x;
+      } else {
+        sx = y;
+        sy = h - 1 - x;
+      }
+      std::memcpy(scratch.data() + (static_cast<size_t>(y) * w + x) * 3,
+                  img.data() + (static_cast<size_t>(sy) * w + sx) * 3, 3);
+    }
+  std::swap(img.pixels, scratch.pixels);
+}
+
 // torchvision's _get_inverse_affine_matrix (angle 0, scale 1) for shear/translate.
 void inverse_affine(double cx, double cy, double tx, double ty, double shear_x_deg,
                     double shear_y_deg, double m[6]) {
@@ -275,13 +345,23 @@ void inverse_affine(double cx, double cy, double tx, double ty, double shear_x_d
   m[5] += cy;
 }
 
-// Python's round(x, 15) for |x| <= 1 (PIL rounds the rotation matrix this way).
-double round15(double x) { return std::nearbyint(x * 1e15) / 1e15; }
+// Python's round(x, 15) (PIL rounds the rotation matrix this way): the exact binary
+// value rounded to 15 decimals, then read back correctly rounded; glibc's printf and
+// strtod are exact like Python's dtoa (x * 1e15 would round first and differ by an ulp).
+double round15(double x) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.15f", x);
+  return std::strtod(text, nullptr);
+}
 
-void rotate(Image& img, double degrees, Image& scratch) {
-  double angle = std::fmod(degrees, 360.0);
+void rotate(Image& img, double degrees, Image& scratch, Interpolation interpolation) {
+  double angle = std::fmod(degrees, 360.0);  // Python's %: the result takes the divisor's sign
   if (angle < 0) angle += 360.0;
   if (angle == 0.0) return;
+  // PIL's rotate transposes instead for these (exact, no resampling).
+  if (angle == 180.0) return rotate_quarters(img, 2, scratch);
+  if ((angle == 90.0 || angle == 270.0) && img.width == img.height)
+    return rotate_quarters(img, angle == 90.0 ? 1 : 3, scratch);
   const double cx = img.width / 2.0, cy = img.height / 2.0;
   const double r = -angle * (kPi / 180.0);
   double m[6] = {round15(std::cos(r)), round15(std::sin(r)), 0.0,
@@ -290,7 +370,7 @@ void rotate(Image& img, double degrees, Image& scratch) {
   const double t5 = m[3] * -cx + m[4] * -cy + m[5];
   m[2] = t2 + cx;
   m[5] = t5 + cy;
-  affine_nearest(img, m, scratch);
+  affine(img, m, scratch, interpolation);
 }
 
 }  // namespace
@@ -299,11 +379,11 @@ const char* aug_op_name(AugOp op) {
   static const char* const names[kAugOpCount] = {
       "ShearX",     "ShearY",   "TranslateX", "TranslateY", "Rotate",
       "Brightness", "Color",    "Contrast",   "Sharpness",  "Posterize",
-      "Solarize",   "AutoContrast", "Equalize", "Invert"};
+      "Solarize",   "AutoContrast", "Equalize", "Invert", "Identity"};
   return names[static_cast<int>(op)];
 }
 
-void apply_aug_op(AugOp op, float magnitude, Image& img, Image& scratch) {
+void apply_aug_op(AugOp op, float magnitude, Image& img, Image& scratch, Interpolation interpolation) {
   const double m = magnitude;
   double mat[6];
   switch (op) {
@@ -312,7 +392,7 @@ void apply_aug_op(AugOp op, float magnitude, Image& img, Image& scratch) {
       // torchvision converts the shear factor to degrees (atan) and back (tan).
       const double deg = std::atan(m) * (180.0 / kPi);
       inverse_affine(0, 0, 0, 0, op == AugOp::ShearX ? deg : 0.0, op == AugOp::ShearY ? deg : 0.0, mat);
-      affine_nearest(img, mat, scratch);
+      affine(img, mat, scratch, interpolation);
       return;
     }
     case AugOp::TranslateX:
@@ -320,10 +400,10 @@ void apply_aug_op(AugOp op, float magnitude, Image& img, Image& scratch) {
       const double t = static_cast<double>(static_cast<int>(m));  // torchvision: int(magnitude)
       inverse_affine(img.width * 0.5, img.height * 0.5, op == AugOp::TranslateX ? t : 0.0,
                      op == AugOp::TranslateY ? t : 0.0, 0.0, 0.0, mat);
-      affine_nearest(img, mat, scratch);
+      affine(img, mat, scratch, interpolation);
       return;
     }
-    case AugOp::Rotate: rotate(img, m, scratch); return;
+    case AugOp::Rotate: rotate(img, m, scratch, interpolation); return;
     case AugOp::Brightness: blend_with_constant(img, 0, 1.0 + m); return;
     case AugOp::Color: color(img, 1.0 + m, scratch); return;
     case AugOp::Contrast: contrast(img, 1.0 + m); return;
@@ -333,6 +413,7 @@ void apply_aug_op(AugOp op, float magnitude, Image& img, Image& scratch) {
     case AugOp::AutoContrast: autocontrast(img); return;
     case AugOp::Equalize: equalize(img); return;
     case AugOp::Invert: simple_lut(img, 2, magnitude); return;
+    case AugOp::Identity: return;
   }
 }
 
@@ -368,20 +449,38 @@ const std::array<std::array<AugStep, 2>, 25>& imagenet_policy() {
   return policy;
 }
 
-namespace {
-// torch.linspace(start, end, 10) in float32 (first half counts up from start,
-// second half down from end, as torch's CPU kernel does).
-float linspace10(float start, float end, int i) {
-  const float step = (end - start) / 9.0f;
-  return i < 5 ? start + step * static_cast<float>(i) : end - step * static_cast<float>(9 - i);
+// torch 1.13's CPU kernel (built for AVX2 with FMA, torch's default capability): one
+// element at a time, the first half start + step * i and the second end - step * (n-1-i),
+// each contracted into one FMA by the compiler; but for steps >= 16 the leading blocks of
+// 16 take its vectorised path (2 x Vectorized<float> of 8 lanes), where each 8-lane
+// chunk is base + k * step without FMA from its first element's serial value. The results
+// differ in the last bit, so all of it is reproduced (checked against torch for every
+// table in tests/data/check_vs_torchvision.py).
+float torch_linspace(float start, float end, int steps, int i) {
+  if (steps == 1) return start;
+  const float step = (end - start) / static_cast<float>(steps - 1);
+  const int halfway = steps / 2;
+  auto serial = [&](int idx) {
+    return idx < halfway ? std::fma(step, static_cast<float>(idx), start)
+                         : std::fma(-step, static_cast<float>(steps - idx - 1), end);
+  };
+  constexpr int kLanes = 8;
+  const int vectorised_end = steps / (2 * kLanes) * (2 * kLanes);
+  if (i >= vectorised_end) return serial(i);
+  const int chunk = i - i % kLanes;
+  return serial(chunk) + static_cast<float>(i - chunk) * step;
 }
-bool is_signed(AugOp op) {
+
+bool aug_op_signed(AugOp op) {
   switch (op) {
     case AugOp::Posterize: case AugOp::Solarize: case AugOp::AutoContrast:
-    case AugOp::Equalize: case AugOp::Invert: return false;
+    case AugOp::Equalize: case AugOp::Invert: case AugOp::Identity: return false;
     default: return true;
   }
 }
+
+namespace {
+float linspace10(float start, float end, int i) { return torch_linspace(start, end, 10, i); }
 }  // namespace
 
 float aug_magnitude(AugOp op, int bin, int width, int height) {
@@ -402,7 +501,7 @@ float aug_magnitude(AugOp op, int bin, int width, int height) {
   }
 }
 
-void auto_augment(Image& img, SampleRng& rng, Image& scratch) {
+void auto_augment(Image& img, SampleRng& rng, Image& scratch, Interpolation interpolation) {
   const auto& policy = imagenet_policy();
   // Same draws as torchvision's get_params: sub-policy, two probabilities, two signs.
   const auto& sub = policy[static_cast<size_t>(rng.below(static_cast<int64_t>(policy.size())))];
@@ -412,8 +511,8 @@ void auto_augment(Image& img, SampleRng& rng, Image& scratch) {
     const AugStep& s = sub[static_cast<size_t>(i)];
     if (probs[i] > s.probability) continue;
     float m = aug_magnitude(s.op, s.magnitude_bin, img.width, img.height);
-    if (is_signed(s.op) && !positive[i]) m = -m;
-    apply_aug_op(s.op, m, img, scratch);
+    if (aug_op_signed(s.op) && !positive[i]) m = -m;
+    apply_aug_op(s.op, m, img, scratch, interpolation);
   }
 }
 

@@ -22,11 +22,14 @@ struct Loader::Slot {
   uint8_t* images = nullptr;
   std::vector<int32_t> labels;
   std::vector<int64_t> indices;
+  std::vector<int32_t> erase_boxes;  // 4 per sample when the transform erases
   int64_t batch = -1;
   int count = 0;      // samples in the batch
   int remaining = 0;  // samples still being produced
   bool ready = false;
 };
+
+static_assert(sizeof(CropBox) == 4 * sizeof(int32_t), "the loader copies a CropBox as four int32");
 
 int default_loader_workers(int ranks_per_node) {
   const unsigned hw = std::thread::hardware_concurrency();
@@ -59,6 +62,7 @@ Loader::Loader(const Dataset& dataset, const TransformPipeline& transform, const
     slot->images = static_cast<uint8_t*>(slot->storage.get());
     slot->labels.resize(static_cast<size_t>(opts_.batch_size));
     slot->indices.resize(static_cast<size_t>(opts_.batch_size));
+    if (erases()) slot->erase_boxes.resize(static_cast<size_t>(opts_.batch_size) * 4);
     slots_.push_back(std::move(slot));
   }
   {
@@ -172,7 +176,9 @@ void Loader::worker_loop() {
         scratch.decoded.resize(s, s);
         std::memset(scratch.decoded.data(), 0, scratch.decoded.bytes());
       }
-      transform_.apply(scratch.decoded, opts_.seed, epoch, index, out, scratch);
+      CropBox erase;
+      transform_.apply(scratch.decoded, opts_.seed, epoch, index, out, scratch, &erase);
+      if (erases()) std::memcpy(&slot.erase_boxes[j * 4], &erase, sizeof(int32_t) * 4);
       slot.labels[j] = dataset_.label(static_cast<size_t>(index));
       slot.indices[j] = index;
     } catch (...) {
@@ -236,6 +242,7 @@ bool Loader::next(Batch& batch) {
   batch.images = slot.images;
   batch.labels.assign(slot.labels.begin(), slot.labels.begin() + slot.count);
   batch.indices.assign(slot.indices.begin(), slot.indices.begin() + slot.count);
+  batch.erase_boxes.assign(slot.erase_boxes.begin(), slot.erase_boxes.begin() + (erases() ? slot.count * 4 : 0));
   batch.sequence = static_cast<int64_t>(want);
   return true;
 }

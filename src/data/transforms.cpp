@@ -39,26 +39,70 @@ int64_t SampleRng::below(int64_t bound) {
 const float kImagenetMean[3] = {0.485f, 0.456f, 0.406f};
 const float kImagenetStd[3] = {0.229f, 0.224f, 0.225f};
 
-TransformPipeline::TransformPipeline(const TransformConfig& cfg, bool train) : cfg_(cfg), train_(train) {
-  if (cfg.image_size < 8 || cfg.image_size > 4096)
-    throw UsageError("--image-size " + std::to_string(cfg.image_size) + ": expected 8..4096");
-}
-
 namespace {
-void hflip(Image& img) {
-  const size_t w = static_cast<size_t>(img.width);
-  for (int y = 0; y < img.height; ++y) {
-    uint8_t* row = img.data() + static_cast<size_t>(y) * w * 3;
-    for (size_t a = 0, b = w - 1; a < b; ++a, --b)
-      for (int c = 0; c < 3; ++c) std::swap(row[a * 3 + c], row[b * 3 + c]);
-  }
+void check_side(int value, const char* flag) {
+  if (value < 8 || value > 4096) throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected 8..4096");
+}
+void check_probability(double p, const char* flag) {
+  if (!(p >= 0.0 && p <= 1.0)) throw UsageError(std::string(flag) + " " + std::to_string(p) + ": expected 0..1");
 }
 }  // namespace
 
-void TransformPipeline::apply(Image& img, uint64_t seed, int64_t epoch, int64_t index,
-                              uint8_t* out, TransformScratch& scratch) const {
-  if (train_) {
-    SampleRng rng(seed, epoch, index);
+TransformPipeline::TransformPipeline(const TransformConfig& cfg, bool train) : cfg_(cfg), train_(train) {
+  check_side(cfg.image_size, "--image-size");
+  if (cfg.train_preset()) check_side(cfg.train_crop_size, "--train-crop-size");
+  if (cfg.eval_preset()) {
+    check_side(cfg.val_crop_size, "--val-crop-size");
+    check_side(cfg.val_resize_size, "--val-resize-size");
+  }
+  check_probability(cfg.hflip_prob, "--hflip-prob");
+  check_probability(cfg.random_erase, "--random-erase");
+  if (cfg.ra_magnitude < 0 || cfg.ra_magnitude >= kAugmentBins)
+    throw UsageError("--ra-magnitude " + std::to_string(cfg.ra_magnitude) + ": expected 0.." +
+                     std::to_string(kAugmentBins - 1) + " (a bin of RandAugment's " + std::to_string(kAugmentBins) +
+                     ")");
+}
+
+int TransformPipeline::output_size() const {
+  if (train_) return cfg_.train_preset() ? cfg_.train_crop_size : cfg_.image_size;
+  return cfg_.eval_preset() ? cfg_.val_crop_size : cfg_.image_size;
+}
+
+void TransformPipeline::apply_train_preset(Image& img, SampleRng& rng, uint8_t* out,
+                                           TransformScratch& scratch) const {
+  const int n = cfg_.train_crop_size;
+  Image& work = scratch.work;
+  work.resize(n, n);
+  resized_crop(img, random_resized_crop_box(img.width, img.height, rng), n, work.data(), scratch.tmp);
+  // RandomHorizontalFlip is in the preset only for p > 0 (then it always draws).
+  if (cfg_.hflip_prob > 0.0 && rng.uniform() < cfg_.hflip_prob) hflip(work);
+  switch (cfg_.auto_augment) {
+    case TransformConfig::Policy::None: break;
+    case TransformConfig::Policy::ImageNet: auto_augment(work, rng, scratch.tmp, cfg_.interpolation); break;
+    case TransformConfig::Policy::TrivialAugmentWide:
+      trivial_augment_wide(work, rng, scratch.tmp, cfg_.interpolation);
+      break;
+    case TransformConfig::Policy::RandAugment:
+      rand_augment(work, rng, cfg_.ra_magnitude, scratch.tmp, cfg_.interpolation);
+      break;
+  }
+  std::memcpy(out, work.data(), work.bytes());
+}
+
+void TransformPipeline::apply(Image& img, uint64_t seed, int64_t epoch, int64_t index, uint8_t* out,
+                              TransformScratch& scratch, CropBox* erase) const {
+  if (erase) *erase = CropBox{};
+  if (!train_) {
+    if (!cfg_.eval_preset()) return resize_bilinear_into(img, cfg_.image_size, cfg_.image_size, out);
+    int w = 0, h = 0;
+    shorter_side_size(img.width, img.height, cfg_.val_resize_size, w, h);
+    resize_bilinear(img, w, h, scratch.work);
+    return center_crop(scratch.work, cfg_.val_crop_size, out);
+  }
+  SampleRng rng(seed, epoch, index);
+  if (cfg_.train_preset()) {
+    apply_train_preset(img, rng, out, scratch);
+  } else {
     switch (cfg_.augment) {
       case TransformConfig::Augment::AutoAugment: auto_augment(img, rng, scratch.tmp); break;
       case TransformConfig::Augment::Flip:
@@ -66,8 +110,11 @@ void TransformPipeline::apply(Image& img, uint64_t seed, int64_t epoch, int64_t 
         break;
       case TransformConfig::Augment::None: break;
     }
+    resize_bilinear_into(img, cfg_.image_size, cfg_.image_size, out);
   }
-  resize_bilinear_into(img, cfg_.image_size, cfg_.image_size, out);
+  // Drawn after the image's own decisions, as RandomErasing comes last in the preset.
+  if (cfg_.random_erase > 0.0 && erase)
+    *erase = random_erasing_box(output_size(), output_size(), cfg_.random_erase, rng);
 }
 
 }  // namespace rd::data

@@ -146,6 +146,8 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
   w.str(f, "head", m.head);
   w.i64(f, "num_classes", m.num_classes);
   w.i64(f, "image_size", m.image_size);
+  w.i64(f, "val_resize_size", m.val_resize_size);
+  w.i64(f, "val_crop_size", m.val_crop_size);
   w.i64(f, "epoch", m.epoch);
   w.i64(f, "step_in_epoch", m.step_in_epoch);
   w.i64(f, "global_step", m.global_step);

@@ -176,6 +176,8 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   m.head = need_str("head");
   m.num_classes = need_i64("num_classes");
   m.image_size = need_i64("image_size");
+  m.val_resize_size = i64_or(f, "val_resize_size", 0);
+  m.val_crop_size = i64_or(f, "val_crop_size", 0);
   m.epoch = need_i64("epoch");
   m.global_step = need_i64("global_step");
   m.best_val_acc = weights_only ? f64_or(f, "best_val_acc", -1.0) : f64(f, "best_val_acc");

@@ -90,6 +90,8 @@ CheckpointMeta SafetensorsSource::read_meta(bool weights_only) {
   m.head = text("head", "");
   m.num_classes = integer("num_classes", 0);
   m.image_size = integer("image_size", 0);
+  m.val_resize_size = integer("val_resize_size", 0);
+  m.val_crop_size = integer("val_crop_size", 0);
   m.normalize = text("normalize", "none");
   m.epoch = integer("epoch", 0);
   m.global_step = integer("global_step", 0);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <tuple>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/commands.h"
@@ -186,7 +187,7 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
   fs.enumeration("--progress", &o.progress, progress_names(),
             "progress display: bar on a terminal, lines (--log-every) otherwise");
   fs.enumeration("--augment", &o.augment, augment_names(),
-            "training augmentation before Resize (reference: autoaugment)");
+            "training augmentation before Resize (reference: autoaugment; with --train-crop-size: --auto-augment)");
   fs.enumeration("--normalize", &o.normalize, normalize_names(),
             "input normalisation after ToTensor (imagenet: for --init with ImageNet weights)");
   fs.boolean("--strict-data", &o.strict_data, "any unreadable image is an error instead of a skipped file");
@@ -248,11 +249,44 @@ void add_mix_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--ra-reps", &o.ra_reps, 1, "repetitions of each image per epoch under --ra-sampler", 1024);
 }
 
+// torchvision's reference presets (references/classification/presets.py), with the
+// reference train.py's flag names.
+void add_data_flags(FlagSet& fs, TrainOptions& o) {
+  fs.integer("--train-crop-size", &o.train_crop_size, 0,
+             "train on torchvision's preset: RandomResizedCrop(N) -> RandomHorizontalFlip(--hflip-prob) -> "
+             "--auto-augment, instead of --augment -> Resize((S, S)) (0 = off, the tutorial's pipeline)",
+             4096);
+  fs.real("--hflip-prob", &o.hflip_prob, 0.0, false, "with --train-crop-size: RandomHorizontalFlip probability", 1.0);
+  fs.enumeration("--auto-augment", &o.auto_augment, auto_augment_names(),
+                 "with --train-crop-size: policy after the flip: imagenet = AutoAugment (what --augment "
+                 "autoaugment applies, here with --interpolation), ta_wide = TrivialAugmentWide, "
+                 "ra = RandAugment(2 ops, --ra-magnitude)");
+  fs.integer("--ra-magnitude", &o.ra_magnitude, 0, "with --auto-augment ra: magnitude bin (of 31)", 30);
+  fs.custom(
+      "--interpolation", "bilinear",
+      "resampling of the preset's crops, resizes and geometric ops (only torchvision's default, bilinear)",
+      [](const std::string& v) {
+        if (v != "bilinear")
+          throw UsageError("--interpolation " + v + ": only bilinear (torchvision's default) is implemented");
+      },
+      [] { return std::string("bilinear"); });
+  fs.integer("--val-resize-size", &o.val_resize_size, 0,
+             "evaluate on Resize(R) (shorter side) -> CenterCrop(--val-crop-size) instead of Resize((S, S)) "
+             "(0 = off; torchvision: 256)",
+             4096);
+  fs.integer("--val-crop-size", &o.val_crop_size, 0,
+             "evaluation's CenterCrop size (0 = off; torchvision: 224); validation, --eval-only and predict use it",
+             4096);
+  fs.real("--random-erase", &o.random_erase, 0.0, false,
+          "RandomErasing probability (value 0 after Normalize, scale 0.02-0.33, ratio 0.3-3.3)", 1.0);
+}
+
 void add_train_flags(FlagSet& fs, TrainOptions& o) {
   add_train_recipe_flags(fs, o);
   add_train_run_flags(fs, o);
   add_sched_flags(fs, o);
   add_mix_flags(fs, o);
+  add_data_flags(fs, o);
 }
 
 // The spellings of timm's train.py and PyTorch's ImageNet example for the same
@@ -359,9 +393,38 @@ void check_sched_flags(const TrainOptions& t) {
     throw UsageError("--lr-milestones: only with --lr-scheduler multisteplr (this run: " + sched + ")");
 }
 
+// The reference presets' flags against each other and the tutorial's (add_data_flags).
+void finish_data_flags(TrainOptions& t) {
+  // The model's input is at least 32x32 (as --image-size); Resize's side may be smaller
+  // (CenterCrop then pads).
+  for (auto [flag, value, least] : {std::tuple<const char*, int, int>{"--train-crop-size", t.train_crop_size, 32},
+                                    {"--val-resize-size", t.val_resize_size, 8},
+                                    {"--val-crop-size", t.val_crop_size, 32}})
+    if (value > 0 && value < least)
+      throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected 0 (off) or " +
+                       std::to_string(least) + "..4096");
+  const bool preset = t.train_crop_size > 0;
+  const std::string needs_preset = ": only with --train-crop-size (torchvision's training preset; the tutorial's "
+                                   "pipeline augments with --augment)";
+  if (!preset && t.auto_augment != AutoAugmentPolicy::None) throw UsageError("--auto-augment" + needs_preset);
+  if (!preset && t.was_given("--hflip-prob")) throw UsageError("--hflip-prob" + needs_preset);
+  if (preset && t.was_given("--augment") && t.augment != Augment::None)
+    throw UsageError("--augment " + name_of(augment_names(), t.augment) +
+                     ": the tutorial pipeline's augmentation; with --train-crop-size the preset's are "
+                     "--hflip-prob and --auto-augment (imagenet = autoaugment)");
+  if (t.was_given("--ra-magnitude") && t.auto_augment != AutoAugmentPolicy::RandAugment)
+    throw UsageError("--ra-magnitude: only with --auto-augment ra");
+  // One of the evaluation sizes implies the preset; the other takes torchvision's default.
+  if (t.val_crop_size > 0 || t.val_resize_size > 0) {
+    if (t.val_resize_size == 0) t.val_resize_size = 256;
+    if (t.val_crop_size == 0) t.val_crop_size = 224;
+  }
+}
+
 void train_finish(ParsedCommand& pc, Parsed& p) {
   TrainOptions& t = pc.train;
   t.given = std::move(p.given);
+  finish_data_flags(t);
   if (t.data.empty()) throw UsageError("--data: required (ImageFolder root or packed .h5)");
   data::check_split_folder("--train-split", t.train_split);
   data::check_split_folder("--val-split", t.val_split);
@@ -658,6 +721,23 @@ void check_predict_paths(const PredictOptions& o) {
   for (const auto& in : o.inputs)
     if (!exists(in)) throw UsageError("predict: no such file or directory: '" + in + "'");
 }
+
+data::TransformConfig transform_config(const TrainOptions& o) {
+  data::TransformConfig tc;
+  tc.image_size = o.image_size;
+  tc.augment = o.augment;
+  tc.train_crop_size = o.train_crop_size;
+  tc.hflip_prob = o.hflip_prob;
+  tc.auto_augment = o.auto_augment;
+  tc.ra_magnitude = o.ra_magnitude;
+  tc.interpolation = data::Interpolation::Bilinear;  // --interpolation accepts only this
+  tc.val_resize_size = o.val_resize_size;
+  tc.val_crop_size = o.val_crop_size;
+  tc.random_erase = o.random_erase;
+  return tc;
+}
+
+int eval_image_size(const TrainOptions& o) { return o.val_crop_size > 0 ? o.val_crop_size : o.image_size; }
 
 std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o) {
   TrainOptions copy = o;

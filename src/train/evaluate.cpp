@@ -19,6 +19,7 @@ Normalization normalization(const std::string& name) {
 Tensor& upload_batch(ResNet& model, const data::Batch& batch, const Normalization& norm) {
   Tensor& input = model.input_buffer(batch.n, batch.h, batch.w);
   model.backend().images_u8_to_activation(batch.images, input, norm.mean, norm.std);
+  if (!batch.erase_boxes.empty()) model.backend().erase_rectangles(input, batch.erase_boxes.data());  // RandomErasing
   return input;
 }
 

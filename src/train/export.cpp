@@ -68,9 +68,15 @@ std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, 
   const bool imagenet = m.normalize == "imagenet";
   md["normalize_mean"] = float_array(imagenet ? data::kImagenetMean : zero, 3);
   md["normalize_std"] = float_array(imagenet ? data::kImagenetStd : one, 3);
-  if (m.image_size > 0)
+  if (m.val_crop_size > 0) {  // torchvision's eval preset
+    md["val_resize_size"] = std::to_string(m.val_resize_size);
+    md["val_crop_size"] = std::to_string(m.val_crop_size);
+    md["preprocessing"] = "Resize(" + std::to_string(m.val_resize_size) + ", bilinear, antialias), CenterCrop(" +
+                          std::to_string(m.val_crop_size) + "), ToTensor(), Normalize(normalize_mean, normalize_std)";
+  } else if (m.image_size > 0) {
     md["preprocessing"] = "Resize((" + std::to_string(m.image_size) + ", " + std::to_string(m.image_size) +
                           "), bilinear, antialias), ToTensor(), Normalize(normalize_mean, normalize_std)";
+  }
   if (m.epoch > 0) md["epoch"] = std::to_string(m.epoch);
   if (m.global_step > 0) md["global_step"] = std::to_string(m.global_step);
   if (m.best_val_acc >= 0) {

@@ -49,7 +49,8 @@ void print_json(std::ostringstream& out, const InfoOptions& o, const Contents& s
       << ",\n  \"arch\": " << json_string(m.arch) << ",\n  \"head\": " << json_string(m.head)
       << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
   for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
-  out << "],\n  \"image_size\": " << m.image_size << ",\n  \"normalize\": " << json_string(m.normalize)
+  out << "],\n  \"image_size\": " << m.image_size << ",\n  \"val_resize_size\": " << m.val_resize_size
+      << ",\n  \"val_crop_size\": " << m.val_crop_size << ",\n  \"normalize\": " << json_string(m.normalize)
       << ",\n  \"epoch\": " << m.epoch << ",\n  \"step_in_epoch\": " << m.step_in_epoch
       << ",\n  \"global_step\": " << m.global_step << ",\n  \"best_val_acc\": " << json_number(m.best_val_acc)
       << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
@@ -89,6 +90,8 @@ void print_text(std::ostringstream& out, const InfoOptions& o, const Contents& s
     out << "classes:         " << m.num_classes << " (";
     for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << m.class_names[i];
     out << ")\nimage size:      " << m.image_size << " (normalize: " << m.normalize << ")\n";
+    if (m.val_crop_size > 0)
+      out << "evaluation:      Resize(" << m.val_resize_size << ") + CenterCrop(" << m.val_crop_size << ")\n";
     out << "epoch:           " << m.epoch << " completed";
     if (m.step_in_epoch > 0) out << " + " << m.step_in_epoch << " steps of epoch " << m.epoch + 1 << " (preempted)";
     out << "\nglobal step:     " << m.global_step << "\n";

@@ -230,7 +230,8 @@ Results classify(const PredictOptions& o, std::optional<io::CheckpointReader>& c
 
   data::TransformConfig tc;
   tc.image_size = static_cast<int>(m.image_size);
-  tc.augment = data::TransformConfig::Augment::None;
+  tc.val_resize_size = static_cast<int>(m.val_resize_size);  // the evaluation the model was validated with
+  tc.val_crop_size = static_cast<int>(m.val_crop_size);
   data::TransformPipeline tf(tc, false);
   data::LoaderOptions lo;
   lo.batch_size = o.batch_size;

@@ -30,6 +30,18 @@ bool describes_execution(const std::string& flag) {
 
 namespace {
 
+// The evaluation transform a checkpoint was validated with (0 = the tutorial's
+// Resize((S, S))) is fixed like --image-size: --eval-only scores it the same way.
+template <class Fixed>
+void plan_eval_transform(TrainOptions& o, const io::CheckpointMeta& m, Fixed& fixed) {
+  const bool has = m.val_crop_size > 0;
+  std::string resize = std::to_string(o.val_resize_size), crop = std::to_string(o.val_crop_size);
+  fixed("--val-resize-size", resize, std::to_string(has ? m.val_resize_size : 0));
+  fixed("--val-crop-size", crop, std::to_string(has ? m.val_crop_size : 0));
+  o.val_resize_size = std::stoi(resize);
+  o.val_crop_size = std::stoi(crop);
+}
+
 // The model flags the checkpoint fixes, applied to `o` (a copy of the command's), and
 // the line saying which the command left to it.
 void plan_model_flags(ResumePlan& plan, TrainOptions& o, const std::string& path, const io::CheckpointMeta& m) {
@@ -54,6 +66,7 @@ void plan_model_flags(ResumePlan& plan, TrainOptions& o, const std::string& path
   std::string normalize = name_of(normalize_names(), o.normalize);
   fixed("--normalize", normalize, m.normalize);
   o.normalize = value_of(normalize_names(), normalize, "--normalize");
+  plan_eval_transform(o, m, fixed);
   // Say what the checkpoint decided that the command line did not.
   const TrainOptions defaults;
   std::string inherited;
@@ -277,6 +290,8 @@ void transfer(IO& io, Plan& p) {
   io.pod(p.model.head);
   io.pod(p.model.image_size);
   io.pod(p.model.normalize);
+  io.pod(p.model.val_resize_size);
+  io.pod(p.model.val_crop_size);
   io.list(p.class_names);
   io.pod(p.state);
   io.pod(p.honour_lr);
@@ -289,13 +304,17 @@ void transfer(IO& io, Plan& p) {
 
 }  // namespace
 
-ModelFlags ModelFlags::of(const TrainOptions& o) { return {o.arch, o.head, o.image_size, o.normalize}; }
+ModelFlags ModelFlags::of(const TrainOptions& o) {
+  return {o.arch, o.head, o.image_size, o.normalize, o.val_resize_size, o.val_crop_size};
+}
 
 void ModelFlags::apply_to(TrainOptions& o) const {
   o.arch = arch;
   o.head = head;
   o.image_size = image_size;
   o.normalize = normalize;
+  o.val_resize_size = val_resize_size;
+  o.val_crop_size = val_crop_size;
 }
 
 ResumePlan plan_resume(const TrainOptions& opts, const std::string& path, const io::CheckpointMeta& m,

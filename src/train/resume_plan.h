@@ -39,6 +39,7 @@ struct ModelFlags {
   HeadKind head = HeadKind::Mlp;
   int image_size = 0;
   Normalize normalize = Normalize::None;
+  int val_resize_size = 0, val_crop_size = 0;  // the evaluation transform it was validated with
   static ModelFlags of(const TrainOptions& o);
   void apply_to(TrainOptions& o) const;
 };

@@ -140,6 +140,8 @@ io::CheckpointMeta Trainer::base_meta() const {
   m.head = head_name(o_.head);
   m.num_classes = static_cast<int64_t>(class_names_.size());
   m.image_size = o_.image_size;
+  m.val_resize_size = o_.val_resize_size;
+  m.val_crop_size = o_.val_crop_size;
   m.world_size = env_.world;
   m.batch_size = o_.batch_size;
   m.accum_steps = o_.accum_steps;

@@ -181,7 +181,7 @@ void Trainer::lock_output() {
 void Trainer::setup_data() {
   data::ScanOptions scan;
   scan.strict = o_.strict_data;
-  scan.jpeg_draft = o_.jpeg_draft ? o_.image_size : 0;
+  scan.jpeg_draft = o_.jpeg_draft ? std::max({o_.image_size, o_.train_crop_size, o_.val_resize_size}) : 0;
   scan.verify = o_.verify_data;
   scan.threads = std::max(1, std::min(dist::default_threads_per_rank(env_), env_.cpus_available));
   // Each rank decodes 1/world of the files; every rank then drops the same ones.
@@ -212,13 +212,9 @@ void Trainer::setup_data() {
   if (rank0())
     for (const auto& w : dataset_warnings(train_set_ ? *train_set_ : *val_set_, o_.image_size))
       std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
-  data::TransformConfig tc;
-  tc.image_size = o_.image_size;
-  tc.augment = o_.augment;
+  const data::TransformConfig tc = transform_config(o_);  // the train/eval presets or the tutorial's
   train_tf_.emplace(tc, true);
-  data::TransformConfig vc = tc;
-  vc.augment = data::TransformConfig::Augment::None;
-  val_tf_.emplace(vc, false);
+  val_tf_.emplace(tc, false);
   norm_ = normalization(name_of(normalize_names(), o_.normalize));
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;

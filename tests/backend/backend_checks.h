@@ -1013,4 +1013,28 @@ inline void check_images_u8(Backend& be, const Dims& d, bool normalize) {
   RD_CHECK_CLOSE("u8 NHWC -> activation", download_activation(be, x), expected, (Tol{1e-6, 1e-6}));
 }
 
+// RandomErasing after Normalize: each image's box zeroed in every channel, the rest
+// untouched. Values are small integers, exact in f16/bf16, so every precision is exact.
+inline void check_erase_rectangles(Backend& be) {
+  const int64_t N = 4, C = 3, H = 6, W = 7;
+  INFO("erase_rectangles on " << be.name());
+  std::vector<float> x(static_cast<size_t>(N * C * H * W));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) + 1.f;
+  // (top, left, height, width): inside, none (0 height), the whole image, the corner.
+  const int32_t boxes[N * 4] = {1, 2, 3, 4, 0, 0, 0, 5, 0, 0, 6, 7, 5, 6, 1, 1};
+  Tensor t = upload_activation(be, x, N, C, H, W);
+  be.erase_rectangles(t, boxes);
+  std::vector<double> expected(x.begin(), x.end());
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t* b = boxes + 4 * n;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t y = b[0]; y < b[0] + b[2]; ++y)
+        for (int64_t w = b[1]; w < b[1] + b[3]; ++w) expected[static_cast<size_t>(((n * C + c) * H + y) * W + w)] = 0.0;
+  }
+  RD_CHECK_CLOSE("erase_rectangles", download_activation(be, t), expected, (Tol{0.0, 0.0}));
+  // A box outside the image is refused, naming the image.
+  const int32_t outside[N * 4] = {0, 0, 1, 1, 0, 0, 1, 1, 4, 0, 3, 1, 0, 0, 1, 1};
+  CHECK_THROWS_WITH(be.erase_rectangles(t, outside), Catch::Contains("image 2's box"));
+}
+
 }  // namespace rd::test

@@ -185,6 +185,7 @@ TEST_CASE("cpu backend: fill, scale, all_finite, u8 images", "[kernel]") {
     check_fill_scale_finite(*be, 1031);
     check_images_u8(*be, Dims{2, 3, 5, 7}, false);
     check_images_u8(*be, Dims{1, 3, 4, 4}, true);
+    check_erase_rectangles(*be);
   }
 }
 

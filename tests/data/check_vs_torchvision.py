@@ -19,7 +19,9 @@ try:
     from PIL import Image
     import torchvision.transforms.functional as F
     from torchvision.transforms import InterpolationMode
-    from torchvision.transforms.autoaugment import AutoAugment, _apply_op
+    import torchvision.transforms as T
+    from torchvision.transforms.autoaugment import (AutoAugment, AutoAugmentPolicy, RandAugment,
+                                                    TrivialAugmentWide, _apply_op)
     from torch.utils.data.distributed import DistributedSampler
 except ImportError as e:  # pragma: no cover
     print(f"skip: torch/torchvision not importable ({e}); install python3-torchvision", file=sys.stderr)
@@ -55,6 +57,121 @@ def compare(name, ours_path, expected, tol, max_bad_fraction=0.0):
     if bad > max_bad_fraction:
         failures.append(f"{name}: max |diff| {diff.max()}, {bad:.4%} of values beyond {tol}")
     notes.append(f"{name}: max |diff| {diff.max()}")
+
+
+def magnitude_of(space, op, bin_):
+    mags, signed = space[op]
+    return (float(mags[bin_].item()) if mags.ndim > 0 else 0.0), signed
+
+
+def check_tables(probe):
+    """TrivialAugmentWide's and RandAugment's 31-bin tables equal torchvision's."""
+    wide = TrivialAugmentWide()._augmentation_space(31)
+    for op, (mags, _signed) in wide.items():
+        for b in range(31 if mags.ndim else 1):
+            ours = float(probe.ask(f"wide_magnitude {op} {b} 0 0"))
+            theirs = float(mags[b].item()) if mags.ndim else 0.0
+            if np.float32(ours) != np.float32(theirs):
+                failures.append(f"TrivialAugmentWide magnitude {op}[{b}]: {ours} != {theirs}")
+    for (w, h) in [(97, 61), (224, 224), (176, 176)]:
+        space = RandAugment()._augmentation_space(31, (h, w))
+        for op, (mags, _signed) in space.items():
+            for b in range(31 if mags.ndim else 1):
+                ours = float(probe.ask(f"ra_magnitude {op} {b} {w} {h}"))
+                theirs = float(mags[b].item()) if mags.ndim else 0.0
+                if abs(ours - theirs) > 1e-6 * max(1.0, abs(theirs)):
+                    failures.append(f"RandAugment magnitude {op}[{b}] at {w}x{h}: {ours} != {theirs}")
+
+
+def expected_preset(im, fields, n, policy, ra_mag):
+    """torchvision's ClassificationPresetTrain on `im` with the decisions the probe printed."""
+    top, left, h, w, flip = (int(v) for v in fields[:5])
+    out = F.resized_crop(im, top, left, h, w, [n, n], interpolation=InterpolationMode.BILINEAR)
+    if flip:
+        out = F.hflip(out)
+    rest = fields[5:]
+    bil = InterpolationMode.BILINEAR
+    if policy == "ta_wide":
+        op, b, neg = rest[0], int(rest[1]), int(rest[2])
+        m, _ = magnitude_of(TrivialAugmentWide()._augmentation_space(31), op, b) if b >= 0 else (0.0, False)
+        out = _apply_op(out, op, -m if neg else m, interpolation=bil, fill=None)
+    elif policy == "ra":
+        for k in range(2):
+            op, neg = rest[3 * k], int(rest[3 * k + 2])
+            space = RandAugment()._augmentation_space(31, (out.size[1], out.size[0]))
+            m, _ = magnitude_of(space, op, ra_mag)
+            out = _apply_op(out, op, -m if neg else m, interpolation=bil, fill=None)
+    elif policy == "imagenet":
+        aa = AutoAugment(AutoAugmentPolicy.IMAGENET, interpolation=bil)
+        sub, probs, signs = int(rest[0]), [float(rest[1]), float(rest[2])], [int(rest[3]), int(rest[4])]
+        space = aa._augmentation_space(10, (out.size[1], out.size[0]))
+        for i, (op, p, mid) in enumerate(aa.policies[sub]):
+            if probs[i] <= float(np.float32(p)):
+                mags, signed = space[op]
+                m = float(mags[mid].item()) if mid is not None else 0.0
+                if signed and signs[i] == 0:
+                    m = -m
+                out = _apply_op(out, op, m, interpolation=bil, fill=None)
+    return out
+
+
+def check_presets(probe, tmp, images):
+    """The reference presets' transforms (presets.py) against torchvision 0.14 on PIL."""
+    check_tables(probe)
+    out = os.path.join(tmp, "out.png")
+    # Extra images: odd sizes, and tiny/extreme ones whose RandomResizedCrop always
+    # falls back to the central crop.
+    extra = {}
+    for (w, h, seed) in [(33, 129, 4), (1, 50, 5), (200, 3, 6), (3, 200, 7), (5, 4, 8)]:
+        path = os.path.join(tmp, f"in_{w}x{h}.png")
+        extra[path] = make_image(w, h, seed) if min(w, h) > 4 else Image.fromarray(
+            np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+        extra[path].save(path)
+    all_images = {**images, **extra}
+    bil = InterpolationMode.BILINEAR
+    # Every op with bilinear sampling (the recipe's --interpolation), incl. the wide
+    # magnitudes and the angles PIL's rotate turns into transposes.
+    ops = {"ShearX": [0.99, -0.5], "ShearY": [0.3, -0.99], "TranslateX": [32.0, -13.0],
+           "TranslateY": [29.0, -7.0], "Rotate": [30.0, -26.6667, 90.0, -90.0, 180.0, 135.0],
+           "Identity": [0.0]}
+    for path, im in images.items():
+        for op, mags in ops.items():
+            for m in mags:
+                m = float(np.float32(m))  # magnitudes come from float32 tables, and our ops take floats
+                probe.ask(f"op {op} {m!r} {path} {out} bilinear")
+                compare(f"{op}({m}, bilinear) {os.path.basename(path)}", out,
+                        _apply_op(im, op, m, interpolation=bil, fill=None), tol=0)
+    for path, im in all_images.items():
+        probe.ask(f"hflip {path} {out}")
+        compare(f"hflip {os.path.basename(path)}", out, F.hflip(im), tol=0)
+        w, h = im.size
+        boxes = [[int(v) for v in probe.ask(f"rrc_boxes {w} {h} 6 11").split()]]
+        boxes = [boxes[0][i:i + 4] for i in range(0, len(boxes[0]), 4)]
+        if min(w, h) <= 4 or max(w, h) / min(w, h) > 10:  # always the fallback: deterministic
+            g = torch.manual_seed(0)
+            theirs = list(T.RandomResizedCrop.get_params(im, [0.08, 1.0], [3 / 4, 4 / 3]))
+            if max(w, h) / min(w, h) > 10 and boxes[0] != theirs:
+                failures.append(f"RandomResizedCrop fallback {w}x{h}: {boxes[0]} != {theirs}")
+            del g
+        for (top, left, bh, bw) in boxes:
+            for size in (16, 176):
+                probe.ask(f"resized_crop {top} {left} {bh} {bw} {size} {path} {out}")
+                compare(f"resized_crop({top},{left},{bh},{bw},{size}) {os.path.basename(path)}", out,
+                        F.resized_crop(im, top, left, bh, bw, [size, size], interpolation=bil), tol=0)
+        for (r, c) in [(256, 224), (64, 56), (61, 61), (32, 40), (97, 60), (15, 8)]:
+            probe.ask(f"eval_preset {r} {c} {path} {out}")
+            compare(f"Resize({r})+CenterCrop({c}) {os.path.basename(path)}", out,
+                    T.Compose([T.Resize(r, interpolation=bil), T.CenterCrop(c)])(im), tol=0)
+        for c in (8, 60, 80, 100, 51):
+            probe.ask(f"center_crop {c} {path} {out}")
+            compare(f"CenterCrop({c}) {os.path.basename(path)}", out, F.center_crop(im, [c, c]), tol=0)
+    # The whole training preset, per policy, with the decisions it took.
+    for path, im in all_images.items():
+        for policy in ("none", "imagenet", "ta_wide", "ra"):
+            for index in range(4 if policy != "none" else 2):
+                fields = probe.ask(f"train_preset 48 0.5 {policy} 9 3 {index} {path} {out}").split()
+                compare(f"train preset {policy} #{index} {os.path.basename(path)}", out,
+                        expected_preset(im, fields, 48, policy, 9), tol=0)
 
 
 def main():
@@ -141,6 +258,8 @@ def main():
                         if ours != theirs:
                             failures.append(f"sampler n={n} world={world} rank={rank} shuffle={shuffle} "
                                             f"drop_last={drop}: {ours[:8]} != {theirs[:8]}")
+
+    check_presets(probe, tmp, images)
 
     for n in notes:
         print(n)

@@ -514,6 +514,115 @@ TEST_CASE("loader: validation transform, allocator hook, clean shutdown mid-epoc
   CHECK(default_loader_workers(1000) == 1);
 }
 
+TEST_CASE("presets: the tutorial default is unchanged, sizes, errors naming the flag", "[data][loader]") {
+  PatternDataset ds(1);
+  Image src, expect, work, scratch;
+  // Default config: AutoAugment (NEAREST) from the sample's stream, then Resize((S, S)).
+  TransformConfig tutorial;
+  tutorial.image_size = 32;
+  TransformPipeline train(tutorial, true);
+  CHECK(train.output_size() == 32);
+  ds.load(0, src);
+  work = src;
+  SampleRng rng(7, 2, 0);
+  auto_augment(work, rng, scratch);
+  resize_bilinear(work, 32, 32, expect);
+  std::vector<uint8_t> out(32 * 32 * 3);
+  TransformScratch ts;
+  CropBox erase{1, 1, 1, 1};
+  ds.load(0, src);
+  train.apply(src, 7, 2, 0, out.data(), ts, &erase);
+  CHECK(std::equal(out.begin(), out.end(), expect.pixels.begin()));
+  CHECK(erase.height == 0);  // no RandomErasing unless asked for
+
+  // Evaluation preset: Resize(shorter side R) then CenterCrop(C).
+  TransformConfig preset = tutorial;
+  preset.val_resize_size = 36;
+  preset.val_crop_size = 24;
+  preset.train_crop_size = 20;
+  CHECK(TransformPipeline(preset, false).output_size() == 24);
+  CHECK(TransformPipeline(preset, true).output_size() == 20);
+  int w = 0, h = 0;
+  shorter_side_size(40, 30, 36, w, h);
+  CHECK((w == 48 && h == 36));  // int(36 * 40 / 30)
+  shorter_side_size(30, 41, 36, w, h);
+  CHECK((w == 36 && h == 49));  // int(49.2)
+
+  auto refused = [](TransformConfig c) {
+    try {
+      TransformPipeline p(c, true);
+    } catch (const rd::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  TransformConfig bad = preset;
+  bad.train_crop_size = 5;
+  CHECK_THAT(refused(bad), Catch::Contains("--train-crop-size 5"));
+  bad = preset;
+  bad.val_resize_size = 5000;
+  CHECK_THAT(refused(bad), Catch::Contains("--val-resize-size 5000"));
+  bad = preset;
+  bad.ra_magnitude = 31;
+  CHECK_THAT(refused(bad), Catch::Contains("--ra-magnitude 31"));
+  bad = preset;
+  bad.hflip_prob = 1.5;
+  CHECK_THAT(refused(bad), Catch::Contains("--hflip-prob"));
+  bad = preset;
+  bad.random_erase = -0.5;
+  CHECK_THAT(refused(bad), Catch::Contains("--random-erase"));
+}
+
+TEST_CASE("presets in the loader: crop sizes, RandomErasing boxes, same for any number of workers",
+          "[data][loader]") {
+  PatternDataset ds(19);
+  TransformConfig c;
+  c.train_crop_size = 24;
+  c.auto_augment = TransformConfig::Policy::TrivialAugmentWide;
+  c.random_erase = 0.5;
+  c.val_resize_size = 28;
+  c.val_crop_size = 26;
+  TransformPipeline train(c, true), val(c, false);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.seed = 5;
+  o.workers = 1;
+  std::vector<int64_t> idx = shard_exact(ds.size(), 1, 0);
+  Loader one(ds, train, o, idx, 3);
+  o.workers = 3;
+  Loader three(ds, train, o, idx, 3);
+  Batch a, b;
+  size_t erased = 0, samples = 0;
+  while (one.next(a)) {
+    REQUIRE(three.next(b));
+    CHECK((a.h == 24 && a.w == 24));
+    REQUIRE(a.erase_boxes.size() == static_cast<size_t>(a.n) * 4);
+    CHECK(a.erase_boxes == b.erase_boxes);
+    CHECK(std::equal(a.images, a.images + a.image_bytes(), b.images));
+    for (int i = 0; i < a.n; ++i) {
+      const int32_t* e = &a.erase_boxes[static_cast<size_t>(i) * 4];
+      CHECK((e[0] >= 0 && e[1] >= 0 && e[0] + e[2] <= 24 && e[1] + e[3] <= 24));
+      erased += e[2] > 0 && e[3] > 0;
+      ++samples;
+    }
+  }
+  CHECK(samples == ds.size());
+  CHECK((erased > 0 && erased < samples));  // p = 0.5 over 19 samples
+  // Evaluation: the centre crop of the shorter-side resize, and no erasing.
+  Loader eval(ds, val, o, idx, 0);
+  REQUIRE(eval.next(a));
+  CHECK((a.h == 26 && a.w == 26));
+  CHECK(a.erase_boxes.empty());
+  Image src, resized;
+  ds.load(static_cast<size_t>(a.indices[0]), src);
+  int w = 0, h = 0;
+  shorter_side_size(src.width, src.height, 28, w, h);
+  resize_bilinear(src, w, h, resized);
+  std::vector<uint8_t> expect(26 * 26 * 3);
+  center_crop(resized, 26, expect.data());
+  CHECK(std::equal(expect.begin(), expect.end(), a.images));
+}
+
 TEST_CASE("loader replaces an image that fails to decode and counts it", "[data][loader]") {
   TempDir t;
   make_good_tree(t.path, 2);

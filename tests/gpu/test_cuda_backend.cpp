@@ -279,6 +279,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
       // 16-bit storage: input and result each rounded once (|x| <= 2.5: 2^-8 relative for bf16).
       check_mixing_ops(be, Tol{8e-3, 8e-3});
     }
+    check_erase_rectangles(be);  // every precision: the values are exact in f16/bf16
   }
 }
 

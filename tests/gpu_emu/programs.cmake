@@ -1,7 +1,7 @@
 # The programs on the emulated device (label gpu_emu): resnet_ddp --device cuda on 2
 # ranks against the CPU backend's same run (tests/gpu_emu/train_emu.sh).
 if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
-  foreach(case fp32 fp16_overflow bf16 preempt_resume predict_export device_choice mixup_cutmix)
+  foreach(case fp32 fp16_overflow bf16 preempt_resume predict_export device_choice mixup_cutmix presets)
     add_test(NAME gpu_emu_train_${case}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_emu.sh $<TARGET_FILE:resnet_ddp_emu>
                      $<TARGET_FILE:resnet_ddp> ${RD_MPIEXEC} ${PROJECT_SOURCE_DIR} ${case})

@@ -83,7 +83,10 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   const std::string path = dir.file("last.h5");
   const OptimizerState opt_state = opt.export_state();
   const SchedulerState sched_state = sched.export_state();
-  write_checkpoint(path, *model, &opt_state, &sched_state, tiny_meta("mlp", 3));
+  CheckpointMeta meta = tiny_meta("mlp", 3);
+  meta.val_resize_size = 36;  // torchvision's eval preset (--val-resize-size / --val-crop-size)
+  meta.val_crop_size = 32;
+  write_checkpoint(path, *model, &opt_state, &sched_state, meta);
   REQUIRE(fs::exists(path));
   for (const auto& e : fs::directory_iterator(dir.path))  // no temp file left behind
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
@@ -98,6 +101,7 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   CHECK(m.global_step == 42);
   CHECK(m.best_val_acc == 0.75);
   CHECK(m.world_size == 2);
+  CHECK((m.val_resize_size == 36 && m.val_crop_size == 32));
   CHECK(m.args == "resnet_ddp --data 'a b'");
   CHECK(m.class_names == std::vector<std::string>{"class_0", "class_1", "class_2"});
   CHECK(m.optimizer.present);

@@ -203,3 +203,56 @@ TEST_CASE("path checks run before MPI and name the flag", "[train]") {
   CHECK_NOTHROW(check_train_paths(o, true));
   CHECK(fs::is_directory(dir.file("out")));
 }
+
+TEST_CASE("data: torchvision preset flags, their defaults and their errors", "[train][data]") {
+  // Defaults: the tutorial's pipeline (AutoAugment -> Resize((244, 244))) untouched.
+  const TrainOptions d = parse({"--data", "x"}).train;
+  const data::TransformConfig dc = transform_config(d);
+  CHECK(dc.augment == data::TransformConfig::Augment::AutoAugment);
+  CHECK(!dc.train_preset());
+  CHECK(!dc.eval_preset());
+  CHECK(dc.random_erase == 0.0);
+  CHECK(eval_image_size(d) == 244);
+
+  // The reference recipe's spellings (references/classification/train.py).
+  const TrainOptions t = parse({"--data", "x", "--train-crop-size", "176", "--val-resize-size", "232",
+                                "--val-crop-size", "224", "--auto-augment", "ta_wide", "--random-erase", "0.1",
+                                "--interpolation", "bilinear", "--hflip-prob", "0.25"})
+                             .train;
+  const data::TransformConfig tc = transform_config(t);
+  CHECK(tc.train_crop_size == 176);
+  CHECK(tc.val_resize_size == 232);
+  CHECK(tc.val_crop_size == 224);
+  CHECK(tc.auto_augment == data::TransformConfig::Policy::TrivialAugmentWide);
+  CHECK(tc.random_erase == 0.1);
+  CHECK(tc.hflip_prob == 0.25);
+  CHECK(eval_image_size(t) == 224);
+  CHECK(parse({"--data", "x", "--train-crop-size", "32", "--auto-augment", "ra", "--ra-magnitude", "30"})
+            .train.ra_magnitude == 30);
+  // One evaluation size takes torchvision's default for the other.
+  CHECK(parse({"--data", "x", "--val-crop-size", "200"}).train.val_resize_size == 256);
+  CHECK(parse({"--data", "x", "--val-resize-size", "300"}).train.val_crop_size == 224);
+
+  CHECK_THAT(usage_error({"--data", "x", "--auto-augment", "ra"}),
+             Catch::Contains("--auto-augment") && Catch::Contains("--train-crop-size"));
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--auto-augment", "augmix"}),
+             Catch::Contains("--auto-augment") && Catch::Contains("ta_wide"));
+  CHECK_THAT(usage_error({"--data", "x", "--hflip-prob", "0.3"}),
+             Catch::Contains("--hflip-prob") && Catch::Contains("--train-crop-size"));
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--augment", "flip"}),
+             Catch::Contains("--augment flip") && Catch::Contains("--auto-augment"));
+  CHECK(parse({"--data", "x", "--train-crop-size", "64", "--augment", "none"}).train.train_crop_size == 64);
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--ra-magnitude", "5"}),
+             Catch::Contains("--ra-magnitude") && Catch::Contains("ra"));
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--auto-augment", "ra", "--ra-magnitude", "31"}),
+             Catch::Contains("--ra-magnitude"));
+  CHECK_THAT(usage_error({"--data", "x", "--interpolation", "bicubic"}),
+             Catch::Contains("--interpolation bicubic") && Catch::Contains("only bilinear"));
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "4"}), Catch::Contains("--train-crop-size 4"));
+  CHECK_THAT(usage_error({"--data", "x", "--val-crop-size", "28"}),
+             Catch::Contains("--val-crop-size 28") && Catch::Contains("32..4096"));
+  CHECK_THAT(usage_error({"--data", "x", "--val-crop-size", "5000"}), Catch::Contains("--val-crop-size"));
+  CHECK_THAT(usage_error({"--data", "x", "--random-erase", "1.5"}), Catch::Contains("--random-erase"));
+  CHECK_THAT(usage_error({"--data", "x", "--train-crop-size", "64", "--hflip-prob", "-0.1"}),
+             Catch::Contains("--hflip-prob"));
+}

@@ -27,6 +27,8 @@ io::CheckpointMeta checkpoint_of(const std::vector<std::string>& args, int64_t w
   m.arch = name_of(arch_names(), o.arch);
   m.head = head_name(o.head);
   m.image_size = o.image_size;
+  m.val_resize_size = o.val_resize_size;
+  m.val_crop_size = o.val_crop_size;
   m.normalize = name_of(normalize_names(), o.normalize);
   m.world_size = world;
   m.batch_size = o.batch_size;
@@ -164,6 +166,28 @@ TEST_CASE("plan_fresh and TrainOptions::resume_checkpoint", "[resume_plan]") {
   CHECK(o.resume_checkpoint().empty());
   CHECK(train_flags({"--data", "d", "--resume", "x/c.h5"}).resume_checkpoint() == "x/c.h5");
   CHECK(train_flags({"--data", "d", "--output-dir", "/nonexistent/run"}).resume_checkpoint().empty());
+}
+
+TEST_CASE("plan_resume: the checkpoint fixes the evaluation transform (--val-resize-size/--val-crop-size)",
+          "[resume_plan]") {
+  const io::CheckpointMeta m =
+      checkpoint_of({"--data", "d", "--train-crop-size", "48", "--val-resize-size", "56", "--val-crop-size", "48"});
+  // --eval-only and a plain resume evaluate as trained, and the plan carries it to every rank.
+  const ResumePlan p = plan_resume(train_flags({"--data", "d", "--eval-only"}), "c.h5", m, {false, 1});
+  const ResumePlan q = ResumePlan::decode(p.encode());
+  CHECK((q.model.val_resize_size == 56 && q.model.val_crop_size == 48));
+  TrainOptions o = train_flags({"--data", "d"});
+  q.model.apply_to(o);
+  CHECK((o.val_resize_size == 56 && o.val_crop_size == 48));
+  try {
+    plan_resume(train_flags({"--data", "d", "--eval-only", "--val-crop-size", "40"}), "c.h5", m, {false, 1});
+    FAIL("no UsageError");
+  } catch (const rd::UsageError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("it was trained with --val-crop-size 48"));
+  }
+  // A checkpoint of the tutorial pipeline (or from before these fields) keeps Resize((S, S)).
+  const ResumePlan t = plan_resume(train_flags({"--data", "d"}), "c.h5", checkpoint_of({"--data", "d"}), {false, 1});
+  CHECK((t.model.val_resize_size == 0 && t.model.val_crop_size == 0));
 }
 
 TEST_CASE("ResumePlan crosses ranks as bytes, unchanged", "[resume_plan]") {

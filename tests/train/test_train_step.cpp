@@ -16,7 +16,9 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/train/train_step.h"
+#include "train/evaluate.h"
 #include "train/train_test_util.h"
 
 using namespace rd;
@@ -247,4 +249,33 @@ TEST_CASE("TrainStep fp16: the loss scale cancels out of the gradients and grows
   REQUIRE(scaled.update());
   CHECK(scaled.scaler().scale() == 512.0);
   CHECK(scaled.skipped_steps() == 0);
+}
+
+// torchvision's preset: ToTensor -> Normalize -> RandomErasing(value 0). The loader's boxes
+// are zeroed in the normalised input, the rest is Normalize's output.
+TEST_CASE("upload_batch: RandomErasing's boxes are zero after Normalize, the rest normalised", "[train][data]") {
+  auto be = make_cpu_backend({});
+  auto model = rd::test::trained_tiny(*be, HeadKind::Mlp, 3, 11);
+  const int n = 2, h = 6, w = 5;
+  std::vector<uint8_t> images(static_cast<size_t>(n * h * w * 3));
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>(i * 29 % 256);
+  data::Batch batch;
+  batch.n = n;
+  batch.h = h;
+  batch.w = w;
+  batch.images = images.data();
+  batch.erase_boxes = {1, 2, 3, 2, 0, 0, 0, 0};  // image 0: rows 1-3, cols 2-3; image 1: none
+  const train::Normalization norm = train::normalization("imagenet");
+  std::vector<float> got(images.size());
+  be->copy_to_host_nchw(train::upload_batch(*model, batch, norm), got.data());
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) {
+          const bool erased = i == 0 && y >= 1 && y < 4 && x >= 2 && x < 4;
+          const float v = images[static_cast<size_t>(((i * h + y) * w + x) * 3 + c)] / 255.f;
+          const float expected = erased ? 0.f : (v - norm.mean[c]) / norm.std[c];
+          INFO("image " << i << " channel " << c << " at " << y << "," << x);
+          CHECK(got[static_cast<size_t>(((i * 3 + c) * h + y) * w + x)] == Approx(expected).margin(1e-6));
+        }
 }

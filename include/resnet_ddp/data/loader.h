@@ -40,6 +40,9 @@ struct Batch {
   uint8_t* images = nullptr;     // n x h x w x 3, contiguous, HWC per image
   std::vector<int32_t> labels;   // n
   std::vector<int64_t> indices;  // n dataset indices
+  // RandomErasing's boxes, n x (top, left, height, width), for Backend::erase_rectangles
+  // after normalising; empty unless the transform has --random-erase > 0.
+  std::vector<int32_t> erase_boxes;
   double wait_seconds = 0.0;     // time next() blocked waiting for this batch
   int64_t sequence = -1;         // batch number within the epoch
 
@@ -95,6 +98,7 @@ class Loader {
   struct Slot;
   void worker_loop();
   bool can_claim_locked() const;
+  bool erases() const { return transform_.train() && transform_.config().random_erase > 0.0; }
   void reset_epoch_locked(std::vector<int64_t> indices, int64_t epoch);
 
   const Dataset& dataset_;

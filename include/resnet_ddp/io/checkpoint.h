@@ -35,6 +35,9 @@ struct CheckpointMeta {
   std::string arch, head;
   int64_t num_classes = 0;
   int64_t image_size = 0;
+  // Evaluation = Resize(val_resize_size) + CenterCrop(val_crop_size) when > 0 (torchvision's
+  // eval preset), else Resize((image_size, image_size)); 0 in files from before.
+  int64_t val_resize_size = 0, val_crop_size = 0;
   int64_t epoch = 0;          // completed epochs
   int64_t step_in_epoch = 0;  // > 0 only in a preemption checkpoint
   int64_t global_step = 0;

@@ -97,6 +97,15 @@ struct TrainOptions {
   int64_t model_ema_steps = 32;      // EMA update every N steps of an epoch
   double model_ema_decay = 0.99998;  // before the reference's adjustment
 
+  // ---- data: torchvision's reference presets (issue #27; cli.cpp add_data_flags) ----
+  int train_crop_size = 0;   // > 0: RandomResizedCrop(N) + flip + policy instead of --augment + Resize
+  double hflip_prob = 0.5;   // RandomHorizontalFlip p of that preset
+  AutoAugmentPolicy auto_augment = AutoAugmentPolicy::None;
+  int ra_magnitude = 9;
+  double random_erase = 0.0;   // RandomErasing p (after Normalize)
+  int val_resize_size = 0;   // > 0 (with val_crop_size): eval = Resize(R) + CenterCrop(C)
+  int val_crop_size = 0;
+
   // Flags given on the command line (as typed, e.g. "--no-sync-bn"): on resume only
   // these may override what the checkpoint records.
   std::vector<std::string> given;
@@ -167,6 +176,11 @@ void check_predict_paths(const PredictOptions& opts);
 // flags another program reads: synth, pack).
 std::string top_level_help();
 std::string command_help(Command c);
+
+// The image transforms `o` selects (training's and evaluation's share one config).
+data::TransformConfig transform_config(const TrainOptions& o);
+// The side length the model sees in evaluation (--val-crop-size, else --image-size).
+int eval_image_size(const TrainOptions& o);
 
 // Every train flag with its value in `o` as text (numbers in a canonical form, booleans
 // "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.

@@ -38,6 +38,16 @@ inline NameTable<Augment> augment_names() {
   return {{"autoaugment", Augment::AutoAugment}, {"flip", Augment::Flip}, {"none", Augment::None}};
 }
 
+// --auto-augment, the reference preset's policy (torchvision's spelling; imagenet is the
+// policy the tutorial's --augment autoaugment applies).
+using AutoAugmentPolicy = data::TransformConfig::Policy;
+inline NameTable<AutoAugmentPolicy> auto_augment_names() {
+  return {{"none", AutoAugmentPolicy::None},
+          {"imagenet", AutoAugmentPolicy::ImageNet},
+          {"ta_wide", AutoAugmentPolicy::TrivialAugmentWide},
+          {"ra", AutoAugmentPolicy::RandAugment}};
+}
+
 enum class Normalize { None, ImageNet };
 inline NameTable<Normalize> normalize_names() { return {{"none", Normalize::None}, {"imagenet", Normalize::ImageNet}}; }
 

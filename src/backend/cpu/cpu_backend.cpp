@@ -151,6 +151,28 @@ void CpuBackend::images_u8_to_activation_impl(const uint8_t* src, Tensor& dst, c
   }
 }
 
+void CpuBackend::erase_rectangles_impl(Tensor& x, const int32_t* boxes) {
+  const Dims d = dims_of(x);
+  RD_CHECK(x.layout == Layout::NHWC || x.layout == Layout::NCHW,
+           "erase_rectangles: expected an NHWC or NCHW activation, got " << x.describe());
+  float* data = x.f32();
+  for (int64_t n = 0; n < d.n; ++n) {
+    const int64_t top = boxes[4 * n], left = boxes[4 * n + 1], h = boxes[4 * n + 2], w = boxes[4 * n + 3];
+    if (h == 0 || w == 0) continue;
+    for (int64_t y = top; y < top + h; ++y) {
+      if (x.layout == Layout::NHWC) {
+        float* row = data + ((n * d.h + y) * d.w + left) * d.c;
+        std::fill(row, row + w * d.c, 0.f);
+      } else {
+        for (int64_t c = 0; c < d.c; ++c) {
+          float* row = data + ((n * d.c + c) * d.h + y) * d.w + left;
+          std::fill(row, row + w, 0.f);
+        }
+      }
+    }
+  }
+}
+
 // ---- elementwise ----------------------------------------------------------------
 
 static void check_same(const Tensor& a, const Tensor& b, const char* op) {

@@ -404,7 +404,7 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
   return {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_, &nchw_scratch_,
           &fallback_in_, &fallback_out_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
           &argmax_device_, &loss_host_, &flag_device_, &flag_host_, &norm_table_device_, &norm_table_host_,
-          &step_table_device_, &step_table_host_, &partials_device_, &partials_host_};
+          &step_table_device_, &step_table_host_, &partials_device_, &partials_host_, &erase_boxes_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -555,6 +555,16 @@ void CudaBackend::images_u8_to_activation_impl(const uint8_t* src, Tensor& dst, 
   kern::images_u8_to_act(static_cast<const uint8_t*>(dev), d, dst.data, mean ? mean : zero,
                          std ? std : one, compute_);
   RD_CUDA(cudaEventRecord(images_consumed_, compute_));
+}
+
+void CudaBackend::erase_rectangles_impl(Tensor& x, const int32_t* boxes) {
+  const kern::ActDesc d = act(x, "erase_rectangles", "tensor");
+  if (!d.count()) return;
+  const size_t bytes = static_cast<size_t>(d.n) * 4 * sizeof(int32_t);
+  int32_t* dev = erase_boxes_.as<int32_t>(static_cast<size_t>(d.n) * 4, "erase boxes");
+  // From pageable memory: the call returns once `boxes` is staged, so the caller may reuse it.
+  RD_CUDA(cudaMemcpyAsync(dev, boxes, bytes, cudaMemcpyHostToDevice, compute_));
+  kern::erase_rectangles(d, x.data, dev, compute_);
 }
 
 void CudaBackend::synchronize() {

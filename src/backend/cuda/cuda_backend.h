@@ -212,6 +212,7 @@ class CudaBackend final : public Backend {
   std::vector<char> norm_table_uploaded_, step_table_uploaded_;
   void* upload_segment_table(const std::vector<char>& table, Scratch& device, Scratch& host,
                              std::vector<char>& uploaded);
+  Scratch erase_boxes_;  // erase_rectangles' boxes on the device
 };
 
 }  // namespace rd::cuda

@@ -103,6 +103,16 @@ __global__ void mix_images_kernel(const T* src, ActDesc d, T* dst, math::ImageMi
   }
 }
 
+template <class T>
+__global__ void erase_kernel(ActDesc d, T* x, const int32_t* boxes) {
+  RD_GRID_STRIDE(i, d.count()) {
+    int64_t n, c, h, w;
+    act_coords(d, i, n, c, h, w);
+    const int32_t* b = boxes + 4 * n;
+    if (h >= b[0] && h < b[0] + b[2] && w >= b[1] && w < b[1] + b[3]) x[i] = from_f<T>(0.f);
+  }
+}
+
 // One thread per destination element; `ohwi` selects the staged layout.
 template <class T>
 __global__ void stage_weight_kernel(const float* w, int64_t O, int64_t I, int64_t KH, int64_t KW,
@@ -227,6 +237,15 @@ void mix_images(const ActDesc& d, const void* src, void* dst, const math::ImageM
                                                                         static_cast<T*>(dst), mix, partner_w);
   });
   RD_LAUNCH_CHECK("mix_images");
+}
+
+void erase_rectangles(const ActDesc& d, void* x, const int32_t* boxes, cudaStream_t s) {
+  if (!d.count()) return;
+  dispatch_float(d.dtype, "erase_rectangles", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RD_LAUNCH(erase_kernel<T>, grid_for(d.count()), kThreads, 0, s)(d, static_cast<T*>(x), boxes);
+  });
+  RD_LAUNCH_CHECK("erase_rectangles");
 }
 
 void stage_conv_weight(const float* w, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,

@@ -47,6 +47,8 @@ void images_u8_to_act(const uint8_t* src, const ActDesc& dst_desc, void* dst, co
                       const float std[3], cudaStream_t s);
 // MixUp / CutMix of a batch with its roll by one (Backend::mix_images); src, dst distinct.
 void mix_images(const ActDesc& d, const void* src, void* dst, const math::ImageMix& mix, cudaStream_t s);
+// x[n, :, top:top+h, left:left+w] = 0 with boxes[4n..4n+3] = (top, left, h, w) (device).
+void erase_rectangles(const ActDesc& d, void* x, const int32_t* boxes, cudaStream_t s);
 // Conv weight (O, I, kh, kw) float -> `t` in OIHW (ohwi = false) or OHWI (the
 // layout cuDNN wants next to NHWC activations).
 void stage_conv_weight(const float* w_oihw, int64_t o, int64_t i, int64_t kh, int64_t kw, bool ohwi,
