@@ -805,7 +805,7 @@ TEST_CASE("jpeg_draft: DCT-domain JPEG downscaling in the loader and pack, off b
   CHECK(full.pixels != draft.pixels);  // it changes pixels: that is why it is opt-in
 }
 
-TEST_CASE("JPEG files in a scan: truncated, header bombs, PIL-refused prefixes; full and header-only checks",
+TEST_CASE("JPEG files in a scan: truncated, header bombs, PIL-refused prefixes, full and header-only checks",
           "[data][scan]") {
   TempDir t;
   make_good_tree(t.path);

@@ -397,7 +397,7 @@ TEST_CASE("the subcommand table lists, helps and names every command", "[train][
   CHECK(parse_args({"--version"}).command == Command::Version);
 }
 
-TEST_CASE("--recipe: its flags apply first, every flag given wins wherever it stands", "[train][flags][recipe]") {
+TEST_CASE("recipe: its flags apply first, every flag given wins wherever it stands", "[train][flags][recipe]") {
   const TrainOptions t = parse_train({"--data", "d", "--recipe", "tutorial"});
   CHECK(t.recipe == "tutorial");
   CHECK(t.lr == 1e-4);
@@ -420,7 +420,7 @@ TEST_CASE("--recipe: its flags apply first, every flag given wins wherever it st
   CHECK(c.lr == 0.25);
 }
 
-TEST_CASE("--recipe: the recorded command line has its flags written out", "[train][flags][recipe]") {
+TEST_CASE("recipe: the recorded command line has its flags written out", "[train][flags][recipe]") {
   const std::string line = parse_train({"--data", "d", "--recipe", "tutorial", "--epochs", "3"}).command_line;
   CHECK_THAT(line, !Catch::Contains("--recipe"));
   const std::vector<std::string> words = split_command_line(line);
@@ -430,7 +430,7 @@ TEST_CASE("--recipe: the recorded command line has its flags written out", "[tra
   CHECK(back.recipe.empty());
 }
 
-TEST_CASE("--recipe: an unknown name lists the known ones; the last one given wins; not from a file",
+TEST_CASE("recipe: an unknown name lists the known ones, the last one given wins, not from a file",
           "[train][flags][recipe]") {
   CHECK_THAT(usage_error({"--data", "d", "--recipe", "resnet-a1"}),
              Catch::StartsWith("--recipe: unknown 'resnet-a1' (known: tutorial, torchvision-resnet-v1, "

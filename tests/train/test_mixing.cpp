@@ -97,7 +97,7 @@ TEST_CASE("Beta(alpha, alpha): moments, and tiny alphas give 0 or 1, never NaN",
   CHECK_THROWS_AS(sample_symmetric_beta(gen, 0.0), Error);
 }
 
-TEST_CASE("partners are the batch rolled by one; accuracy counts the mixed target's argmax", "[train][mixing]") {
+TEST_CASE("partners are the batch rolled by one, accuracy counts the mixed target's argmax", "[train][mixing]") {
   const int32_t labels[4] = {5, 1, 1, 9};
   CHECK(partner_labels(labels, 4) == std::vector<int32_t>{9, 5, 1, 1});
   CHECK(partner_labels(labels, 1) == std::vector<int32_t>{5});

@@ -207,7 +207,7 @@ TEST_CASE("the new optimizers' state checkpoints and resumes to the same traject
   CHECK(rd::test::same_slices(*be, model->params(), other.params().data(), model->params().data()));
 }
 
-TEST_CASE("--optimizer, --norm-weight-decay, --bias-weight-decay, --clip-grad-norm on the command line", "[train]") {
+TEST_CASE("optimizer, --norm-weight-decay, --bias-weight-decay, --clip-grad-norm on the command line", "[train]") {
   const TrainOptions t = parse_cli({"--data", "d", "--opt", "lamb", "--norm-weight-decay", "0", "--bias-weight-decay",
                                     "1e-5", "--clip-grad-norm", "1.5"})
                              .train;
@@ -243,7 +243,7 @@ TEST_CASE("--optimizer, --norm-weight-decay, --bias-weight-decay, --clip-grad-no
     CHECK_THAT(help, Catch::Contains(word));
 }
 
-TEST_CASE("--clip-grad-norm clips the unscaled gradients in the real fp16 training step", "[train]") {
+TEST_CASE("clip-grad-norm clips the unscaled gradients in the real fp16 training step", "[train]") {
   // torchvision's reference with GradScaler: scaler.unscale_(optimizer), then clip_grad_norm_.
   auto be = make_cpu_backend({});
   auto model = rd::test::trained_tiny(*be, HeadKind::Mlp, 3, 11);

@@ -58,7 +58,7 @@ TEST_CASE("metrics CSV keeps earlier epochs on resume", "[train]") {
   CHECK(lines[3].rfind("3,", 0) == 0);
 }
 
-TEST_CASE("metrics CSV: val_acc5 and the EMA's columns come last; an older file's rows get nan for them on resume",
+TEST_CASE("metrics CSV: val_acc5 and the EMA's columns come last, an older file's rows get nan for them on resume",
           "[train]") {
   const std::string header = MetricsCsv::header();
   CHECK(header.rfind("epoch,time_s,train_loss,train_acc,val_loss,val_acc,best_val_acc,", 0) == 0);

@@ -119,7 +119,7 @@ TEST_CASE("LossScaler: a finite step unscales, an overflowing one is skipped and
   CHECK(s.scale() == 128.0);
 }
 
-TEST_CASE("LossScaler doubles after 2000 good steps in a row; an overflow restarts the count", "[train]") {
+TEST_CASE("LossScaler doubles after 2000 good steps in a row, an overflow restarts the count", "[train]") {
   auto be = cpu();
   LossScaler s(true, 4.0);
   Grads g(*be, {0.f});
