@@ -16,6 +16,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/optimizer.h"
+#include "resnet_ddp/train/scheduler.h"
 
 using namespace rd;
 
@@ -41,7 +42,7 @@ struct Fixture {
     model->init_parameters(1);
     train::OptimizerConfig oc;
     opt = std::make_unique<train::Optimizer>(*be, model->params(), model->grads(), oc);
-    sched = std::make_unique<train::Scheduler>(train::SchedulerKind::Plateau, 1e-3, 5);
+    sched = std::make_unique<train::Scheduler>(io::SchedulerKind::Plateau, 1e-3, 5);
     io::CheckpointMeta m;
     m.arch = "resnet_tiny";
     m.head = "mlp";
