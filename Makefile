@@ -20,7 +20,7 @@ SAN_DIR       = $(if $(filter thread,$(SANITIZE)),build-tsan,build-asan)
 SAN_TARGETS   = rd_keep_dso rd_no_flock resnet_ddp message_passing test_data data_probe collective_test peer_loss \
                 nccl_collective_test ddp_equivalence_test \
                 $(if $(filter thread,$(SANITIZE)),,test_backend_reference test_backend_cpu test_backend_faults \
-                  test_backend_cpu_bf16 test_backend_winograd train_step_bench test_train test_tensorboard test_resume_plan fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors fuzz_pth)
+                  test_backend_cpu_bf16 test_backend_winograd train_step_bench test_train test_tensorboard test_resume_plan test_scheduler test_mixing optim_driver sched_driver ema_driver mix_probe pth_dump fuzz_image fuzz_packed fuzz_checkpoint fuzz_flags fuzz_safetensors fuzz_pth)
 # In CI (CI set) `make test` also runs the ASan+UBSan build on SAN_LABELS and a fuzz smoke
 # of CI_FUZZ_SECONDS per target after the suite (docs/hardening.md); CI_SANITIZE= skips both.
 # Measured on 2 cores: the sanitizer labels run 8.6 min (518 s, 98 tests), plus the clang build.
