@@ -37,14 +37,19 @@ stop_run() {
   # clean exit: after mpirun's SIGKILL the next run would say the previous one "ended
   # without releasing it".
   "$RD_BIN" info "$WORK/$name/last.h5" >"$WORK/$name.info" 2>&1 || { cat "$WORK/$name.log"; fail "$name: no readable last.h5"; }
-  local line epoch step
+  # A stop after an epoch's last step but before its validation is "N steps of epoch E
+  # (preempted)" with N = 16: the resume validates epoch E ("at epoch E step 16"); a stop
+  # during or after validation is "E completed" and resumes at epoch E+1.
+  local line epoch step at
   line=$(grep '^epoch: ' "$WORK/$name.info")
   if [[ $line =~ ^epoch:\ +([0-9]+)\ completed\ \+\ ([0-9]+)\ steps\ of\ epoch\ [0-9]+\ \(preempted\)$ ]]; then
     epoch=$((BASH_REMATCH[1] + 1))
     step=${BASH_REMATCH[2]}
+    at="epoch $epoch step $step"
   elif [[ $line =~ ^epoch:\ +([0-9]+)\ completed$ ]]; then
     epoch=${BASH_REMATCH[1]}
     step=16
+    at="epoch $((epoch + 1))"
   else
     cat "$WORK/$name.info"
     fail "$name: unexpected last.h5: $line"
@@ -54,10 +59,7 @@ stop_run() {
     grep -q -x -F "Preempted at epoch $epoch step $step; checkpoint saved to $WORK/$name/last.h5" "$WORK/$name.log" ||
       fail "$name: the printed stop does not match last.h5"
   fi
-  # The same command again resumes there (16 steps an epoch: a stop after the last step
-  # resumes the next epoch).
-  local at="epoch $epoch step $step"
-  [ "$step" = 16 ] && at="epoch $((epoch + 1))"
+  # The same command again resumes there.
   "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$RD_BIN" "${args[@]}" --epochs $((epoch + 1)) --resume auto \
     --output-dir "$WORK/$name" >"$WORK/$name.resume.log" 2>&1 || { cat "$WORK/$name.resume.log"; fail "$name: resume"; }
   grep -q -x -F "Resuming from $WORK/$name/last.h5 at $at" "$WORK/$name.resume.log" ||
