@@ -6,38 +6,19 @@
 //         fixed storages (data/0: 16 float32, data/1: one int64, data/2: 8 float16), so
 //         mutations reach the unpickler (opcodes, memo, marks, globals, tensor views).
 // Each input is parsed in memory and every tensor read; then the same file goes through
-// CheckpointReader as a .pth (check_tensors, load_model into a resnet_tiny). rd::Error
-// is a clean refusal; anything else (a crash, a sanitizer report, a leak) is a finding.
+// CheckpointReader as a .pth (weights_file_fixture.h).
 #include <zlib.h>
 
 #include <string>
 #include <vector>
 
-#include "h5_edit.h"
 #include "io/torch_pth.h"
-#include "scratch_dir.h"
-#include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/io/checkpoint.h"
-#include "resnet_ddp/nn/resnet.h"
+#include "weights_file_fixture.h"
 
 using namespace rd;
 
 namespace {
-
-struct Fixture {
-  fuzz::ScratchDir scratch{"rd_fuzz_pth"};
-  const std::string path = scratch.path + "/input.pth";
-  std::unique_ptr<Backend> be;
-  std::unique_ptr<ResNet> model;
-  Fixture() {
-    be = make_cpu_backend();
-    ResNetConfig cfg;
-    cfg.arch = "resnet_tiny";
-    cfg.num_classes = 3;
-    model = std::make_unique<ResNet>(*be, cfg);
-  }
-};
 
 void put_le(std::string& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -83,7 +64,7 @@ std::string wrap_pickle(const std::string& pickle) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Fixture fx;
+  static fuzz::WeightsFileFixture fx("rd_fuzz_pth", "input.pth");
   if (size == 0) return 0;
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   const std::string bytes = data[0] % 2 ? wrap_pickle(rest) : rest;
@@ -104,12 +85,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const Error&) {
   }
-  fuzz::spit(fx.path, std::vector<char>(bytes.begin(), bytes.end()));
-  try {
-    io::CheckpointReader r(fx.path, data[0] & 2);  // weights-only (--init) or full (predict: refused)
-    (void)r.check_tensors();
-    (void)r.load_model(*fx.model, true);
-  } catch (const Error&) {
-  }
+  fx.read_through_checkpoint_reader(bytes, data[0] & 2);  // weights-only (--init) or full (predict: refused)
   return 0;
 }

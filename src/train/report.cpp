@@ -177,6 +177,9 @@ std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetric
                   ", Average train accuracy: " + py_float(m.train_acc));
   lines.push_back(tag + " Val loss: " + py_float(m.val_loss) + ", Val accuracy: " + py_float(m.val_acc));
   lines.push_back(torchvision_accuracy_line("", m.val_acc, m.val_acc5));
+  if (!std::isnan(m.ema_val_acc))  // --model-ema: the reference's second evaluate()
+    lines.push_back(tag + " " + torchvision_accuracy_line("EMA", m.ema_val_acc, m.ema_val_acc5) + " (val loss " +
+                    py_float(m.ema_val_loss) + ")");
   lines.push_back(tag + " Current best val acc: " + py_float(m.best_val_acc));
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s Throughput: %.1f img/s total, %.1f img/s per rank (%lld ranks)", tag.c_str(),

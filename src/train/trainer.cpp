@@ -281,14 +281,13 @@ void Trainer::update_ema(int64_t epoch, int64_t step) {
   if (epoch < o_.lr_warmup_epochs) ema_->reset_count();
 }
 
-// The average evaluated as the reference's "Test: EMA", in the model's arenas for the
-// time of it; best_model.h5 stays chosen by the model's own accuracy, as there.
+// The average evaluated as the reference's "Test: EMA" (printed with the epoch's summary),
+// in the model's arenas for the time of it; best_model.h5 stays chosen by the model's own
+// accuracy, as there.
 void Trainer::validate_ema(EpochResult& r) {
   ema_->swap_in(*model_);
   validate(r.ema_val_loss, r.ema_val_acc, &r.ema_val_acc5);
   ema_->swap_out(*model_);
-  say(epoch_tag(r.epoch) + " " + torchvision_accuracy_line("EMA", r.ema_val_acc, r.ema_val_acc5) + " (val loss " +
-      py_float(r.ema_val_loss) + ")");
 }
 
 // last.h5 inside an epoch, with the epoch's training sums so far (global).

@@ -67,29 +67,37 @@ compare() {
 
 val_loss() { sed -n 's/^(Epoch [0-9]*\/[0-9]*) Val loss: \([^,]*\),.*/\1/p' "$1" | tail -n 1; }
 
+# gpu_then_cpu WHAT ARGS...: the same 2-rank run on the emulated GPU (gpu.log) and on the
+# CPU backend in fp32 (cpu.log); the first must have used the emulated device.
+gpu_then_cpu() {
+  local what=$1
+  shift
+  note "emulated GPU, $what"
+  run 2 "$EMU_BIN" "$WORK/gpu.log" "$@" --device cuda --output-dir "$WORK/gpu"
+  grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
+  note "CPU backend, fp32"
+  run 2 "$CPU_BIN" "$WORK/cpu.log" "$@" --device cpu --output-dir "$WORK/cpu"
+}
+
+# same_val_loss TOL: the last validation loss of gpu.log and cpu.log within TOL.
+same_val_loss() {
+  awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" -v tol="$1" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= tol) }' ||
+    fail "validation loss differs"
+}
+
 case "$CASE" in
   fp32)
     # ResNet-18, SyncBN (default), 2 micro-batches per step, NHWC (the CUDA default).
-    args=(--arch resnet18 --epochs 1 --accum-steps 2)
-    note "emulated GPU, fp32"
-    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
-    grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
-    note "CPU backend, fp32"
-    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    gpu_then_cpu fp32 --arch resnet18 --epochs 1 --accum-steps 2
     compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
-    awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
-      'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= 2e-3) }' ||
-      fail "validation loss differs"
+    same_val_loss 2e-3
     ;;
   mixup_cutmix)
     # MixUp / CutMix (issue #27): the draws depend on (seed, epoch, step, rank) alone, so
     # the emulated GPU's mix_images + softmax_xent_mixed must follow the CPU run's steps.
-    args=(--arch resnet_tiny --epochs 1 --mixup-alpha 0.2 --cutmix-alpha 1.0)
-    note "emulated GPU, fp32, MixUp + CutMix"
-    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
+    gpu_then_cpu "fp32, MixUp + CutMix" --arch resnet_tiny --epochs 1 --mixup-alpha 0.2 --cutmix-alpha 1.0
     grep -q "Batch mixing: MixUp or CutMix" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "mixing not on"; }
-    note "CPU backend, fp32, MixUp + CutMix"
-    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
     compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
     ;;
   presets)
@@ -100,17 +108,10 @@ case "$CASE" in
     # on these augmented images (flat black borders, batches of 4 per rank) float32
     # summation differences grow faster than in case fp32 (measured without erasing:
     # |d| 0, 0, 4e-4, 6.4e-3 at steps 1-4).
-    args=(--arch resnet18 --epochs 1 --max-steps 2 --train-crop-size 32 --auto-augment ta_wide --random-erase 0.7
-      --val-resize-size 30 --val-crop-size 32 --normalize imagenet)
-    note "emulated GPU, fp32, presets"
-    run 2 "$EMU_BIN" "$WORK/gpu.log" "${args[@]}" --device cuda --output-dir "$WORK/gpu"
-    grep -q "cuda:0 (Emulated" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "the run did not use the emulated GPU"; }
-    note "CPU backend, fp32, presets"
-    run 2 "$CPU_BIN" "$WORK/cpu.log" "${args[@]}" --device cpu --output-dir "$WORK/cpu"
+    gpu_then_cpu "fp32, presets" --arch resnet18 --epochs 1 --max-steps 2 --train-crop-size 32 --auto-augment ta_wide \
+      --random-erase 0.7 --val-resize-size 30 --val-crop-size 32 --normalize imagenet
     compare "$WORK/gpu.log" "$WORK/cpu.log" 2e-3 0
-    awk -v a="$(val_loss "$WORK/gpu.log")" -v b="$(val_loss "$WORK/cpu.log")" \
-      'BEGIN { d = a - b; if (d < 0) d = -d; printf "val loss %s vs %s\n", a, b; exit !(d <= 2e-3) }' ||
-      fail "validation loss differs"
+    same_val_loss 2e-3
     ;;
   fp16_overflow)
     # ResNet-50 (bottlenecks) in fp16 with dynamic loss scaling; rank 1 injects an

@@ -110,4 +110,14 @@ TEST_CASE("the validation summary has torchvision's Acc@1/Acc@5 line", "[train]"
   REQUIRE(val != lines.end());
   REQUIRE(val + 1 != lines.end());
   CHECK(*(val + 1) == "Test:  Acc@1 50.000 Acc@5 75.000");
+  CHECK(std::none_of(lines.begin(), lines.end(), [](const std::string& l) { return l.find("EMA") != l.npos; }));
+  // --model-ema: the average's line right after the model's, as the reference prints it.
+  m.ema_val_loss = 0.25;
+  m.ema_val_acc = 0.625;
+  m.ema_val_acc5 = 1.0;
+  const auto ema = epoch_summary("(Epoch 1/1)", m, 1.0);
+  const auto top = std::find(ema.begin(), ema.end(), "Test:  Acc@1 50.000 Acc@5 75.000");
+  REQUIRE(top != ema.end());
+  REQUIRE(top + 1 != ema.end());
+  CHECK(*(top + 1) == "(Epoch 1/1) Test: EMA Acc@1 62.500 Acc@5 100.000 (val loss 0.25)");
 }

@@ -461,22 +461,33 @@ void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Te
 
 // ---- loss ---------------------------------------------------------------------------
 
-double CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
-                                float grad_scale, Tensor* dlogits, int32_t* predictions) {
+namespace {
+// The row loop both cross-entropies share: `row(r, z_row, dz_row, &argmax)` returns the
+// row's loss; the mean's 1/n is folded into the gradient scale.
+template <class Row>
+double softmax_xent_rows(const Tensor& logits, float grad_scale, Tensor* dlogits, int32_t* predictions, Row row) {
   const int64_t n = logits.shape[0], k = logits.shape[1];
   const float* z = logits.f32();
   float* dz = dlogits ? dlogits->f32() : nullptr;
   const float row_scale = n > 0 ? grad_scale / static_cast<float>(n) : 0.f;
   double total = 0.0;
   for (int64_t r = 0; r < n; ++r) {
-    RD_CHECK(labels[r] >= 0 && labels[r] < k, "softmax_xent: label " << labels[r]
-                                                   << " out of range for " << k << " classes");
     int amax = 0;
-    total += math::softmax_xent_row(z + r * k, static_cast<int>(k), labels[r], smoothing,
-                                    row_scale, dz ? dz + r * k : nullptr, &amax);
+    total += row(r, z + r * k, static_cast<int>(k), row_scale, dz ? dz + r * k : nullptr, &amax);
     if (predictions) predictions[r] = amax;
   }
   return total;
+}
+}  // namespace
+
+double CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels, float smoothing,
+                                float grad_scale, Tensor* dlogits, int32_t* predictions) {
+  return softmax_xent_rows(logits, grad_scale, dlogits, predictions,
+                           [&](int64_t r, const float* z, int k, float scale, float* dz, int* amax) {
+                             RD_CHECK(labels[r] >= 0 && labels[r] < k, "softmax_xent: label " << labels[r]
+                                                                            << " out of range for " << k << " classes");
+                             return math::softmax_xent_row(z, k, labels[r], smoothing, scale, dz, amax);
+                           });
 }
 
 // ---- MixUp / CutMix (issue #27) -----------------------------------------------------------
@@ -508,18 +519,11 @@ void CpuBackend::mix_images_impl(const Tensor& src, Tensor& dst, const math::Ima
 double CpuBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                            float lam, float smoothing, float grad_scale, Tensor* dlogits,
                                            int32_t* predictions) {
-  const int64_t n = logits.shape[0], k = logits.shape[1];
-  const float* z = logits.f32();
-  float* dz = dlogits ? dlogits->f32() : nullptr;
-  const float row_scale = n > 0 ? grad_scale / static_cast<float>(n) : 0.f;
-  double total = 0.0;
-  for (int64_t r = 0; r < n; ++r) {
-    int amax = 0;
-    total += math::softmax_xent_mixed_row(z + r * k, static_cast<int>(k), labels[r], partner_labels[r], lam,
-                                          smoothing, row_scale, dz ? dz + r * k : nullptr, &amax);
-    if (predictions) predictions[r] = amax;
-  }
-  return total;
+  return softmax_xent_rows(logits, grad_scale, dlogits, predictions,
+                           [&](int64_t r, const float* z, int k, float scale, float* dz, int* amax) {
+                             return math::softmax_xent_mixed_row(z, k, labels[r], partner_labels[r], lam, smoothing,
+                                                                 scale, dz, amax);
+                           });
 }
 
 // ---- optimizers -------------------------------------------------------------------------
