@@ -215,13 +215,13 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   if (!weights_only) {
     read_optimizer(m.optimizer);
     read_scheduler(m.scheduler);
-    if (h5::has_link(file, "model_ema")) {  // --model-ema
-      const hid_t g = group("model_ema");
-      m.ema.present = true;
-      m.ema.decay = f64(g, "decay");
-      m.ema.n_averaged = i64(g, "n_averaged");
-      m.ema.num_batches_tracked = i64(g, "num_batches_tracked");
-    }
+  }
+  if (h5::has_link(file, "model_ema")) {  // --model-ema (read weights-only too: --eval-only evaluates it)
+    const hid_t g = group("model_ema");
+    m.ema.present = true;
+    m.ema.decay = f64(g, "decay");
+    m.ema.n_averaged = i64(g, "n_averaged");
+    m.ema.num_batches_tracked = i64(g, "num_batches_tracked");
   }
   return m;
 }

@@ -161,7 +161,16 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
   s.partial_correct = m.partial_train_correct;
   s.partial_count = m.partial_train_count;
   s.lr = o.lr;
-  if (o.eval_only) return;  // evaluation uses the weights only
+  if (o.eval_only) {  // evaluation uses the weights only, and the EMA's under --model-ema (as --test-only)
+    if (o.model_ema && !m.ema.present)
+      throw UsageError("--model-ema --eval-only: " + plan.checkpoint +
+                       " holds no weight EMA (its run did not use --model-ema); leave out --model-ema to evaluate "
+                       "its weights");
+    s.has_ema_state = o.model_ema;
+    s.ema_n_averaged = m.ema.n_averaged;
+    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
+    return;
+  }
   // The one place that decides the learning rate a resumed run continues with.
   s.has_optimizer_state = true;
   s.optimizer_steps = m.optimizer.step;

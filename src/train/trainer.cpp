@@ -65,6 +65,12 @@ void Trainer::evaluate_only() {
       (unreadable ? " (" + std::to_string(unreadable) + " unreadable file(s) skipped, not scored)" : ""));
   say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
   say(torchvision_accuracy_line("", acc, acc5));
+  if (ema_) {  // --model-ema: the checkpoint's average too, as the reference's --test-only evaluates it
+    EpochResult r;
+    validate_ema(r);
+    say(torchvision_accuracy_line("EMA", r.ema_val_acc, r.ema_val_acc5) + " (val loss " + py_float(r.ema_val_loss) +
+        ")");
+  }
 }
 
 // The epoch loop: train, reduce the epoch's sums, validate, step the scheduler, report,

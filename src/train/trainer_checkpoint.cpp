@@ -53,6 +53,9 @@ void Trainer::load_start_state() {
         if (plan_.resumed) {
           load_checkpoint();
         } else if (!o_.init.empty()) {
+          if (o_.eval_only && ema_)
+            throw UsageError("--model-ema --eval-only: evaluates a checkpoint's weight EMA, and --init " + o_.init +
+                             " holds weights only; pass --resume CHECKPOINT, or leave out --model-ema");
           load_init();
         } else if (o_.eval_only) {
           throw UsageError("--eval-only: no checkpoint found (" + last_path_ + " does not exist)");

@@ -42,5 +42,26 @@ if command -v h5diff >/dev/null; then
       "$(h5dump -a /model_ema/$attr "$WORK/b/last.h5" | grep -A1 DATA)" ] || fail "/model_ema $attr differs"
   done
 fi
+
+note "--eval-only --model-ema: the checkpoint's model and its average (the reference's --test-only)"
+evalargs=(--data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --workers 1 --batch-size 4 --eval-only)
+mpi 2 "${evalargs[@]}" --resume auto --model-ema --output-dir "$WORK/a" >"$WORK/eval.log" 2>&1 ||
+  { cat "$WORK/eval.log"; fail "--eval-only --model-ema"; }
+cat "$WORK/eval.log"
+# last.h5 holds epoch 3's weights and average: the same results as epoch 3 printed.
+for what in "Val loss" "Test:  Acc@1" "Test: EMA Acc@1"; do
+  want=$(grep -E "^\(Epoch 3/3\) $what|^$what" "$WORK/a.log" | sed 's/^(Epoch 3\/3) //')
+  [ -n "$want" ] && grep -q -x -F "$want" "$WORK/eval.log" || fail "--eval-only does not print epoch 3's '$want'"
+done
+note "--eval-only --model-ema without an average to evaluate: refused, the flag named"
+mpi 1 "${evalargs[@]}" --init "$WORK/a/best_model.h5" --model-ema --output-dir "$WORK/c" >"$WORK/init.log" 2>&1 && fail "--init with --model-ema --eval-only was accepted"
+grep -q -F -- "--model-ema --eval-only: evaluates a checkpoint's weight EMA, and --init $WORK/a/best_model.h5 holds weights only" \
+  "$WORK/init.log" || { cat "$WORK/init.log"; fail "the --init refusal"; }
+mpi 1 --data "$WORK/data" --arch resnet_tiny --image-size 96 --threads 1 --workers 1 --batch-size 4 --epochs 1 \
+  --max-steps 1 --output-dir "$WORK/d" >"$WORK/d.log" 2>&1 || { cat "$WORK/d.log"; fail "a run without EMA"; }
+mpi 1 "${evalargs[@]}" --resume auto --model-ema --output-dir "$WORK/d" >"$WORK/noema.log" 2>&1 && fail "a checkpoint without EMA was accepted"
+grep -q -F -- "--model-ema --eval-only: $WORK/d/last.h5 holds no weight EMA" "$WORK/noema.log" ||
+  { cat "$WORK/noema.log"; fail "the no-EMA refusal"; }
+
 cat "$WORK/a.log" "$WORK/b1.log" "$WORK/b2.log" | grep -v -E "step [0-9]+/"
 note "ok: the resumed run continues the same schedule and average"
