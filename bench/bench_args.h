@@ -57,6 +57,7 @@ struct StepOptions {
   bool bf16 = false;  // --precision fp32|bf16, the CPU backend's two modes
   ConvAlgo conv_algo = ConvAlgo::Auto;
   std::optional<Layout> layout;  // default: the trainer's for the precision
+  std::string optimizer = "adam";  // adam: the tutorial's; sgd: torchvision's recipe (per-tensor decay)
 };
 
 // --threads N: N when > 0, else OMP_NUM_THREADS, else every core.
@@ -76,6 +77,9 @@ inline void parse_step_flags(FlagSet& fs, StepOptions& o, int argc, char** argv,
   fs.integer("--steps", &o.steps, 1, "timed steps", 1000000);
   fs.enumeration("--precision", &o.bf16, {{"fp32", false}, {"bf16", true}}, "compute precision");
   fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(), "CPU 3x3 convolution algorithm");
+  fs.choice("--optimizer", &o.optimizer, {"adam", "sgd"},
+            "adam: the tutorial's (lr 1e-4); sgd: torchvision's recipe (momentum 0.9, weight decay 1e-4, "
+            "none on batch norm: the per-tensor update)");
   fs.choice("--layout", &layout, {"nchw16c", "nchw8c", "nhwc", "nchw"}, "activation layout [default: the trainer's]");
   try {
     fs.parse_or_help(argc, argv, usage);

@@ -1,7 +1,7 @@
 // The training step both step benchmarks time (train_step_bench, op_profile_bench):
 // the trainer's TrainStep on a ResNet with initialised parameters and one fixed
 // random batch already on the device: label-smoothed (0.1) cross-entropy, backward,
-// Adam (lr 1e-4), synchronise. One step of the trainer minus data loading and
+// the optimizer (Adam lr 1e-4, or torchvision's SGD recipe), synchronise. One step of the trainer minus data loading and
 // communication.
 #pragma once
 
@@ -19,10 +19,11 @@ namespace rd::bench {
 
 class TrainStep {
  public:
-  TrainStep(Backend& backend, const std::string& arch, HeadKind head, int num_classes, int batch, int size)
+  TrainStep(Backend& backend, const std::string& arch, HeadKind head, int num_classes, int batch, int size,
+            const std::string& optimizer = "adam")
       : be_(backend),
         model_(backend, config(arch, head, num_classes)),
-        opt_(backend, model_.params(), model_.grads(), train::OptimizerConfig{}),
+        opt_(backend, model_.params(), model_.grads(), optimizer_config(optimizer)),
         step_(model_, opt_, nullptr, 0.1f) {
     model_.init_parameters(0);
     model_.train(true);
@@ -44,6 +45,17 @@ class TrainStep {
   }
 
  private:
+  // adam: OptimizerConfig's defaults (the tutorial's Adam, lr 1e-4). sgd: torchvision's
+  // recipe, whose --norm-weight-decay 0 takes the per-tensor (segment) update.
+  static train::OptimizerConfig optimizer_config(const std::string& name) {
+    train::OptimizerConfig c;
+    if (name == "sgd") {
+      c.type = train::OptimizerKind::Sgd;
+      c.lr = 0.1, c.momentum = 0.9, c.weight_decay = 1e-4, c.norm_weight_decay = 0.0;
+    }
+    return c;
+  }
+
   static ResNetConfig config(const std::string& arch, HeadKind head, int num_classes) {
     ResNetConfig cfg;
     cfg.arch = arch;
@@ -54,7 +66,7 @@ class TrainStep {
 
   Backend& be_;
   ResNet model_;
-  train::Optimizer opt_;  // Adam, lr 1e-4: OptimizerConfig's defaults
+  train::Optimizer opt_;
   train::TrainStep step_;
   Tensor* input_ = nullptr;
   std::vector<int32_t> labels_;

@@ -1,5 +1,6 @@
-// Per-op-type time split of one training step (forward + backward + Adam lr 1e-4,
-// label-smoothed 0.1 cross-entropy, reference Linear-ReLU-Linear head, 3 classes) of
+// Per-op-type time split of one training step (forward + backward + the optimizer, Adam
+// lr 1e-4 or with --optimizer sgd torchvision's SGD recipe; label-smoothed 0.1
+// cross-entropy, reference Linear-ReLU-Linear head, 3 classes) of
 // rd::ResNet on the CPU backend: every Backend call is timed (wall clock around the
 // call; the CPU backend is synchronous, so that is the op's time) and summed per
 // category over N steps after warm-up. bench/pytorch_op_profile.py splits PyTorch's
@@ -47,7 +48,7 @@ constexpr std::array<const char*, kNumCategories> kNames = {
     "conv forward", "conv backward-data", "conv backward-weights", "batch norm forward (+ReLU)",
     "batch norm backward (+ReLU)", "relu / add(+relu) forward", "relu / add backward, grad accumulate",
     "pooling forward (max, avg)", "pooling backward", "linear forward", "linear backward",
-    "loss (softmax xent, fwd+bwd)", "optimizer (Adam)", "layout conversions / copies / fills",
+    "loss (softmax xent, fwd+bwd)", "optimizer", "layout conversions / copies / fills",
     "other backend calls", "outside backend calls"};
 
 // Each op's category, in BackendOp order.
@@ -134,7 +135,7 @@ Profile run(const Options& o) {
   auto cpu = rd::make_cpu_backend(bo);
   ProfilingBackend backend(*cpu);
 
-  rd::bench::TrainStep step(backend, o.arch, rd::HeadKind::Mlp, 3, o.batch, o.size);
+  rd::bench::TrainStep step(backend, o.arch, rd::HeadKind::Mlp, 3, o.batch, o.size, o.optimizer);
   for (int i = 0; i < o.warmup; ++i) step();
 
   backend.enabled = true;

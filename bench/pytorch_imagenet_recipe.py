@@ -73,6 +73,23 @@ def ra_indices(n, world, rank, reps, seed, epoch, torch):
     return mine[:int(math.floor(n // 256 * 256 / world))]
 
 
+class EpochIndices:
+    """A sampler over `indices_of(epoch)`, set_epoch as torchvision's RASampler, so one
+    DataLoader with persistent workers serves every epoch."""
+
+    def __init__(self, indices_of):
+        self.indices_of, self.epoch = indices_of, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(self.indices_of(self.epoch))
+
+    def __len__(self):
+        return len(self.indices_of(self.epoch))
+
+
 def transforms_for(args, torchvision):
     from torchvision import transforms as T
     bil = T.InterpolationMode.BILINEAR
@@ -137,8 +154,18 @@ def main():
     collate = torch.utils.data.default_collate
     collate_fn = (lambda batch: mix(*collate(batch))) if mix else collate
     val_sampler = torch.utils.data.distributed.DistributedSampler(val_set, shuffle=False)
-    val_loader = torch.utils.data.DataLoader(val_set, batch_size=args.batch_size, sampler=val_sampler,
-                                             num_workers=args.workers)
+    # Persistent workers, forked once per loader: the reference's DataLoader forks its workers
+    # every epoch, and under CPython 3.11 a fork while the last epoch's queue threads exit can
+    # deadlock in the child (PyOS_AfterFork_Child; seen here at epoch 10 of a run). It also
+    # makes this side a little faster than the reference, so the comparison is conservative.
+    persist = {"num_workers": args.workers, "persistent_workers": args.workers > 0}
+    val_loader = torch.utils.data.DataLoader(val_set, batch_size=args.batch_size, sampler=val_sampler, **persist)
+    if args.ra_sampler:  # in the reference's order
+        sampler = EpochIndices(lambda e: ra_indices(len(train_set), world, rank, args.ra_reps, args.seed, e, torch))
+    else:
+        sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True, seed=args.seed)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
+                                         collate_fn=collate_fn, drop_last=False, **persist)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = build_model(torch, torchvision, args.arch, "fc", classes, seed=None)
@@ -164,14 +191,7 @@ def main():
     summary = {"arch": args.arch, "ranks": world, "seed": args.seed, "epochs": []}
     t_start, step = time.time(), 0
     for epoch in range(args.epochs):
-        if args.ra_sampler:
-            idx = ra_indices(len(train_set), world, rank, args.ra_reps, args.seed, epoch, torch)
-            sampler = idx  # in the reference's order
-        else:
-            sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True, seed=args.seed)
-            sampler.set_epoch(epoch)
-        loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                                             num_workers=args.workers, collate_fn=collate_fn, drop_last=False)
+        sampler.set_epoch(epoch)
         ddp.train()
         t0, loss_sum, seen = time.time(), 0.0, 0
         for x, y in loader:

@@ -7,35 +7,41 @@
 # top-1 (model and EMA) per run, mean and spread per side, and the wall times.
 #
 #   bench/recipe_accuracy_vs_pytorch.sh [--build-dir DIR] [--epochs E] [--seeds K]
-#       [--train-per-class N] [--val-per-class N]
+#       [--train-per-class N] [--val-per-class N] [--run-timeout S]
 #
 # PyTorch is $RD_TORCH_PYTHON (default: bench/torch_pypi_venv.sh's torch 2.15, whose
-# torchvision has MixUp/CutMix): bench/pytorch_imagenet_recipe.py.
+# torchvision has MixUp/CutMix): bench/pytorch_imagenet_recipe.py. Every run's log (and
+# resnet_ddp's metrics.csv) stays in bench/results.recipe_accuracy/; a run that outlives
+# --run-timeout seconds (default: ~6x this machine's time for it) is killed and named.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build_dir=$root/build
-epochs=10 seeds=3 train_pc=400 val_pc=100
+epochs=10 seeds=3 train_pc=400 val_pc=100 run_timeout=
 
 die() { echo "recipe_accuracy_vs_pytorch.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --build-dir | --epochs | --seeds | --train-per-class | --val-per-class)
+    --build-dir | --epochs | --seeds | --train-per-class | --val-per-class | --run-timeout)
       [ $# -ge 2 ] || die "$1 needs a value" ;;&
     --build-dir) build_dir=$2 ;;
     --epochs) epochs=$2 ;;
     --seeds) seeds=$2 ;;
     --train-per-class) train_pc=$2 ;;
     --val-per-class) val_pc=$2 ;;
-    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --run-timeout) run_timeout=$2 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
   shift 2
 done
-for v in epochs seeds train_pc val_pc; do
-  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "'${!v}': expected a positive integer"
-done
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 '$2': expected a positive integer"; }
+positive --epochs "$epochs"; positive --seeds "$seeds"
+positive --train-per-class "$train_pc"; positive --val-per-class "$val_pc"
+# About 2 ms per image and epoch is what either side takes here; the default allows 6x that.
+run_timeout=${run_timeout:-$((300 + epochs * (train_pc + val_pc) * 10 * 12 / 1000))}
+positive --run-timeout "$run_timeout"
 rd=$build_dir/resnet_ddp
 [ -x "$rd" ] || die "$rd not found (build first: make)"
 python=${RD_TORCH_PYTHON:-}
@@ -50,8 +56,22 @@ if [ ! -d "$data/Train" ]; then
     --train-per-class "$train_pc" --val-per-class "$val_pc" >/dev/null || die "fashion_mnist_to_imagefolder.py failed"
   mv "$data.partial" "$data"
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=$root/bench/results.recipe_accuracy
+rm -rf "$work" && mkdir -p "$work"
+
+# Runs "$@" in its own process group (mpirun and its ranks; the PyTorch launcher and its
+# ranks and loader workers) and kills the whole group after $run_timeout seconds.
+limited() {
+  setsid "$@" &
+  local pid=$! rc=0
+  (sleep "$run_timeout" && kill -TERM -- -"$pid" 2>/dev/null && sleep 10 && kill -KILL -- -"$pid" 2>/dev/null) &
+  local watchdog=$!
+  wait "$pid" || rc=$?
+  pkill -P "$watchdog" sleep 2>/dev/null || true
+  kill "$watchdog" 2>/dev/null || true
+  return "$rc"
+}
+failed() { cat "$1" >&2; die "$2 failed or ran past --run-timeout ${run_timeout}s (log: $1)"; }
 
 # The recipe, spelled the same on both sides (torchvision's flag names).
 recipe=(--arch resnet18 --epochs "$epochs" --batch-size 32 --lr 0.05 --momentum 0.9 --weight-decay 5e-5
@@ -63,11 +83,11 @@ ours=(--head fc --normalize imagenet --optimizer sgd --lr-scheduler cosineanneal
 
 for s in $(seq 1 "$seeds"); do
   t0=$(date +%s.%N)
-  mpirun -np 2 --bind-to none "$rd" --data "$data" "${recipe[@]}" "${ours[@]}" --seed "$s" \
-    --output-dir "$work/rd_$s" --resume none >"$work/rd_$s.log" 2>&1 || { cat "$work/rd_$s.log" >&2; die "resnet_ddp failed"; }
+  limited mpirun -np 2 --bind-to none "$rd" --data "$data" "${recipe[@]}" "${ours[@]}" --seed "$s" \
+    --output-dir "$work/rd_$s" --resume none >"$work/rd_$s.log" 2>&1 || failed "$work/rd_$s.log" "resnet_ddp (seed $s)"
   t1=$(date +%s.%N)
-  "$python" "$here/pytorch_imagenet_recipe.py" --launch 2 --data "$data" "${recipe[@]}" --seed "$s" \
-    >"$work/pt_$s.log" 2>&1 || { cat "$work/pt_$s.log" >&2; die "pytorch_imagenet_recipe.py failed"; }
+  limited "$python" "$here/pytorch_imagenet_recipe.py" --launch 2 --data "$data" "${recipe[@]}" --seed "$s" \
+    >"$work/pt_$s.log" 2>&1 || failed "$work/pt_$s.log" "pytorch_imagenet_recipe.py (seed $s)"
   t2=$(date +%s.%N)
   echo "$s $(echo "$t1 - $t0" | bc) $(echo "$t2 - $t1" | bc)" >>"$work/times"
 done

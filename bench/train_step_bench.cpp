@@ -107,7 +107,7 @@ std::string json_result(const BenchConfig& c, const Options& o, const std::vecto
 }
 
 std::string run_config(rd::Backend& backend, const BenchConfig& c, const Options& o) {
-  rd::bench::TrainStep step(backend, c.arch, o.head, o.num_classes, c.batch, c.size);
+  rd::bench::TrainStep step(backend, c.arch, o.head, o.num_classes, c.batch, c.size, o.optimizer);
   for (int i = 0; i < o.warmup; ++i) step();
   std::vector<double> times;
   for (int i = 0; i < o.steps; ++i) {

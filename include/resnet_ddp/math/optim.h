@@ -96,60 +96,68 @@ struct SegmentHyper {
   bool first_step = false;                       // SGD / LARS seed the momentum buffer with g
 };
 
-// One element of segment `decay`/`scale`; s0/s1 are the element's state (unused ones: any
-// float). g is read, and LambMoments writes the update back into it.
+// One element of segment `decay`/`scale`, the rule a template argument: a loop over a
+// segment then holds one straight-line body that the CPU compiler vectorises (a switch per
+// element kept it scalar, ~3.4 ns per parameter). s0/s1 are the element's state (unused
+// ones: any float). g is read, and LambMoments writes the update back into it.
+template <SegmentRule R>
+RD_HD void segment_update_as(float& p, float& g, float& s0, float& s1, float decay, float scale,
+                             const SegmentHyper& h) {
+  if constexpr (R == SegmentRule::Sgd || R == SegmentRule::Lars) {
+    float d = g;
+    if constexpr (R == SegmentRule::Lars) d = (d + decay * p) * scale;
+    else if (decay != 0.f) d += decay * p;
+    if (h.momentum != 0.f) {
+      s0 = h.first_step ? d : h.momentum * s0 + (1.f - h.dampening) * d;
+      d = h.nesterov ? d + h.momentum * s0 : s0;
+    }
+    p -= h.lr * d;
+  } else if constexpr (R == SegmentRule::Adam || R == SegmentRule::AdamW) {
+    float d = g;
+    if constexpr (R == SegmentRule::AdamW) p *= scale;
+    else if (decay != 0.f) d += decay * p;
+    s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
+    s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
+    const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
+    p -= h.step_size * (s0 / denom);
+  } else if constexpr (R == SegmentRule::RmsProp) {
+    float d = g;
+    if (decay != 0.f) d += decay * p;
+    s0 = h.alpha * s0 + h.one_minus_alpha * d * d;
+    const float avg = sqrtf(s0) + h.eps;
+    if (h.momentum > 0.f) {
+      s1 = h.momentum * s1 + d / avg;
+      p -= h.lr * s1;
+    } else {
+      p -= h.lr * (d / avg);
+    }
+  } else if constexpr (R == SegmentRule::LambMoments) {
+    const float d = g / h.grad_divisor;
+    s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
+    s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
+    const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
+    float u = (s0 / h.bias_correction1) / denom;
+    if (decay != 0.f) u += decay * p;
+    g = u;
+  } else {
+    static_assert(R == SegmentRule::ScaledDescent);
+    p -= h.lr * (g * scale);
+  }
+}
+
+// The same, the rule read at run time (the CUDA kernel: one rule per launch, no divergence).
 RD_HD void segment_update(float& p, float& g, float& s0, float& s1, float decay, float scale,
                           const SegmentHyper& h) {
   switch (h.rule) {
-    case SegmentRule::Sgd:
-    case SegmentRule::Lars: {
-      float d = g;
-      if (h.rule == SegmentRule::Lars) d = (d + decay * p) * scale;
-      else if (decay != 0.f) d += decay * p;
-      if (h.momentum != 0.f) {
-        s0 = h.first_step ? d : h.momentum * s0 + (1.f - h.dampening) * d;
-        d = h.nesterov ? d + h.momentum * s0 : s0;
-      }
-      p -= h.lr * d;
-      return;
-    }
-    case SegmentRule::Adam:
-    case SegmentRule::AdamW: {
-      float d = g;
-      if (h.rule == SegmentRule::AdamW) p *= scale;
-      else if (decay != 0.f) d += decay * p;
-      s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
-      s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
-      const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
-      p -= h.step_size * (s0 / denom);
-      return;
-    }
-    case SegmentRule::RmsProp: {
-      float d = g;
-      if (decay != 0.f) d += decay * p;
-      s0 = h.alpha * s0 + h.one_minus_alpha * d * d;
-      const float avg = sqrtf(s0) + h.eps;
-      if (h.momentum > 0.f) {
-        s1 = h.momentum * s1 + d / avg;
-        p -= h.lr * s1;
-      } else {
-        p -= h.lr * (d / avg);
-      }
-      return;
-    }
-    case SegmentRule::LambMoments: {
-      const float d = g / h.grad_divisor;
-      s0 = h.beta1 * s0 + h.one_minus_beta1 * d;
-      s1 = h.beta2 * s1 + h.one_minus_beta2 * d * d;
-      const float denom = sqrtf(s1) / h.bias_correction2_sqrt + h.eps;
-      float u = (s0 / h.bias_correction1) / denom;
-      if (decay != 0.f) u += decay * p;
-      g = u;
-      return;
-    }
+    case SegmentRule::Sgd: return segment_update_as<SegmentRule::Sgd>(p, g, s0, s1, decay, scale, h);
+    case SegmentRule::Lars: return segment_update_as<SegmentRule::Lars>(p, g, s0, s1, decay, scale, h);
+    case SegmentRule::Adam: return segment_update_as<SegmentRule::Adam>(p, g, s0, s1, decay, scale, h);
+    case SegmentRule::AdamW: return segment_update_as<SegmentRule::AdamW>(p, g, s0, s1, decay, scale, h);
+    case SegmentRule::RmsProp: return segment_update_as<SegmentRule::RmsProp>(p, g, s0, s1, decay, scale, h);
+    case SegmentRule::LambMoments:
+      return segment_update_as<SegmentRule::LambMoments>(p, g, s0, s1, decay, scale, h);
     case SegmentRule::ScaledDescent:
-      p -= h.lr * (g * scale);
-      return;
+      return segment_update_as<SegmentRule::ScaledDescent>(p, g, s0, s1, decay, scale, h);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/layout.h"
@@ -536,9 +537,17 @@ void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, si
 }
 
 void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h) {
-  float dummy = 0.f;
-#pragma omp parallel for schedule(static) firstprivate(dummy)
-  for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);
+  // Two loops, not `buf ? buf[i] : local` in one: that select kept the loop scalar.
+  if (buf) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf[i], h);
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < count; ++i) {
+      float unused = 0.f;
+      math::sgd_update(p[i], g[i], unused, h);
+    }
+  }
 }
 
 // Fixed chunks summed in a fixed order: the sums do not depend on the thread count, so
@@ -569,15 +578,57 @@ void CpuBackend::segment_sum_squares_impl(const float* x, const int64_t* ranges,
   }
 }
 
+namespace {
+
+// One parameter segment under rule R, the state that exists passed as a pointer and the
+// rest as a local: a straight-line body (vectorised), inside the caller's parallel region.
+template <math::SegmentRule R, bool HasS0, bool HasS1>
+void segment_range(float* p, float* g, float* s0, float* s1, int64_t b, int64_t e, float d, float k,
+                   const math::SegmentHyper& h) {
+#pragma omp for simd schedule(static) nowait
+  for (int64_t i = b; i < e; ++i) {
+    float a0 = HasS0 ? s0[i] : 0.f, a1 = HasS1 ? s1[i] : 0.f;
+    math::segment_update_as<R>(p[i], g[i], a0, a1, d, k, h);
+    if constexpr (HasS0) s0[i] = a0;
+    if constexpr (HasS1) s1[i] = a1;
+  }
+}
+
+template <math::SegmentRule R, bool HasS0, bool HasS1>
+void segment_ranges(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
+                    const float* decay, const float* scale, const math::SegmentHyper& h) {
+  // One parallel region for all segments (not one per segment); elementwise, so the
+  // result does not depend on how the threads split a segment.
+#pragma omp parallel
+  for (size_t s = 0; s < segments; ++s)
+    segment_range<R, HasS0, HasS1>(p, g, s0, s1, ranges[2 * s], ranges[2 * s + 1], decay[s], scale[s], h);
+}
+
+template <math::SegmentRule R>
+void segment_ranges_with_state(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
+                               const float* decay, const float* scale, const math::SegmentHyper& h) {
+  if (s0 && s1) segment_ranges<R, true, true>(p, g, s0, s1, ranges, segments, decay, scale, h);
+  else if (s0) segment_ranges<R, true, false>(p, g, s0, s1, ranges, segments, decay, scale, h);
+  else if (s1) segment_ranges<R, false, true>(p, g, s0, s1, ranges, segments, decay, scale, h);
+  else segment_ranges<R, false, false>(p, g, s0, s1, ranges, segments, decay, scale, h);
+}
+
+}  // namespace
+
 void CpuBackend::segment_step_impl(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
                                    const float* decay, const float* scale, const math::SegmentHyper& h) {
-  for (size_t s = 0; s < segments; ++s) {
-    const int64_t b = ranges[2 * s], e = ranges[2 * s + 1];
-    const float d = decay[s], k = scale[s];
-    float unused0 = 0.f, unused1 = 0.f;
-#pragma omp parallel for schedule(static) firstprivate(unused0, unused1)
-    for (int64_t i = b; i < e; ++i)
-      math::segment_update(p[i], g[i], s0 ? s0[i] : unused0, s1 ? s1[i] : unused1, d, k, h);
+  using math::SegmentRule;
+  auto run = [&](auto rule) {
+    segment_ranges_with_state<decltype(rule)::value>(p, g, s0, s1, ranges, segments, decay, scale, h);
+  };
+  switch (h.rule) {
+    case SegmentRule::Sgd: return run(std::integral_constant<SegmentRule, SegmentRule::Sgd>{});
+    case SegmentRule::Lars: return run(std::integral_constant<SegmentRule, SegmentRule::Lars>{});
+    case SegmentRule::Adam: return run(std::integral_constant<SegmentRule, SegmentRule::Adam>{});
+    case SegmentRule::AdamW: return run(std::integral_constant<SegmentRule, SegmentRule::AdamW>{});
+    case SegmentRule::RmsProp: return run(std::integral_constant<SegmentRule, SegmentRule::RmsProp>{});
+    case SegmentRule::LambMoments: return run(std::integral_constant<SegmentRule, SegmentRule::LambMoments>{});
+    case SegmentRule::ScaledDescent: return run(std::integral_constant<SegmentRule, SegmentRule::ScaledDescent>{});
   }
 }
 
