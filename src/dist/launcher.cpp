@@ -24,6 +24,14 @@ int launcher_rank() {
   return 0;
 }
 
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const long n = env_count(var); n > 0) return static_cast<int>(n);
+  if (std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID"))
+    if (const long n = env_count("SLURM_NTASKS"); n > 0) return static_cast<int>(n);
+  return under_launcher() ? 0 : 1;
+}
+
 bool under_launcher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
          std::getenv("SLURM_STEP_ID");

@@ -13,6 +13,7 @@
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/sampler.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
@@ -131,6 +132,20 @@ std::vector<std::string> check_start(TrainOptions& o, bool cuda, const Say& say)
   return {};
 }
 
+// --ra-sampler: the sampler the run would build, on the launcher's world, so a training
+// set too small for it is refused here rather than at start.
+void check_sampler(const TrainOptions& o, size_t train_images, const Say& say) {
+  if (!o.ra_sampler) return;
+  const int world = dist::launcher_world_size();
+  if (world == 0) {
+    say("sampler", "RASampler: this launcher does not say how many ranks it started; the run checks its size");
+    return;
+  }
+  const data::RASampler ra(train_images, world, 0, o.ra_reps);  // refuses a set too small for it
+  say("sampler", "RASampler x" + std::to_string(o.ra_reps) + ": " + std::to_string(ra.num_selected_samples()) +
+                     " samples per rank and epoch on " + std::to_string(world) + " rank(s)");
+}
+
 // The dataset, headers only (a run decodes every image unless --verify-data header).
 // `classes`: the resumed checkpoint's, which the data must have.
 void check_data(const TrainOptions& o, const std::vector<std::string>& classes, const Say& say) {
@@ -160,6 +175,7 @@ void check_data(const TrainOptions& o, const std::vector<std::string>& classes, 
   say("data", (train ? std::to_string(train->size()) + " training + " : std::string()) +
                   std::to_string(val->size()) + " validation images in " + std::to_string(names.size()) +
                   " classes (headers read)");
+  if (train) check_sampler(o, train->size(), say);
 }
 
 }  // namespace

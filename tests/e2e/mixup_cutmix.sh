@@ -75,10 +75,20 @@ grep -qE "^\(Epoch 1/1\) Average train loss" "$WORK/ra.log" || { cat "$WORK/ra.l
 set +e
 mpi 2 "${common[@]}" --epochs 1 --ra-sampler --output-dir "$WORK/ra_small" >"$WORK/ra_small.log" 2>&1
 code=$?
+mpi 2 "${common[@]}" --epochs 1 --ra-sampler --check --output-dir "$WORK/ra_small" >"$WORK/ra_check.log" 2>&1
+code_check=$?
+mpi 2 --data "$WORK/big" "${TINY[@]}" --ra-sampler --ra-reps 3 --check --output-dir "$WORK/ra_check" \
+  >"$WORK/ra_check_big.log" 2>&1
+code_check_big=$?
 "$RD_BIN" train --data "$WORK/data" --mixup-alpha -1 >"$WORK/alpha.log" 2>&1
 code_alpha=$?
 set -e
 [ "$code" -eq 2 ] || { cat "$WORK/ra_small.log"; fail "--ra-sampler on 120 images exited $code, not 2"; }
 grep -q -- "--ra-sampler: RASampler visits" "$WORK/ra_small.log" || { cat "$WORK/ra_small.log"; fail "no clear error"; }
+# --check builds the sampler on the launcher's world: the same refusal before any training.
+[ "$code_check" -eq 2 ] && grep -q -- "--ra-sampler: RASampler visits" "$WORK/ra_check.log" ||
+  { cat "$WORK/ra_check.log"; fail "--check --ra-sampler on 120 images: exit $code_check, or no clear error"; }
+[ "$code_check_big" -eq 0 ] && grep -q "RASampler x3: 256 samples per rank and epoch on 2 rank(s)" "$WORK/ra_check_big.log" ||
+  { cat "$WORK/ra_check_big.log"; fail "--check --ra-sampler on 520 images"; }
 [ "$code_alpha" -eq 2 ] && grep -q -- "--mixup-alpha" "$WORK/alpha.log" || { cat "$WORK/alpha.log"; fail "bad alpha accepted"; }
 note "ok"

@@ -183,6 +183,32 @@ TEST_CASE("a world of 1 under a launcher that started more tasks is named with t
   for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
 
+TEST_CASE("the launcher's world size: its count, 1 without a launcher, 0 when it does not say", "[train]") {
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID", "SLURM_STEPID",
+                        "SLURM_NTASKS"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    ::unsetenv(v);
+  }
+  CHECK(dist::launcher_world_size() == 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  CHECK(dist::launcher_world_size() == 1);  // the batch script itself: its run is one process
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  CHECK(dist::launcher_world_size() == 4);
+  ::unsetenv("SLURM_NTASKS");
+  CHECK(dist::launcher_world_size() == 0);  // a step that does not say
+  ::unsetenv("SLURM_STEP_ID");
+  ::setenv("PMIX_RANK", "0", 1);
+  CHECK(dist::launcher_world_size() == 0);
+  ::setenv("PMI_SIZE", "3", 1);
+  CHECK(dist::launcher_world_size() == 3);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  CHECK(dist::launcher_world_size() == 2);
+  for (const char* v : vars) ::unsetenv(v);
+  for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
 TEST_CASE("path checks run before MPI and name the flag", "[train]") {
   TempDir dir;
   TrainOptions o;

@@ -11,6 +11,10 @@ namespace rd::dist {
 // prints before MPI is initialised. 0 when unknown.
 int launcher_rank();
 
+// The number of tasks the launcher started (Open MPI, PMI, an srun step), 1 without a
+// launcher, 0 when a launcher started this process but does not say how many (PMIx).
+int launcher_world_size();
+
 // Whether a launcher started this process (mpirun, a PMI launcher, an srun step): then
 // its stdout is not the user's terminal even where isatty says so (Open MPI hands every
 // rank a pseudo-terminal).
