@@ -97,7 +97,10 @@ WINOGRAD_F2_GROWTH = 4.0
 WINOGRAD_OWN_F4_GROWTH = 32.0
 OWN_F4_MIN_SIZE = 7  # kOwnWinogradF4MinSize in src/backend/cpu/conv.cpp
 SAFETY = 4.0
-TOL_KINK = 1e-4  # a ReLU/max-pool decision may differ from float64 only this close to the kink
+# A ReLU/max-pool decision may differ from float64 only this close to the kink (relative
+# to the tensor's max), or within SAFETY x the error model's own error of that ReLU's input
+# (deep stages accumulate more: ResNet-101/152's last blocks exceed 1e-4).
+TOL_KINK = 1e-4
 LABEL_SMOOTHING = 0.1
 LR = 1e-4
 
@@ -267,6 +270,8 @@ class Replay:
         self.relu_flip_margin = 0.0  # largest |x| / max|x| among differing ReLU decisions
         self.pool_flips = 0
         self.pool_flip_gap = 0.0     # largest (own max - replayed value) / max|x| among them
+        self.relu_inputs = []        # every ReLU's input (to measure the error model's error there)
+        self.relu_margins = {}       # ReLU index -> largest |x| / max|x| among its differing decisions
 
     def relu(self, x):
         if self.next >= len(self.masks):
@@ -275,13 +280,17 @@ class Replay:
         if tuple(mask.shape) != tuple(x.shape):
             raise RuntimeError(f"ReLU #{self.next} ({kind}): resnet_ddp recorded {list(mask.shape)}, "
                                f"PyTorch applies it to {list(x.shape)} (layer order differs)")
+        index = self.next
         self.next += 1
+        self.relu_inputs.append(x.detach().clone())
         keep = torch.from_numpy(mask).bool()
         differ = keep != (x > 0)
         if differ.any():
             xa = x.detach().abs()
             self.relu_flips += int(differ.sum())
-            self.relu_flip_margin = max(self.relu_flip_margin, (xa[differ].max() / xa.max()).item())
+            margin = (xa[differ].max() / xa.max()).item()
+            self.relu_flip_margin = max(self.relu_flip_margin, margin)
+            self.relu_margins[index] = margin
         return torch.where(keep, x, torch.zeros_like(x))
 
     def maxpool(self, x):
@@ -393,8 +402,8 @@ def main():
         winograd = ("none" if ARGS.conv_algo == "direct" or ("Winograd 3x3" not in backend and not f2x3)
                     else "all" if ARGS.conv_algo == "winograd" else "auto")
         ref64 = pytorch_reference(model, x, labels, replay64)
-        ref_model = pytorch_reference(model, x, labels, Replay(masks, f["maxpool_input"][()]),
-                                  RoundingModel(ARGS.seed + 1000, winograd, f2x3))
+        replay_model = Replay(masks, f["maxpool_input"][()])
+        ref_model = pytorch_reference(model, x, labels, replay_model, RoundingModel(ARGS.seed + 1000, winograd, f2x3))
         print(f"\n{ARGS.arch} head {ARGS.head} ({ARGS.num_classes} classes), input "
               f"{ARGS.batch}x3x{ARGS.height}x{ARGS.width}; driver backend: {backend}; "
               f"float32 error model: Winograd {winograd}{' own F(4x4,3x3)/F(2x2,3x3)' if f2x3 else ''}, limit = max(tolerance, {SAFETY:g} x model)")
@@ -408,11 +417,22 @@ def main():
               f"max-pool windows: {replay64.pool_flips} (gap <= {replay64.pool_flip_gap:.1e} max|x|)")
         print("   the float64 reference below replays resnet_ddp's decisions: at those kinks either "
               "choice is right")
-        for what, value in (("ReLU", replay64.relu_flip_margin), ("max-pool", replay64.pool_flip_gap)):
-            if value > TOL_KINK:
-                print(f"!! a {what} decision differs from float64 at {value:.1e} of the tensor's scale "
-                      f"(> {TOL_KINK:g}): not rounding  FAIL")
-                rep.failures.append((f"{what} decisions", value, TOL_KINK))
+        for i, margin in sorted(replay64.relu_margins.items()):
+            exact, modelled = replay64.relu_inputs[i], replay_model.relu_inputs[i]
+            model_error = ((modelled - exact).abs().max() / exact.abs().max()).item()
+            limit = max(TOL_KINK, SAFETY * model_error)
+            if margin > TOL_KINK:
+                print(f"{'  ' if margin <= limit else '!!'} ReLU #{i}: decisions differ up to {margin:.1e} of the "
+                      f"tensor's scale; the error model's error of its input is {model_error:.1e} "
+                      f"(limit {limit:.1e})")
+            if margin > limit:
+                print(f"!! a ReLU decision differs from float64 at {margin:.1e} of the tensor's scale "
+                      f"(> {limit:.1e}): not rounding  FAIL")
+                rep.failures.append((f"ReLU #{i} decisions", margin, limit))
+        if replay64.pool_flip_gap > TOL_KINK:
+            print(f"!! a max-pool decision differs from float64 at {replay64.pool_flip_gap:.1e} of the tensor's "
+                  f"scale (> {TOL_KINK:g}): not rounding  FAIL")
+            rep.failures.append(("max-pool decisions", replay64.pool_flip_gap, TOL_KINK))
 
         rep.section("parameter gradients, one train step (vs PyTorch float64, same ReLU decisions)")
         names = list(ref64["grads"])
