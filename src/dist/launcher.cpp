@@ -15,6 +15,10 @@ long env_count(const char* var) {
   const long x = std::strtol(v, &end, 10);
   return *end == '\0' && x > 0 ? x : 0;
 }
+
+// Inside a Slurm job step (srun), not the batch script itself, where SLURM_NTASKS is the
+// allocation's and one process is normal.
+bool in_slurm_step() { return std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID"); }
 }  // namespace
 
 int launcher_rank() {
@@ -27,7 +31,7 @@ int launcher_rank() {
 int launcher_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
     if (const long n = env_count(var); n > 0) return static_cast<int>(n);
-  if (std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID"))
+  if (in_slurm_step())
     if (const long n = env_count("SLURM_NTASKS"); n > 0) return static_cast<int>(n);
   return under_launcher() ? 0 : 1;
 }
@@ -53,9 +57,7 @@ std::string launcher_world_mismatch(int mpi_world) {
              "): resnet_ddp is linked against another MPI than this mpirun's" + fix;
     return "";
   }
-  // Inside a job step (srun), not in the batch script itself, where SLURM_NTASKS is the
-  // allocation's and one process is normal.
-  const bool in_step = std::getenv("SLURM_STEP_ID") || std::getenv("SLURM_STEPID");
+  const bool in_step = in_slurm_step();
   for (const char* var : {"SLURM_NTASKS", "SLURM_NPROCS"}) {
     const long n = env_count(var);
     if (in_step && n > 1)

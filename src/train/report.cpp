@@ -170,6 +170,10 @@ std::string torchvision_accuracy_line(const std::string& log_suffix, double acc1
   return "Test: " + log_suffix + buf;
 }
 
+std::string ema_accuracy_line(double acc1, double acc5, double val_loss) {
+  return torchvision_accuracy_line("EMA", acc1, acc5) + " (val loss " + py_float(val_loss) + ")";
+}
+
 std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetrics& m, double step_ms) {
   std::vector<std::string> lines;
   lines.push_back(tag + " Time: " + std::to_string(static_cast<long long>(m.time_s)) + "s");
@@ -178,8 +182,7 @@ std::vector<std::string> epoch_summary(const std::string& tag, const EpochMetric
   lines.push_back(tag + " Val loss: " + py_float(m.val_loss) + ", Val accuracy: " + py_float(m.val_acc));
   lines.push_back(torchvision_accuracy_line("", m.val_acc, m.val_acc5));
   if (!std::isnan(m.ema_val_acc))  // --model-ema: the reference's second evaluate()
-    lines.push_back(tag + " " + torchvision_accuracy_line("EMA", m.ema_val_acc, m.ema_val_acc5) + " (val loss " +
-                    py_float(m.ema_val_loss) + ")");
+    lines.push_back(tag + " " + ema_accuracy_line(m.ema_val_acc, m.ema_val_acc5, m.ema_val_loss));
   lines.push_back(tag + " Current best val acc: " + py_float(m.best_val_acc));
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s Throughput: %.1f img/s total, %.1f img/s per rank (%lld ranks)", tag.c_str(),

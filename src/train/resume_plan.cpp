@@ -148,6 +148,24 @@ void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::strin
   }
 }
 
+// The checkpoint's weight EMA under --model-ema: continued by a run, evaluated by
+// --eval-only (which refuses a checkpoint without one; a run starts it from the weights).
+void plan_ema(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m) {
+  if (!o.model_ema) return;
+  if (m.ema.present) {
+    TrainState& s = plan.state;
+    s.has_ema_state = true;
+    s.ema_n_averaged = m.ema.n_averaged;
+    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
+  } else if (o.eval_only) {
+    throw UsageError("--model-ema --eval-only: " + plan.checkpoint +
+                     " holds no weight EMA (its run did not use --model-ema); leave out --model-ema to evaluate its "
+                     "weights");
+  } else {
+    plan.start_lines.push_back("Notice: checkpoint has no weight EMA; --model-ema starts from its weights");
+  }
+}
+
 // Where training continues: the checkpoint's position, optimizer and scheduler, with
 // the learning rate and cosine length the changed flags ask for.
 void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m) {
@@ -162,13 +180,7 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
   s.partial_count = m.partial_train_count;
   s.lr = o.lr;
   if (o.eval_only) {  // evaluation uses the weights only, and the EMA's under --model-ema (as --test-only)
-    if (o.model_ema && !m.ema.present)
-      throw UsageError("--model-ema --eval-only: " + plan.checkpoint +
-                       " holds no weight EMA (its run did not use --model-ema); leave out --model-ema to evaluate "
-                       "its weights");
-    s.has_ema_state = o.model_ema;
-    s.ema_n_averaged = m.ema.n_averaged;
-    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
+    plan_ema(plan, o, m);
     return;
   }
   // The one place that decides the learning rate a resumed run continues with.
@@ -188,13 +200,7 @@ void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMet
     plan.start_lines.push_back("Notice: checkpoint used --scheduler " + sc.type + "; starting a fresh " + scheduler +
                                " schedule");
   }
-  if (o.model_ema && m.ema.present) {
-    s.has_ema_state = true;
-    s.ema_n_averaged = m.ema.n_averaged;
-    s.ema_num_batches_tracked = m.ema.num_batches_tracked;
-  } else if (o.model_ema) {
-    plan.start_lines.push_back("Notice: checkpoint has no weight EMA; --model-ema starts from its weights");
-  }
+  plan_ema(plan, o, m);
 }
 
 // A mid-epoch position: the checkpoint's ranks consumed the first

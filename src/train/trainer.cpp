@@ -68,8 +68,7 @@ void Trainer::evaluate_only() {
   if (ema_) {  // --model-ema: the checkpoint's average too, as the reference's --test-only evaluates it
     EpochResult r;
     validate_ema(r);
-    say(torchvision_accuracy_line("EMA", r.ema_val_acc, r.ema_val_acc5) + " (val loss " + py_float(r.ema_val_loss) +
-        ")");
+    say(ema_accuracy_line(r.ema_val_acc, r.ema_val_acc5, r.ema_val_loss));
   }
 }
 

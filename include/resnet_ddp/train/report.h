@@ -65,6 +65,8 @@ struct EpochMetrics {
 // torchvision's reference evaluate() line, "Test: <suffix> Acc@1 76.130 Acc@5 92.862"
 // (percentages; the suffix is "" for the model itself, "EMA" for its average).
 std::string torchvision_accuracy_line(const std::string& log_suffix, double acc1, double acc5);
+// The EMA's line with its validation loss: "Test: EMA Acc@1 ... Acc@5 ... (val loss ...)".
+std::string ema_accuracy_line(double acc1, double acc5, double val_loss);
 
 // The lines the trainer prints after an epoch (time, train and validation results, best
 // accuracy, throughput, where a step's time went); `step_ms` is the whole step's mean.
