@@ -176,6 +176,55 @@ rd_set_threads() {
   ((threads >= 1)) || threads=1
   export OMP_NUM_THREADS=$threads
   rd_note "$SLURM_NTASKS rank(s) on $SLURM_NNODES node(s) ($per_node per node), $threads thread(s) per rank"
+  # Only the default launcher gets a binding: one the user chose is theirs to bind.
+  if [[ -z ${RESNET_DDP_LAUNCHER:-} ]] && rd_is_open_mpi "${RD_LAUNCH[0]}"; then
+    local sockets binding
+    sockets=$(rd_node_sockets)
+    read -r -a binding <<<"$(rd_mpirun_binding "$per_node" "$SLURM_NNODES" "$SLURM_NTASKS" "$threads" "$sockets")"
+    if ((${#binding[@]} > 0)); then
+      RD_LAUNCH+=("${binding[@]}")
+      rd_note "binding for $threads thread(s) per rank on $sockets socket(s) per node: ${binding[*]}"
+    fi
+  fi
+}
+
+# Open MPI's mpirun binds each rank to one core when it starts <= 2 ranks and to one
+# socket above that (mpirun(1)): with threads per rank, one rank per node on 2 nodes then
+# gets 1 core and resnet_ddp clamps to 1 thread, and 1 or 3 ranks per node on 2 sockets
+# crowd one socket. rd_mpirun_binding PER_NODE NODES NTASKS THREADS SOCKETS prints the
+# mpirun options that give every rank its share instead (nothing for 1 thread per rank,
+# where the default is right): whole sockets shared by an equal number of ranks when
+# the ranks per node split evenly over the sockets, else no binding at all.
+rd_mpirun_binding() {
+  local per_node=$1 nodes=$2 ntasks=$3 threads=$4 sockets=$5
+  ((threads > 1)) || return 0
+  if ((sockets >= 1 && per_node % sockets == 0 && ntasks == per_node * nodes)); then
+    echo "--map-by ppr:$((per_node / sockets)):socket --bind-to socket"
+  else
+    echo "--bind-to none"
+  fi
+}
+
+# Sockets holding the CPUs this job may use on this node (the job's first; the nodes of a
+# partition are alike). 1 if unknown.
+rd_node_sockets() {
+  local allowed range cpu socket n=0
+  local -A mine=() seen=()
+  allowed=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status 2>/dev/null) || allowed=""
+  for range in ${allowed//,/ }; do
+    for ((cpu = ${range%-*}; cpu <= ${range#*-}; cpu++)); do mine[$cpu]=1; done
+  done
+  while IFS=, read -r cpu socket; do
+    [[ $cpu == \#* || -z $socket ]] && continue
+    [[ -z $allowed || -n ${mine[$cpu]:-} ]] || continue
+    [[ -n ${seen[$socket]:-} ]] || { seen[$socket]=1; n=$((n + 1)); }
+  done < <(lscpu -p=CPU,SOCKET 2>/dev/null)
+  ((n >= 1)) || n=1
+  echo "$n"
+}
+
+rd_is_open_mpi() {
+  "$1" --version 2>/dev/null | grep -q "Open MPI"
 }
 
 # --- signals and clean-up ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # jobs/message_passing.slurm across the two emulated nodes (1 rank each) prints the
-# tutorial's lines; with srun --mpi=pmix as launcher and a `module` command present too;
+# tutorial's lines, also with threaded ranks bound to their socket; with srun --mpi=pmix as launcher and a `module` command present too;
 # RESNET_DDP_LAUNCHER's variables are read at job time; a rank count that vanished at
 # submission (double quotes) or a variable unset in the job is refused naming it; a
 # launcher that does not exist fails the job with a message naming it.
@@ -20,6 +20,16 @@ rd_expect_log "$job" '^Training command: mpirun -np 2 .*/message_passing$' 1
 rd_expect_log "$job" '^worker_0 sent data to Rank 1$' 1
 rd_expect_log "$job" '^worker_1 has received data from rank 0$' 1
 rd_expect_log "$job" '^message_passing.slurm: 2 rank\(s\) on 2 node\(s\) \(1 per node\)' 1
+
+# Threaded ranks: the default launcher binds each rank to its socket (no binding where
+# this machine has 2 sockets and a node 1 rank; mpirun alone would pin each of 2 ranks to
+# one core), and Open MPI under Slurm accepts that binding.
+job=$(RESNET_DDP_THREADS=2 rd_sbatch -N 2 --ntasks-per-node=1 -t 2 "$RD_REPO/jobs/message_passing.slurm")
+result=$(rd_slurm_wait "$job" 60)
+[[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "threaded job $job ended $result"; }
+rd_expect_log "$job" '^message_passing.slurm: binding for 2 thread\(s\) per rank on [0-9]+ socket\(s\) per node: (--map-by ppr:1:socket --bind-to socket|--bind-to none)$' 1
+rd_expect_log "$job" '^Training command: mpirun -np 2 (--map-by ppr:1:socket --bind-to socket|--bind-to none) .*/message_passing$' 1
+rd_expect_log "$job" '^worker_1 has received data from rank 0$' 1
 
 # Launcher override, modules through a stand-in `module` command, and the script submitted
 # by a relative path from / (Slurm then records "//<repo>/jobs/...": the printed folder
