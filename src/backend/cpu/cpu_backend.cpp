@@ -532,20 +532,24 @@ double CpuBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* 
 void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,
                                 const math::AdamArgs& a) {
   const math::AdamHyper h = math::adam_hyper(a);
-#pragma omp parallel for simd schedule(static)
+  // firstprivate: each thread's own copy, which the stores to p, m, v cannot alias. Shared,
+  // GCC 12 reloaded h every element and, without AVX-512's masks, kept the loop scalar.
+#pragma omp parallel for simd schedule(static) firstprivate(h)
   for (size_t i = 0; i < count; ++i) math::adam_update(p[i], g[i], m[i], v[i], h);
 }
 
 void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h) {
-  // Two loops, not `buf ? buf[i] : local` in one: that select kept the loop scalar.
+  // Two loops, not `buf ? buf[i] : local` in one: that select kept the loop scalar. A
+  // private copy of h, as in adam_step_impl: a shared one kept AVX2 builds scalar.
+  const math::SgdHyper hp = h;
   if (buf) {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf[i], h);
+#pragma omp parallel for simd schedule(static) firstprivate(hp)
+    for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf[i], hp);
   } else {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) firstprivate(hp)
     for (size_t i = 0; i < count; ++i) {
       float unused = 0.f;
-      math::sgd_update(p[i], g[i], unused, h);
+      math::sgd_update(p[i], g[i], unused, hp);
     }
   }
 }
