@@ -9,7 +9,12 @@ A file may include headers of its own layer and of any layer below; `data` and
 `dist` sit side by side (neither includes the other). A file's layer and a
 header's layer both come from their path: src/<layer>/..., include/resnet_ddp/<layer>/...
 (the headers directly in include/resnet_ddp/ and include/resnet_ddp/math/ are core),
-and the CUDA kernels (kernels/ or src/backend/cuda/kernels/) are backend.
+and the CUDA kernels (kernels/) are backend.
+
+Test equipment (tests/: the emulated CUDA device in tests/cuda_emu, the fuzz targets
+in tests/fuzz, fixtures) is below no layer: a file in src/, include/ or kernels/
+never includes a header from tests/, whatever the exceptions say, so the
+programs users run never compile test code.
 
 The same rule holds for the libraries: each rd_component(NAME DIRS src/<layer>...
 DEPS ...) in CMakeLists.txt may depend only on components of its own layer or below.
@@ -50,7 +55,7 @@ def layer_of(rel):
 def resolve(root, including_rel, header):
     """Repository-relative path of an included header, or None when not ours."""
     here = os.path.dirname(including_rel)
-    for base in (here, "include", "src", "kernels", "src/backend/cuda/kernels"):
+    for base in (here, "include", "src", "", "tests"):
         cand = os.path.normpath(os.path.join(base, header))
         if os.path.isfile(os.path.join(root, cand)):
             return cand
@@ -117,6 +122,9 @@ def main():
                     if not m:
                         continue
                     target = resolve(root, rel, m.group(1))
+                    if target and target.split("/")[0] == "tests":
+                        bad.append(f"{rel}:{n}: includes {target}, test equipment (tests/), from shipped code")
+                        continue
                     theirs = layer_of(target) if target else None
                     if theirs is None or theirs == mine:
                         continue

@@ -11,7 +11,7 @@
 # Standalone (repository sources; the host needs nvcc, g++, and PyTorch for the
 # comparison; no MPI, oneDNN, HDF5 or CMake):
 #   build (this GPU's architecture only, nvcc + g++ in parallel: src/core, src/nn,
-#   src/backend (contract), src/backend/cuda without NcclComm, with its kernels/, the op tests against a Catch2 header
+#   src/backend (contract), src/backend/cuda without NcclComm, the top-level kernels/, the op tests against a Catch2 header
 #   and gpu_train_bench) -> op tests (every op vs the float64 reference, all
 #   precisions) -> training-step benchmark ResNet-34 @244 batch 16 NHWC, fp32, tf32,
 #   fp16, bf16 -> the same in PyTorch -> compute-sanitizer memcheck of one step of a
@@ -123,11 +123,11 @@ export LD_LIBRARY_PATH="$OUT/lib:${LD_DIRS}${LD_LIBRARY_PATH:-}"
 LAUNCH=${RD_GPU_CHECK_LAUNCHER:-}
 [[ -n $LAUNCH ]] && ! command -v "$LAUNCH" >/dev/null && LAUNCH=""
 # RESNET_DDP_NO_YAML: bare GPU hosts have no yaml-cpp, and the check reads no config.
-COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -DRESNET_DDP_NO_YAML -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/tests" "${INC[@]}")
+COMMON=(-O2 -DNDEBUG -DRESNET_DDP_HAVE_CUDA=1 -DRESNET_DDP_NO_YAML -I"$ROOT/include" -I"$ROOT/src" -I"$ROOT/tests" -I"$ROOT" "${INC[@]}")
 CMDS=$OUT/compile_cmds.txt
 : > "$CMDS"
 OBJS=()
-for f in src/backend/cuda/kernels/*.cu; do
+for f in kernels/*.cu; do
   o=$OUT/obj/$(echo "$f" | tr / _).o; OBJS+=("$o")
   echo "$LAUNCH $NVCC -std=c++17 -gencode arch=compute_$ARCH,code=sm_$ARCH --expt-relaxed-constexpr ${COMMON[*]} -c $ROOT/$f -o $o" >> "$CMDS"
 done

@@ -1,4 +1,4 @@
-// Inputs that crashed or misled the image decoder (fuzz/regressions/fuzz_image,
+// Inputs that crashed or misled the image decoder (tests/fuzz/regressions/fuzz_image,
 // found by fuzz_image) and the binary PNM decoder that replaced stb's: every bad
 // input is refused with an rd::Error naming it, never read out of bounds.
 #include <catch2/catch.hpp>
@@ -93,7 +93,7 @@ TEST_CASE("PNG: a chunk claiming more bytes than the file holds is refused befor
   CHECK(img.data()[1] == 20);
   CHECK(img.data()[2] == 30);
   // The same file with IDAT's length field claiming 3.6 GB (the fuzz_image find,
-  // fuzz/regressions/fuzz_image/png-idat-claims-3gb): stb would allocate it.
+  // tests/fuzz/regressions/fuzz_image/png-idat-claims-3gb): stb would allocate it.
   std::string bomb = sig + ihdr + idat + iend;
   bomb.replace(sig.size() + ihdr.size(), 4, "\xD8\x54\x4E\x52");
   CHECK_THAT(decode_error(bytes_of(bomb)), Catch::Contains("input: truncated PNG (chunk 'IDAT' claims 3629403730 bytes"));

@@ -1,10 +1,10 @@
-// The emulated device itself (src/backend/cuda_emu): work is queued, not run at
+// The emulated device itself (tests/cuda_emu): work is queued, not run at
 // enqueue time; only events order streams; blocks run as thread teams with
 // barriers, shared memory and warp shuffles; launches are checked against the
 // device's limits; and each class of misuse the emulator claims to catch is caught
 // (the misuse runs in a child process, which must end with the fault exit code and
 // a message naming the call).
-#include "backend/cuda_emu/device.h"  // first: the kernels below are emulated CUDA
+#include "cuda_emu/device.h"  // first: the kernels below are emulated CUDA
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda_emu/emu.h"
+#include "cuda_emu/emu.h"
 
 namespace {
 

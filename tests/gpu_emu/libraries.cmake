@@ -4,7 +4,7 @@
 if(TARGET rd_cuda_emu_runtime)
   add_executable(test_emu_libraries ${CMAKE_CURRENT_LIST_DIR}/libraries_test.cpp)
   target_link_libraries(test_emu_libraries PRIVATE rd_cuda_emu_runtime rd_base Catch2::Catch2)
-  # emu.h as backend/cuda_emu/emu.h, the float64 reference as reference/reference_ops.h.
+  # emu.h as cuda_emu/emu.h, the float64 reference as reference/reference_ops.h.
   target_include_directories(test_emu_libraries PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_compile_options(test_emu_libraries PRIVATE ${RD_WARNINGS})
   catch_discover_tests(test_emu_libraries PROPERTIES LABELS "gpu_emu" SKIP_RETURN_CODE 77)

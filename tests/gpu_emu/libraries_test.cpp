@@ -1,4 +1,4 @@
-// The cuBLAS and cuDNN stand-ins of the emulated device (src/backend/cuda_emu/
+// The cuBLAS and cuDNN stand-ins of the emulated device (tests/cuda_emu/
 // cublas.cpp, cudnn.cpp) against float64 references: Sgemm's transposes, leading
 // dimensions and beta; the three convolutions in NCHW/NHWC, fp32/fp16/bf16, with
 // strides, padding, 1x1/3x3/7x7 filters, odd channel counts and alpha/beta; Find's
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda_emu/emu.h"
+#include "cuda_emu/emu.h"
 #include "reference/reference_ops.h"
 
 namespace {

@@ -1,7 +1,7 @@
 # NCCL on the emulated device (label gpu_emu), included by CMakeLists.txt here:
 # - the NCCL collective test (tests/collective) built against the emulator, at 1, 2
 #   and 4 ranks; the emulator always has a device per rank, so a skip fails;
-# - test_emu_nccl: the NCCL stand-in itself (src/backend/cuda_emu/nccl.cpp), every
+# - test_emu_nccl: the NCCL stand-in itself (tests/cuda_emu/nccl.cpp), every
 #   operation, type and root, groups, non-blocking init, abort, caught misuses;
 # - a peer that never joins an all-reduce (NcclComm's deadline and abort), 2 ranks;
 # - message_passing --device cuda at 4 ranks (its emulator build);

@@ -1,4 +1,4 @@
-// Direct test of the emulated NCCL (src/backend/cuda_emu/nccl.cpp) under mpirun
+// Direct test of the emulated NCCL (tests/cuda_emu/nccl.cpp) under mpirun
 // with 2 or 4 ranks: every operation, datatype, reduction and root against exact
 // expected values, in place and out of place; group send/recv (a ring of 4 MB
 // messages, an all-to-all with self); a group over two streams; two communicators

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The hygiene checks must be able to fail: on a scratch tree, tools/check_layering.py
 # refuses a train header included from src/nn (and a dist header from src/core) and a
-# component whose DEPS reach up, and
+# component whose DEPS reach up, shipped code (src/, kernels/) including test equipment
+# (tests/cuda_emu, the emulated CUDA device), and
 # tools/check_function_length.py refuses a 90-line function unless a "Long because:"
 # comment sits above it.
 set -euo pipefail
@@ -34,6 +35,17 @@ printf 'rd_component(rd_nn DIRS src/nn DEPS rd_base rd_train)\nrd_component(rd_t
 python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "rd_nn depending on rd_train passed"
 grep -q "rd_nn (nn) depends on rd_train (train)" "$tmp/out" || fail "component edge not named: $(cat "$tmp/out")"
 rm "$tmp/CMakeLists.txt"
+
+mkdir -p "$tmp/tests/cuda_emu" "$tmp/src/backend/cuda" "$tmp/kernels"
+echo '#pragma once' > "$tmp/tests/cuda_emu/emu.h"
+printf '#include "cuda_emu/emu.h"\n' > "$tmp/src/backend/cuda/uses_emu.cpp"
+printf 'int y;\n#include "tests/cuda_emu/emu.h"\n' > "$tmp/kernels/uses_emu.cu"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "src including test equipment passed"
+grep -q "src/backend/cuda/uses_emu.cpp:1: includes tests/cuda_emu/emu.h, test equipment" "$tmp/out" \
+  || fail "src -> tests/cuda_emu not named: $(cat "$tmp/out")"
+grep -q "kernels/uses_emu.cu:2: includes tests/cuda_emu/emu.h, test equipment" "$tmp/out" \
+  || fail "kernels -> tests/cuda_emu not named: $(cat "$tmp/out")"
+rm -r "$tmp/tests" "$tmp/src/backend" "$tmp/kernels"
 
 : > "$tmp/tools/function_length_allow.txt"
 long_fn() {  # name, then the comment line above it (may be empty)

@@ -4,7 +4,7 @@
 fuzz_image: small images in every format the loader reads (PIL writes them;
   binary PNM is written by hand, 8- and 16-bit). fuzz_flags: command lines, one
   argument per NUL-separated field. fuzz_packed / fuzz_checkpoint: their inputs are
-  edit scripts (fuzz/h5_edit.h), so the seeds are fixed pseudo-random byte strings.
+  edit scripts (tests/fuzz/h5_edit.h), so the seeds are fixed pseudo-random byte strings.
 fuzz_pth: hand-written torch.save pickles and zips (and a real torch.save with torch).
 """
 import io
@@ -85,7 +85,7 @@ def flag_seeds(out):
     ]
     for i, args in enumerate(lines):
         write(os.path.join(out, "args%02d" % i), b"\0".join(a.encode() for a in args))
-    # A config file after a 0x01 byte, named by the argument @cfg (fuzz/fuzz_flags.cpp).
+    # A config file after a 0x01 byte, named by the argument @cfg (tests/fuzz/fuzz_flags.cpp).
     configs = [
         b"# recipe\n--arch resnet18\nlr = 0.01\nbatch_size = 32  # per rank\nnesterov\n"
         b"output-dir = 'a #b'\n-j 3\r\n--seed = 5\nb = 4\namp = true\n",

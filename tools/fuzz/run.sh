@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of BUILD_DIR for SECONDS each (docs/hardening.md):
-# replays fuzz/regressions/<target>/ first (inputs of fixed crashes), then fuzzes
+# replays tests/fuzz/regressions/<target>/ first (inputs of fixed crashes), then fuzzes
 # from the generated seeds plus the corpus kept in BUILD_DIR/fuzz/corpus/<target>.
 # Crash inputs land in BUILD_DIR/fuzz/artifacts/<target>/; any crash fails.
 # Usage: run.sh BUILD_DIR SECONDS [target...]
@@ -23,7 +23,7 @@ for t in "${targets[@]}"; do
   [ -x "$bin" ] || bin="$build/$t"
   [ -x "$bin" ] || { echo "fuzz: $t not built in $build" >&2; status=1; continue; }
   mkdir -p "$work/corpus/$t" "$work/artifacts/$t"
-  reg="$src/fuzz/regressions/$t"
+  reg="$src/tests/fuzz/regressions/$t"
   if [ -d "$reg" ] && [ -n "$(ls -A "$reg")" ]; then
     if ! "$bin" -runs=0 "$reg"/* >"$work/$t.regressions.log" 2>&1; then
       echo "fuzz: $t fails a regression input:"; tail -n 40 "$work/$t.regressions.log"; status=1; continue

@@ -1,6 +1,6 @@
 // Backend: every operation ResNet training needs, behind one interface, so the
 // model, DDP, data and checkpoint code are shared by the CPU (oneDNN + OpenMP)
-// and CUDA (cuDNN + cuBLAS + src/backend/cuda/kernels) implementations. The operations
+// and CUDA (cuDNN + cuBLAS + kernels/) implementations. The operations
 // themselves are listed once, with their documentation, in ops.def.
 //
 // Conventions

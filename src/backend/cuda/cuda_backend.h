@@ -29,7 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/kernels/launch.cuh"
+#include "kernels/launch.cuh"
 #include "resnet_ddp/backend/backend.h"
 
 namespace rd::cuda {

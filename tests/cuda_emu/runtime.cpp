@@ -34,8 +34,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda_emu/emu.h"
-#include "backend/cuda_emu/internal.h"
+#include "cuda_emu/emu.h"
+#include "cuda_emu/internal.h"
 
 namespace rd::emu {
 

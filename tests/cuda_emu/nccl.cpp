@@ -49,7 +49,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda_emu/emu.h"
+#include "cuda_emu/emu.h"
 
 // The type behind ncclComm_t (opaque in nccl.h). The object itself is never freed,
 // so its address is never reused and a stale handle is always recognised.

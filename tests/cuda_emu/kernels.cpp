@@ -7,7 +7,7 @@
 // 256 threads meeting at __syncthreads holds 256 stacks. Threads run in reverse
 // order and blocks in reverse order (random ones under RD_EMU_SCHEDULE=random), so
 // code that assumes an order the hardware does not promise gives wrong results.
-#include "backend/cuda_emu/device.h"
+#include "cuda_emu/device.h"
 
 #include <sys/mman.h>
 
@@ -17,8 +17,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "backend/cuda_emu/emu.h"
-#include "backend/cuda_emu/internal.h"
+#include "cuda_emu/emu.h"
+#include "cuda_emu/internal.h"
 
 #if !defined(__x86_64__)
 #error "the emulated CUDA device's fibers are written for x86-64"

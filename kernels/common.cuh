@@ -75,7 +75,7 @@ __device__ __forceinline__ int64_t act_channel(const ActDesc& d, int64_t offset)
 }
 
 // Every launch goes through RD_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...):
-// `kernel<<<...>>>` under nvcc; under the emulated device (src/backend/cuda_emu/device.h,
+// `kernel<<<...>>>` under nvcc; under the emulated device (tests/cuda_emu/device.h,
 // which defines it first) an enqueue on the emulator's stream.
 #ifndef RD_LAUNCH
 #define RD_LAUNCH(kernel, grid, block, shared_bytes, stream) kernel<<<grid, block, shared_bytes, stream>>>
