@@ -71,13 +71,19 @@ install-debs:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
+# Each stage is timed (tools/stage_time.sh); the table is printed at the end, failed or not.
+STAGE_TIMES = $(BUILD_DIR)/stage_times.txt
 ifeq ($(SANITIZE),)
-test: deps
-	$(MAKE) build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j 2 --timeout 900
-	@if [ -n "$(CI)" ] && [ -n "$(CI_SANITIZE)" ]; then \
-	  $(MAKE) --no-print-directory test-sanitize SANITIZE=address,undefined && \
-	  $(MAKE) --no-print-directory fuzz SANITIZE= FUZZ_SECONDS=$(CI_FUZZ_SECONDS); fi
+test:
+	@rm -f $(STAGE_TIMES); \
+	tools/stage_time.sh $(STAGE_TIMES) deps $(MAKE) --no-print-directory deps && \
+	tools/stage_time.sh $(STAGE_TIMES) build $(MAKE) --no-print-directory build && \
+	tools/stage_time.sh $(STAGE_TIMES) ctest sh -c 'cd $(BUILD_DIR) && ctest --output-on-failure -j 2 --timeout 900' && \
+	if [ -n "$(CI)" ] && [ -n "$(CI_SANITIZE)" ]; then \
+	  tools/stage_time.sh $(STAGE_TIMES) sanitizer-build $(MAKE) --no-print-directory san-build SANITIZE=address,undefined && \
+	  tools/stage_time.sh $(STAGE_TIMES) sanitizer-tests ./tools/sanitize/run_ctest.sh $(SAN_DIR) '$(SAN_LABELS)' && \
+	  tools/stage_time.sh $(STAGE_TIMES) fuzz-smoke $(MAKE) --no-print-directory fuzz SANITIZE= FUZZ_SECONDS=$(CI_FUZZ_SECONDS); fi; \
+	rc=$$?; tools/stage_time.sh --report $(STAGE_TIMES); exit $$rc
 else
 test: test-sanitize
 endif

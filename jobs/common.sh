@@ -33,6 +33,10 @@ RD_CONTAINER=()
 RD_RESUME_HINT="resubmit the same command"
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
+# While the launcher runs, its output (forwarded in chunks that may end mid-line) shares the
+# log with ours: a note from a signal trap starts with a line break of its own, so it never
+# lands in the middle of a training line (users read the log; tests anchor on line starts).
+rd_note_async() { printf '\n%s: %s\n' "$RD_SCRIPT_NAME" "$*"; }
 rd_die() {
   echo "$RD_SCRIPT_NAME: error: $*" >&2
   exit 1
@@ -238,15 +242,15 @@ rd_on_signal() {
   RD_SIGNALLED=1
   RD_PREEMPT_SIGNAL=$sig
   if [[ $sig == TERM && -n $RD_CHILD ]]; then
-    rd_note "got SIGTERM: Slurm is ending the job and signals every rank itself; waiting for the launcher"
+    rd_note_async "got SIGTERM: Slurm is ending the job and signals every rank itself; waiting for the launcher"
   elif [[ -n $RD_CHILD ]] && kill -0 "$RD_CHILD" 2>/dev/null; then
-    rd_note "got SIG$sig: passing it to the launcher (pid $RD_CHILD) so training checkpoints and stops"
+    rd_note_async "got SIG$sig: passing it to the launcher (pid $RD_CHILD) so training checkpoints and stops"
     kill -s "$sig" "$RD_CHILD" 2>/dev/null || true
   elif [[ $sig == TERM || $sig == INT ]]; then
-    rd_note "got SIG$sig before training started: stopping"
+    rd_note_async "got SIG$sig before training started: stopping"
     exit 143
   else
-    rd_note "got SIG$sig before training started: will not start training"
+    rd_note_async "got SIG$sig before training started: will not start training"
   fi
 }
 
