@@ -422,7 +422,8 @@ void refuse_new_experiment(const TrainOptions& o, const std::string& path, const
   if (const std::string job = env_text("SLURM_JOB_ID"); !job.empty())
     msg += "\n(Slurm job " + job + ": only a requeue of the job that wrote the checkpoint (" +
            (m.slurm_job_id.empty() ? std::string("none recorded")
-                                   : "job " + m.slurm_job_id + ", restart " + std::to_string(m.slurm_restart_count)) +
+                                   : "job " + m.slurm_job_id + (m.slurm_step_id.empty() ? "" : " step " + m.slurm_step_id) +
+                                         ", restart " + std::to_string(m.slurm_restart_count)) +
            ") continues it unasked)";
   throw UsageError(msg);
 }

@@ -68,7 +68,7 @@ grep -q '^(Epoch 3/3) Val loss' "$WORK/r7" || { cat "$WORK/r7"; fail "Slurm --re
 
 note "the job's next experiment (another step, or the same one: no requeue) is refused"
 expect_rc 2 "$WORK/r8" env SLURM_JOB_ID=4242 SLURM_STEP_ID=1 "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-2
-grep -q -x -F "(Slurm job 4242: only a requeue of the job that wrote the checkpoint (job 4242, restart 0) continues it unasked)" \
+grep -q -x -F "(Slurm job 4242: only a requeue of the job that wrote the checkpoint (job 4242 step 0, restart 0) continues it unasked)" \
   "$WORK/r8" || { cat "$WORK/r8"; fail "Slurm: another step of the job continued the run"; }
 expect_rc 2 "$WORK/r9" "${slurm_job[@]}" "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-3
 grep -q -x -F -- "  --lr 0.001 (that run: 0.01)" "$WORK/r9" || { cat "$WORK/r9"; fail "Slurm: a second run in the job continued"; }

@@ -58,7 +58,7 @@ rd_expect_log "$job" "^experiment exit 2\$" 2
 rd_expect_log "$job" "holds another run \\($out/last.h5, 1 epoch\\(s\\) done\\) whose settings differ" 2
 rd_expect_log "$job" "^  --lr 0.01 \\(that run: 0.0001\\)\$" 1
 rd_expect_log "$job" "^  --lr 0.001 \\(that run: 0.0001\\)\$" 1
-rd_expect_log "$job" "^\\(Slurm job $job: only a requeue of the job that wrote the checkpoint \\(job $job, restart 0\\) continues it unasked\\)\$" 2
+rd_expect_log "$job" "^\\(Slurm job $job: only a requeue of the job that wrote the checkpoint \\(job $job step 0, restart 0\\) continues it unasked\\)\$" 2
 
 rd_log "restart 1: the requeue continues with --epochs 2 unasked"
 rd_expect_log "$job" "^job $job restart 1\$" 1
