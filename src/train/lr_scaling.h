@@ -13,8 +13,8 @@ namespace rd::train {
 struct LrChoice {
   bool derived = false;  // --lr-base set the learning rate: `lr`
   double lr = 0.0;
-  std::string line;      // how the run's lr came about (printed at start; "" for a plain --lr)
-  std::string warning;   // a recipe's lr at a global batch more than 2x from its reference
+  std::string line;     // how the run's lr came about (printed at start; "" for a plain --lr)
+  std::string warning;  // a recipe's lr at a global batch more than 2x from its reference
 };
 
 // The global batch is --batch-size x `world` ranks x --accum-steps. timm's rule: an --lr

@@ -419,12 +419,14 @@ void refuse_new_experiment(const TrainOptions& o, const std::string& path, const
   msg += "\nTo continue that run with these settings add --resume auto; to start a new experiment use another "
          "--output-dir (or --resume none to start over in this one)";
   // Inside a job, say why this run is not taken for a requeue of the checkpoint's job.
-  if (const std::string job = env_text("SLURM_JOB_ID"); !job.empty())
-    msg += "\n(Slurm job " + job + ": only a requeue of the job that wrote the checkpoint (" +
-           (m.slurm_job_id.empty() ? std::string("none recorded")
-                                   : "job " + m.slurm_job_id + (m.slurm_step_id.empty() ? "" : " step " + m.slurm_step_id) +
-                                         ", restart " + std::to_string(m.slurm_restart_count)) +
+  if (const std::string job = env_text("SLURM_JOB_ID"); !job.empty()) {
+    std::string writer = "none recorded";
+    if (!m.slurm_job_id.empty())
+      writer = "job " + m.slurm_job_id + (m.slurm_step_id.empty() ? "" : " step " + m.slurm_step_id) + ", restart " +
+               std::to_string(m.slurm_restart_count);
+    msg += "\n(Slurm job " + job + ": only a requeue of the job that wrote the checkpoint (" + writer +
            ") continues it unasked)";
+  }
   throw UsageError(msg);
 }
 
