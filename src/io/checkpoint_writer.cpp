@@ -162,6 +162,11 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
   w.str(f, "args", m.args);
   w.str(f, "created_by", m.created_by);
   w.str(f, "normalize", m.normalize);
+  if (!m.slurm_job_id.empty()) {
+    w.str(f, "slurm_job_id", m.slurm_job_id);
+    w.str(f, "slurm_step_id", m.slurm_step_id);
+    w.i64(f, "slurm_restart_count", m.slurm_restart_count);
+  }
   if (m.step_in_epoch > 0) {
     w.f64(f, "partial_train_loss_sum", m.partial_train_loss_sum);
     w.i64(f, "partial_train_correct", m.partial_train_correct);

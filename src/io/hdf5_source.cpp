@@ -192,6 +192,9 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   m.args = str_or(f, "args", "");
   m.created_by = str_or(f, "created_by", "");
   m.normalize = str_or(f, "normalize", "none");
+  m.slurm_job_id = str_or(f, "slurm_job_id", "");
+  m.slurm_step_id = str_or(f, "slurm_step_id", "");
+  m.slurm_restart_count = i64_or(f, "slurm_restart_count", 0);
   m.partial_train_loss_sum = f64_or(f, "partial_train_loss_sum", 0.0);
   m.partial_train_correct = i64_or(f, "partial_train_correct", 0);
   m.partial_train_count = i64_or(f, "partial_train_count", 0);

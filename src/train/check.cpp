@@ -22,6 +22,7 @@
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "train/dataset_warnings.h"
+#include "train/lr_scaling.h"
 #include "train/resume_plan.h"
 
 namespace fs = std::filesystem;
@@ -101,6 +102,22 @@ bool check_device(TrainOptions& o, const Say& say) {
     throw UsageError("--precision " + name_of(precision_names(), o.precision) + ": " + e.what());
   }
   return false;
+}
+
+// The lr the run would start from on the launcher's ranks (--lr-base), or the warning
+// for a recipe's lr at another global batch; before check_start, which compares the lr
+// with a resumed checkpoint's.
+void check_lr(TrainOptions& o, const Say& say) {
+  if (o.eval_only || (o.lr_base == 0.0 && o.recipe.empty())) return;
+  const int world = dist::launcher_world_size();
+  if (world == 0) {
+    say("lr", "the global batch depends on the ranks, which this launcher does not say: the run works it out");
+    return;
+  }
+  const LrChoice c = choose_lr(o, world);
+  apply_lr_choice(o, c);
+  if (!c.line.empty()) say("lr", c.line);
+  if (!c.warning.empty() && say.speaker) std::fprintf(stderr, "resnet_ddp: warning: %s\n", c.warning.c_str());
 }
 
 // The checkpoint a resume reads and whether this command may continue it, or the --init
@@ -193,6 +210,7 @@ int check_main(const TrainOptions& opts) {
     check_train_paths(o, false);
     if (!o.eval_only) say("output", check_output_dir(o.output_dir));
     const bool cuda = check_device(o, say);
+    check_lr(o, say);
     const std::vector<std::string> classes = check_start(o, cuda, say);
     check_data(o, classes, say);
     say("launcher", dist::describe_launcher());

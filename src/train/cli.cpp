@@ -125,6 +125,14 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
   fs.integer("--val-batch-size", &o.val_batch_size, 0, "images per rank per validation batch (0 = --batch-size)", 65536);
   fs.integer("--epochs", &o.epochs, 1, "number of epochs", 1000000);
   fs.real("--lr", &o.lr, 0.0, true, "learning rate");
+  fs.real("--lr-base", &o.lr_base, 0.0, true,
+          "derive the lr from the global batch (batch x ranks x accum) as timm: lr = LR_BASE x global / "
+          "--lr-base-size (an --lr given wins)");
+  fs.integer("--lr-base-size", &o.lr_base_size, 1, "the global batch --lr-base is the lr for (timm: 256)",
+             std::numeric_limits<int32_t>::max());
+  fs.choice("--lr-base-scale", &o.lr_base_scale, {"auto", "linear", "sqrt"},
+            "how --lr-base follows the global batch: linear, sqrt (of the ratio), auto = sqrt for adam, adamw and "
+            "lamb, else linear (timm's rule)");
   fs.enumeration("--optimizer", &o.optimizer, optimizer_names(),
                  "optimizer: adam, sgd, adamw, rmsprop (torch.optim; rmsprop as torchvision's reference: "
                  "alpha 0.9, eps 0.0316), lars, lamb (timm.optim defaults)");
@@ -446,6 +454,9 @@ void train_finish(ParsedCommand& pc, Parsed& p) {
   if (t.deterministic && t.device == Device::Cuda)
     throw UsageError("--deterministic: only supported on the CPU backend (--device cpu)");
   check_sched_flags(t);
+  if (t.lr_base == 0.0)
+    for (const char* f : {"--lr-base-size", "--lr-base-scale"})
+      if (t.was_given(f)) throw UsageError(std::string(f) + ": only with --lr-base (the lr it scales to the global batch)");
   // With a config file's flags written out: a resume reads them back from the
   // checkpoint, whatever became of the file.
   std::vector<std::string> words = p.words.prefix;

@@ -62,7 +62,9 @@ void print_json(std::ostringstream& out, const InfoOptions& o, const Contents& s
       << ",\n  \"scheduler\": " << json_string(m.scheduler.present ? m.scheduler.type : "")
       << ",\n  \"args\": " << json_string(m.args) << ",\n  \"args_history\": [";
   for (size_t i = 0; i < m.args_history.size(); ++i) out << (i ? ", " : "") << json_string(m.args_history[i]);
-  out << "],\n  \"created_by\": " << json_string(m.created_by);
+  out << "],\n  \"created_by\": " << json_string(m.created_by) << ",\n  \"slurm_job_id\": " << json_string(m.slurm_job_id)
+      << ",\n  \"slurm_step_id\": " << json_string(m.slurm_step_id)
+      << ",\n  \"slurm_restart_count\": " << m.slurm_restart_count;
   if (o.tensors) {
     out << ",\n  \"state_dict\": {";
     for (size_t i = 0; i < s.state_dict.size(); ++i) {
@@ -105,6 +107,9 @@ void print_text(std::ostringstream& out, const InfoOptions& o, const Contents& s
     if (m.val_acc >= 0) out << "val accuracy:    " << py_float(m.val_acc) << " (val loss " << py_float(m.val_loss) << ")\n";
     out << "best val acc:    " << py_float(m.best_val_acc) << " (val loss " << py_float(m.best_val_loss) << ")\n";
     out << "trained on:      " << m.world_size << " rank(s) x batch " << m.batch_size << ", seed " << m.seed << "\n";
+    if (!m.slurm_job_id.empty())  // whose requeue may continue it unasked
+      out << "slurm job:       " << m.slurm_job_id << (m.slurm_step_id.empty() ? "" : " step " + m.slurm_step_id)
+          << " restart " << m.slurm_restart_count << "\n";
     if (m.optimizer.present)
       out << "optimizer:       " << name_of(optimizer_names(), m.optimizer.config.type) << ", step " << m.optimizer.step << ", lr "
           << py_float(m.optimizer.lr) << " (initial " << py_float(m.optimizer.config.lr) << ")\n";

@@ -47,6 +47,23 @@ std::string recipe_flags_line(const std::string& name) {
   return "";
 }
 
+bool recipe_sets(const std::string& name, const std::string& flag) {
+  for (const auto& r : training_recipes()) {
+    if (r.name != name) continue;
+    for (const auto& line : r.lines)
+      if ("--" + line.substr(0, line.find(" = ")) == flag) return true;
+  }
+  return false;
+}
+
+// torchvision's README: V1 on 8 GPUs x --batch-size 32; V2 (vision issue 3995, the
+// "How to train state-of-the-art models" recipe) on 8 GPUs x 128.
+RecipeBatch recipe_reference_batch(const std::string& name) {
+  if (name == "torchvision-resnet-v1") return {8, 32};
+  if (name == "torchvision-resnet-v2") return {8, 128};
+  return {};
+}
+
 std::string recipe_help() {
   std::string out = "a training recipe's flags, applied before the others (each flag given wins; printed at start)";
   for (const auto& r : training_recipes()) out += "; " + r.name + " = " + r.summary;

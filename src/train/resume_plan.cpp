@@ -374,15 +374,59 @@ ResumePlan ResumePlan::decode(const std::string& bytes) {
   return p;
 }
 
+namespace {
+
+std::string env_text(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// Slurm's spelling changed (SLURM_STEPID is the older one).
+std::string slurm_step_id() {
+  const std::string step = env_text("SLURM_STEP_ID");
+  return step.empty() ? env_text("SLURM_STEPID") : step;
+}
+
+// SLURM_RESTART_COUNT is set only once a job has been requeued; unset or unreadable = 0.
+int64_t slurm_restart_count() {
+  const std::string v = env_text("SLURM_RESTART_COUNT");
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  return !v.empty() && end && *end == '\0' && n > 0 ? n : 0;
+}
+
+}  // namespace
+
+void record_slurm_job(io::CheckpointMeta& m) {
+  m.slurm_job_id = env_text("SLURM_JOB_ID");
+  m.slurm_step_id = m.slurm_job_id.empty() ? "" : slurm_step_id();
+  m.slurm_restart_count = m.slurm_job_id.empty() ? 0 : slurm_restart_count();
+}
+
+bool requeue_of_writer(const io::CheckpointMeta& m) {
+  const std::string job = env_text("SLURM_JOB_ID");
+  return !job.empty() && job == m.slurm_job_id && slurm_step_id() == m.slurm_step_id &&
+         slurm_restart_count() > m.slurm_restart_count;
+}
+
 void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                            const std::vector<std::string>& differences) {
   if (differences.empty() || o.resume != ResumeMode::Auto || o.was_given("--resume")) return;
-  if (const char* job = std::getenv("SLURM_JOB_ID"); job && *job) return;
+  if (requeue_of_writer(m)) return;
   std::string msg = "--output-dir " + o.output_dir + " holds another run (" + path + ", " +
                     std::to_string(m.epoch) + " epoch(s) done) whose settings differ from this command's:";
   for (const auto& d : differences) msg += "\n  " + d;
   msg += "\nTo continue that run with these settings add --resume auto; to start a new experiment use another "
          "--output-dir (or --resume none to start over in this one)";
+  // Inside a job, say why this run is not taken for a requeue of the checkpoint's job.
+  if (const std::string job = env_text("SLURM_JOB_ID"); !job.empty()) {
+    std::string writer = "none recorded";
+    if (!m.slurm_job_id.empty())
+      writer = "job " + m.slurm_job_id + (m.slurm_step_id.empty() ? "" : " step " + m.slurm_step_id) + ", restart " +
+               std::to_string(m.slurm_restart_count);
+    msg += "\n(Slurm job " + job + ": only a requeue of the job that wrote the checkpoint (" + writer +
+           ") continues it unasked)";
+  }
   throw UsageError(msg);
 }
 

@@ -78,12 +78,21 @@ ResumePlan plan_fresh(const TrainOptions& o);
 // --init FILE: refuses weights of another --arch.
 void check_init(const TrainOptions& o, const io::CheckpointMeta& m);
 
-// Auto-resume is for continuing a run (a requeue, a rerun after a stop). Outside Slurm a
-// command whose settings differ from the run in its output folder is more likely a new
-// experiment that would otherwise silently continue the old one (or train nothing):
-// refused (rd::UsageError listing the differences) unless --resume was given. Under
-// Slurm a requeued job resumes unasked, and the job scripts give each submission its
-// own folder.
+// This process's Slurm job (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_RESTART_COUNT) into the
+// metadata of a checkpoint it writes; nothing outside Slurm.
+void record_slurm_job(io::CheckpointMeta& m);
+
+// Whether this process is a requeue of the Slurm job that wrote `m`: the same job id and
+// step, started more times than when `m` was written. A second run in the same job (the
+// next experiment of a job script) is not one.
+bool requeue_of_writer(const io::CheckpointMeta& m);
+
+// Auto-resume is for continuing a run (a requeue, a rerun after a stop). A command whose
+// settings differ from the run in its output folder is more likely a new experiment
+// that would otherwise silently continue the old one (or train nothing): refused
+// (rd::UsageError listing the differences) unless --resume was given or this is a
+// requeue of the Slurm job that wrote the checkpoint (requeue_of_writer), inside a Slurm
+// job as outside.
 void refuse_new_experiment(const TrainOptions& o, const std::string& path, const io::CheckpointMeta& m,
                            const std::vector<std::string>& differences);
 

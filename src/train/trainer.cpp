@@ -9,6 +9,7 @@
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/recipes.h"
 #include "resnet_ddp/dist/launcher.h"
+#include "train/lr_scaling.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -23,15 +24,36 @@ int micro_batches_in_step(int64_t step, int64_t micro_total, int accum_steps) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(accum_steps, remaining)));
 }
 
+// A divergence the per-step check (update) cannot see: the last update of the epoch left
+// non-finite weights, which only validation meets, or the epoch's loss sum overflowed.
+// Both values are reduced over the ranks, so every rank stops here together. Under fp16
+// the loss scaler skips such steps instead.
+void stop_if_diverged(const EpochResult& r, bool loss_scaling, bool speaker) {
+  if (loss_scaling || (std::isfinite(r.train_loss) && std::isfinite(r.val_loss))) return;
+  if (speaker)
+    std::fprintf(stderr,
+                 "resnet_ddp: error: the %s loss became NaN or Inf in epoch %lld (train loss %s, val loss %s): the "
+                 "weights diverged; stopping without saving. Try a lower --lr, --precision fp32, or check the "
+                 "data.\n",
+                 std::isfinite(r.train_loss) ? "validation" : "training", static_cast<long long>(r.epoch + 1),
+                 py_float(r.train_loss).c_str(), py_float(r.val_loss).c_str());
+  throw CollectiveExit{1};
+}
+
 }  // namespace
 
 int Trainer::run() {
+  // Before the resume plan, which compares this run's lr with the checkpoint's.
+  const LrChoice lr = o_.eval_only ? LrChoice{} : choose_lr(o_, env_.world);
+  apply_lr_choice(o_, lr);
   setup_device();
   lock_output();
   resolve_resume();
   setup_data();
   if (!o_.recipe.empty())
     say("Recipe " + o_.recipe + ": " + recipe_flags_line(o_.recipe) + " (flags given on the command line win)");
+  if (!lr.line.empty()) say(lr.line);
+  if (!lr.warning.empty() && rank0()) std::fprintf(stderr, "resnet_ddp: warning: %s\n", lr.warning.c_str());
   if (train_set_)
     say("Train set size: " + std::to_string(train_set_->size()) +
         ", Validation set size: " + std::to_string(val_set_->size()));
@@ -92,6 +114,7 @@ void Trainer::train_epochs() {
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
     r.train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
     validate(r.val_loss, r.val_acc, &r.val_acc5);
+    stop_if_diverged(r, step_->scaler().enabled(), rank0());
     if (ema_) validate_ema(r);
     r.seconds = seconds_since(t0);
     const bool improved = r.val_acc > state_.best_val_acc;

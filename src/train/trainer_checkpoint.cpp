@@ -154,6 +154,7 @@ io::CheckpointMeta Trainer::base_meta() const {
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
   m.normalize = name_of(normalize_names(), o_.normalize);
   m.class_names = class_names_;
+  record_slurm_job(m);
   return m;
 }
 

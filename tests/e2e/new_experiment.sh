@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# A new experiment never silently continues an old one. Outside Slurm, a command whose
+# A new experiment never silently continues an old one. A command whose
 # settings differ from the run in its --output-dir is refused (exit 2) with the
 # differences listed, unless --resume was given; the same command again continues (or,
 # all epochs done, trains nothing and claims no "Best model ... saved"); flags that
-# change only how a run executes (workers, logging) do not count; under Slurm
-# (SLURM_JOB_ID) a requeued job resumes unasked.
+# change only how a run executes (workers, logging) do not count. Inside a Slurm job
+# (SLURM_JOB_ID) the same holds, except for a requeue (SLURM_RESTART_COUNT grown) of the
+# job and step that wrote last.h5, which resumes unasked.
 source "$(dirname "$0")/common.sh"
 
 synth_data "$WORK/data" 24 9
@@ -54,18 +55,40 @@ grep -q -x -F "Resume: --lr 0.01 instead of the checkpoint's 0.0001 (the learnin
   { cat "$WORK/r5"; fail "--resume auto: the change is not named"; }
 grep -q '^(Epoch 2/2) Val loss' "$WORK/r5" || fail "--resume auto did not train epoch 2"
 
-note "under Slurm (a requeued job) auto-resume continues unasked"
-expect_rc 0 "$WORK/r6" env SLURM_JOB_ID=4242 "$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2
-grep -q -x -F "Resume: --epochs 3 instead of the checkpoint's 2" "$WORK/r6" || { cat "$WORK/r6"; fail "Slurm: no resume"; }
-grep -q '^(Epoch 3/3) Val loss' "$WORK/r6" || fail "Slurm: epoch 3 not trained"
+note "inside a Slurm job the same holds: a checkpoint from outside any job is refused"
+slurm_job=(env SLURM_JOB_ID=4242 SLURM_STEP_ID=0)
+expect_rc 2 "$WORK/r6" "${slurm_job[@]}" "$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2
+grep -q -x -F -- "  --epochs 3 (that run: 2)" "$WORK/r6" || { cat "$WORK/r6"; fail "Slurm: difference not listed"; }
+grep -q -x -F "(Slurm job 4242: only a requeue of the job that wrote the checkpoint (none recorded) continues it unasked)" \
+  "$WORK/r6" || { cat "$WORK/r6"; fail "Slurm: the refusal does not say why"; }
+expect_rc 2 "$WORK/r6c" "${slurm_job[@]}" "$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2 --check
+grep -q -x -F -- "  --epochs 3 (that run: 2)" "$WORK/r6c" || { cat "$WORK/r6c"; fail "Slurm --check: not refused"; }
+expect_rc 0 "$WORK/r7" "${slurm_job[@]}" "$RD_BIN" "${base[@]}" --epochs 3 --lr 1e-2 --resume auto
+grep -q '^(Epoch 3/3) Val loss' "$WORK/r7" || { cat "$WORK/r7"; fail "Slurm --resume auto: epoch 3 not trained"; }
+
+note "the job's next experiment (another step, or the same one: no requeue) is refused"
+expect_rc 2 "$WORK/r8" env SLURM_JOB_ID=4242 SLURM_STEP_ID=1 "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-2
+grep -q -x -F "(Slurm job 4242: only a requeue of the job that wrote the checkpoint (job 4242 step 0, restart 0) continues it unasked)" \
+  "$WORK/r8" || { cat "$WORK/r8"; fail "Slurm: another step of the job continued the run"; }
+expect_rc 2 "$WORK/r9" "${slurm_job[@]}" "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-3
+grep -q -x -F -- "  --lr 0.001 (that run: 0.01)" "$WORK/r9" || { cat "$WORK/r9"; fail "Slurm: a second run in the job continued"; }
+note "another job, even a requeued one, is refused"
+expect_rc 2 "$WORK/r10" env SLURM_JOB_ID=5000 SLURM_STEP_ID=0 SLURM_RESTART_COUNT=1 "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-2
+
+note "a requeue of the job that wrote last.h5 (SLURM_RESTART_COUNT 1) continues unasked"
+expect_rc 0 "$WORK/r11" "${slurm_job[@]}" SLURM_RESTART_COUNT=1 "$RD_BIN" "${base[@]}" --epochs 4 --lr 1e-2
+grep -q -x -F "Resume: --epochs 4 instead of the checkpoint's 3" "$WORK/r11" || { cat "$WORK/r11"; fail "Slurm requeue: no resume"; }
+grep -q '^(Epoch 4/4) Val loss' "$WORK/r11" || fail "Slurm requeue: epoch 4 not trained"
 
 note "info: the first run's command line and each resume's"
 "$RD_BIN" info "$OUT/last.h5" >"$WORK/info" || fail "info"
 cat "$WORK/info"
 grep -q -E "^first run: +.*resnet_ddp .*--epochs 1 --lr 1e-4\$" "$WORK/info" || fail "info: no first run"
 grep -q -E "^resume 1: +.*resnet_ddp .*--epochs 2 --lr 1e-2 --resume auto\$" "$WORK/info" || fail "info: no resume 1"
-grep -q -E "^resume 2: +.*resnet_ddp .*--epochs 3 --lr 1e-2\$" "$WORK/info" || fail "info: no resume 2"
-[ "$(grep -c '^resume [0-9]*:' "$WORK/info")" = 2 ] || fail "info: the refused and untrained runs are not resumes"
-"$RD_BIN" info --json "$OUT/last.h5" | grep -q '"args_history": \[.*--epochs 1 --lr 1e-4.*, .*, .*--epochs 3' ||
+grep -q -E "^resume 2: +.*resnet_ddp .*--epochs 3 --lr 1e-2 --resume auto\$" "$WORK/info" || fail "info: no resume 2"
+grep -q -E "^resume 3: +.*resnet_ddp .*--epochs 4 --lr 1e-2\$" "$WORK/info" || fail "info: no resume 3"
+grep -q -x -F "slurm job:       4242 step 0 restart 1" "$WORK/info" || fail "info: the writing Slurm job is not named"
+[ "$(grep -c '^resume [0-9]*:' "$WORK/info")" = 3 ] || fail "info: the refused and untrained runs are not resumes"
+"$RD_BIN" info --json "$OUT/last.h5" | grep -q '"args_history": \[.*--epochs 1 --lr 1e-4.*, .*, .*, .*--epochs 4' ||
   fail "info --json: no args_history"
 note "ok"

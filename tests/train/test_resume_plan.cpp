@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "resnet_ddp/errors.h"
 #include "train/parse_cli.h"
@@ -237,4 +238,85 @@ TEST_CASE("plan_resume: the torchvision schedules and --model-ema continue from 
   const ResumePlan q = plan_resume(train_flags(args), "out/last.h5", m, {false, 1});
   CHECK_FALSE(q.state.has_ema_state);
   CHECK(has_line(q.start_lines, "checkpoint has no weight EMA"));
+}
+
+namespace {
+
+// Sets the Slurm variables of one case (nullptr: unset) and restores them afterwards.
+class SlurmEnv {
+ public:
+  SlurmEnv(const char* job, const char* step, const char* restarts) {
+    set("SLURM_JOB_ID", job);
+    set("SLURM_STEP_ID", step);
+    set("SLURM_RESTART_COUNT", restarts);
+    ::unsetenv("SLURM_STEPID");
+  }
+  ~SlurmEnv() {
+    for (const char* v : {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) ::unsetenv(v);
+  }
+
+ private:
+  static void set(const char* name, const char* value) {
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("refuse_new_experiment: inside Slurm only a requeue of the checkpoint's job continues unasked",
+          "[resume_plan]") {
+  const std::vector<std::string> was = {"--data", "d", "--lr", "0.0001", "--epochs", "3"};
+  const TrainOptions now = train_flags({"--data", "d", "--lr", "0.01", "--epochs", "3"});
+  const std::vector<std::string> diff = {"--lr 0.01 (that run: 0.0001)"};
+  io::CheckpointMeta m = checkpoint_of(was);
+  auto refused = [&] {
+    try {
+      refuse_new_experiment(now, "out/last.h5", m, diff);
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find("--lr 0.01 (that run: 0.0001)") != std::string::npos);
+      return true;
+    }
+    return false;
+  };
+  {
+    SlurmEnv env("999", nullptr, nullptr);  // the review's case: a checkpoint from no job
+    CHECK(refused());
+    record_slurm_job(m);  // written by job 999, before any requeue
+    CHECK(m.slurm_job_id == "999");
+    CHECK(m.slurm_restart_count == 0);
+    CHECK(refused());  // the job script's next experiment
+  }
+  {
+    SlurmEnv env("999", nullptr, "1");  // the job requeued
+    CHECK_FALSE(refused());
+  }
+  {
+    SlurmEnv env("1000", nullptr, "1");  // another job's requeue
+    CHECK(refused());
+  }
+  {
+    SlurmEnv env("999", "0", "2");
+    record_slurm_job(m);  // step 0 of the job's second restart
+    CHECK(m.slurm_step_id == "0");
+    CHECK(m.slurm_restart_count == 2);
+  }
+  {
+    SlurmEnv env("999", "1", "3");  // a later restart, but another step: another experiment
+    CHECK(refused());
+  }
+  {
+    SlurmEnv env("999", "0", "3");
+    CHECK_FALSE(refused());
+  }
+  {
+    SlurmEnv env(nullptr, nullptr, nullptr);  // outside Slurm, as before
+    CHECK(refused());
+    record_slurm_job(m);
+    CHECK(m.slurm_job_id.empty());
+  }
+  const TrainOptions asked = train_flags({"--data", "d", "--lr", "0.01", "--epochs", "3", "--resume", "auto"});
+  CHECK_NOTHROW(refuse_new_experiment(asked, "out/last.h5", m, diff));
 }

@@ -54,6 +54,12 @@ struct CheckpointMeta {
   // first (the last one is `args`); empty in files written before it was recorded.
   std::vector<std::string> args_history;
   std::string created_by;
+  // The Slurm job that wrote the file: SLURM_JOB_ID ("" outside Slurm), SLURM_STEP_ID
+  // ("" when unset) and SLURM_RESTART_COUNT (its requeues so far). Only a later requeue
+  // of that job may continue the run with other flags unasked (refuse_new_experiment);
+  // files from before have none, so no job counts as theirs.
+  std::string slurm_job_id, slurm_step_id;
+  int64_t slurm_restart_count = 0;
   std::string normalize = "none";
   std::vector<std::string> class_names;
   std::string container = "hdf5";  // or "safetensors" (weights and metadata only), "pytorch" (.pth: weights only)

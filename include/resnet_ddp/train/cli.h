@@ -33,6 +33,11 @@ struct TrainOptions {
   int val_batch_size = 0;            // 0 = batch_size
   int epochs = 5;
   double lr = 1e-4;
+  // timm's --lr-base: the lr for a global batch of lr_base_size, scaled to the run's
+  // (lr_scaling.h); 0 = not given (--lr as set). lr_base_scale: auto (by optimizer, as timm), linear, sqrt.
+  double lr_base = 0.0;
+  int64_t lr_base_size = 256;
+  std::string lr_base_scale = "auto";
   OptimizerKind optimizer = OptimizerKind::Adam;
   double momentum = 0.9;             // sgd, rmsprop, lars
   bool nesterov = false;             // sgd, lars

@@ -3,6 +3,7 @@
 // line, so any flag given wins. Printed in full when training starts.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,5 +16,14 @@ const std::vector<FlagSet::Preset>& training_recipes();
 std::string recipe_flags_line(const std::string& name);
 // For --help: each recipe's name and summary.
 std::string recipe_help();
+// Whether the recipe's own lines set `flag` ("--lr").
+bool recipe_sets(const std::string& name, const std::string& flag);
+
+// The global batch a recipe's lr was published for, as GPUs x per-GPU batch; {0, 0} when
+// it states none. Far from it, that lr is wrong (a run warns with the scaled value).
+struct RecipeBatch {
+  int64_t gpus = 0, per_gpu = 0;
+};
+RecipeBatch recipe_reference_batch(const std::string& name);
 
 }  // namespace rd::train
