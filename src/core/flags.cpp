@@ -442,6 +442,42 @@ void FlagSet::apply_entry(const std::string& name, const std::string& value, boo
   if (given) given->push_back(f->name);
 }
 
+#ifndef RESNET_DDP_NO_YAML
+namespace {
+
+// A YAML mapping's keys as read, in file order; a key that is not a name is an error.
+std::vector<FlagSet::ConfigKey> yaml_keys(const YAML::Node& root, std::vector<std::pair<int, std::string>>& errors) {
+  using Kind = FlagSet::ConfigKey::Kind;
+  std::vector<FlagSet::ConfigKey> keys;
+  for (const auto& kv : root) {
+    const int line = kv.first.Mark().line + 1;
+    if (!kv.first.IsScalar()) {
+      errors.emplace_back(line, "expected a flag name as the key");
+      continue;
+    }
+    FlagSet::ConfigKey k;
+    k.key = kv.first.Scalar();
+    k.line = line;
+    const YAML::Node& v = kv.second;
+    if (v.IsNull()) {
+      k.kind = Kind::Null;
+    } else if (v.IsScalar()) {
+      k.value = v.Scalar();
+    } else if (v.IsSequence()) {
+      k.kind = Kind::List;
+      for (const auto& item : v) k.value += (k.value.empty() ? "" : ",") + (item.IsScalar() ? item.Scalar() : "?");
+    } else {
+      k.kind = Kind::Map;
+      k.value = v.size() == 0 ? "" : "{...}";
+    }
+    keys.push_back(std::move(k));
+  }
+  return keys;
+}
+
+}  // namespace
+#endif
+
 #ifdef RESNET_DDP_NO_YAML
 // The standalone GPU check (tools/gpu_check.sh) builds without yaml-cpp: bare GPU
 // hosts lack it, and nothing there reads a YAML config.
@@ -464,30 +500,7 @@ void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::
   // Every problem of the file is reported at once (timm's args.yaml has ~180 keys: one
   // run per problem would be a long way to a working file).
   std::vector<std::pair<int, std::string>> errors;
-  std::vector<ConfigKey> keys;
-  for (const auto& kv : root) {
-    const int line = kv.first.Mark().line + 1;
-    if (!kv.first.IsScalar()) {
-      errors.emplace_back(line, "expected a flag name as the key");
-      continue;
-    }
-    ConfigKey k;
-    k.key = kv.first.Scalar();
-    k.line = line;
-    const YAML::Node& v = kv.second;
-    if (v.IsNull()) {
-      k.kind = ConfigKey::Kind::Null;
-    } else if (v.IsScalar()) {
-      k.value = v.Scalar();
-    } else if (v.IsSequence()) {
-      k.kind = ConfigKey::Kind::List;
-      for (const auto& item : v) k.value += (k.value.empty() ? "" : ",") + (item.IsScalar() ? item.Scalar() : "?");
-    } else {
-      k.kind = ConfigKey::Kind::Map;
-      k.value = v.size() == 0 ? "" : "{...}";
-    }
-    keys.push_back(std::move(k));
-  }
+  std::vector<ConfigKey> keys = yaml_keys(root, errors);
   ConfigTranslation dialect;
   if (dialect_) dialect_(keys, dialect);
   for (const auto& r : dialect.refused)

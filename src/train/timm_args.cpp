@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 
 namespace rd::train {
@@ -86,11 +85,14 @@ const std::map<std::string, std::string>& missing_features() {
 // Features whose value equals this program's fixed behaviour: off and these values both work.
 bool has_value(const Key* k, const std::string& v) { return k && k->kind == Kind::Scalar && k->value == v; }
 
+// The shortest text that reads back as x (0.1, not 0.10000000000000001).
 std::string fmt(double x) {
-  std::ostringstream s;
-  s.precision(17);
-  s << x;
-  return s.str();
+  char buf[32];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
 }
 
 // timm's default crop_pct of each ResNet's default weights (pretrained_cfg), used for
@@ -129,6 +131,8 @@ struct Translator {
   void schedule(const Key* sched);
   void optimizer(const Key& opt);
   void transforms();
+  void augmentation();
+  bool renamed(const Key& k);
   void mixing();
   void run();
 };
@@ -239,7 +243,11 @@ void Translator::transforms() {
   if (!imagenet_mean) refuse(*mean, "only ImageNet's mean and std are implemented here (--normalize imagenet)");
   if (!imagenet_std) refuse(*std, "only ImageNet's mean and std are implemented here (--normalize imagenet)");
   set(at, "--normalize", "imagenet");
-  // Augmentation after the flip: aa, else ColorJitter(color_jitter).
+  augmentation();
+}
+
+// After the flip: aa, else ColorJitter(color_jitter); random erasing after Normalize.
+void Translator::augmentation() {
   const Key* aa = get("aa");
   if (aa && !is_off(*aa)) {
     const std::string a = aa->value;
@@ -290,6 +298,19 @@ void Translator::mixing() {
   if (const Key* m = get("mixup_off_epoch"); m && !is_off(*m)) refuse(*m, "not implemented here");
 }
 
+// A key that is one of this program's flags under another name; '' and null leave it.
+bool Translator::renamed(const Key& k) {
+  static const std::map<std::string, std::string> same = {
+      {"train_split", "--train-split"}, {"val_split", "--val-split"}, {"output", "--output-dir"},
+      {"seed", "--seed"}, {"workers", "--workers"}, {"momentum", "--momentum"}, {"batch_size", "--batch-size"},
+      {"validation_batch_size", "--val-batch-size"}, {"log_interval", "--log-every"}, {"smoothing", "--label-smoothing"},
+      {"grad_accum_steps", "--accum-steps"}};
+  const auto it = same.find(k.key);
+  if (it == same.end()) return false;
+  if (k.kind == Kind::Scalar && !k.value.empty()) set(k, it->second, k.value);
+  return true;
+}
+
 void Translator::run() {
   for (const auto& k : keys) by_name[k.key] = &k;
   const auto& missing = missing_features();
@@ -312,14 +333,8 @@ void Translator::run() {
         refuse(k, "only image folders (and packed .h5 files) are read here");
     } else if (n == "data_dir" || n == "data") {
       if (!is_off(k)) set(k, "--data", k.value);
-    } else if (n == "train_split" || n == "val_split" || n == "output" || n == "seed" || n == "workers" ||
-               n == "momentum" || n == "batch_size" || n == "validation_batch_size" || n == "log_interval") {
-      if (k.kind == Kind::Null || (scalar && k.value.empty())) continue;
-      static const std::map<std::string, std::string> same = {
-          {"train_split", "--train-split"}, {"val_split", "--val-split"}, {"output", "--output-dir"},
-          {"seed", "--seed"}, {"workers", "--workers"}, {"momentum", "--momentum"}, {"batch_size", "--batch-size"},
-          {"validation_batch_size", "--val-batch-size"}, {"log_interval", "--log-every"}};
-      set(k, same.at(n), k.value);
+    } else if (renamed(k)) {
+      // the same setting under another name
     } else if (n == "epochs") {
       if (number(get("warmup_epochs"), 0) <= 0 || !has_value(get("warmup_prefix"), "true")) set(k, "--epochs", k.value);
     } else if (n == "lr") {
@@ -335,8 +350,6 @@ void Translator::run() {
       set(k, "--weight-decay", k.value);
       set(k, "--norm-weight-decay", "0");
       set(k, "--bias-weight-decay", "0");
-    } else if (n == "smoothing") {
-      set(k, "--label-smoothing", k.value);
     } else if (n == "sched") {
       // read by schedule()
     } else if (n == "min_lr" || n == "warmup_epochs" || n == "lr_cycle_limit" || n == "lr_cycle_mul" ||
@@ -352,8 +365,6 @@ void Translator::run() {
       set(k, "--ra-reps", fmt(std::floor(number(&k, 3))));
     } else if (n == "sync_bn" || n == "amp") {
       set(k, "--" + std::string(n == "amp" ? "amp" : "sync-bn"), is_off(k) ? "false" : "true");
-    } else if (n == "grad_accum_steps") {
-      set(k, "--accum-steps", k.value);
     } else if (n == "model_ema") {
       if (!is_off(k))
         refuse(k, "timm's EMA decays by model_ema_decay at every step; the EMA here is torchvision's (its decay "
