@@ -8,7 +8,10 @@
 // it in --help, and count as the flag itself for `given`. An optional config flag
 // (config) reads more flags from a file, applied before the command line so that the
 // command line wins. A flag given twice, in any spelling, keeps the last value (as
-// argparse does).
+// argparse does). Every switch can also be turned off, as CLI11 and argparse's
+// BooleanOptionalAction allow: `--no-SWITCH` on the command line, `no-switch` or
+// `switch = false` in a config file, `switch: false` in YAML; it counts as the switch
+// given (a recipe's switch turned off is a setting the user chose).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +57,9 @@ class FlagSet {
   // Real number with min (inclusive unless min_exclusive) and optional max.
   void real(const std::string& name, double* target, double min, bool min_exclusive, const std::string& help,
             double max = std::numeric_limits<double>::infinity());
+  // A switch: naming it turns it on; --no-NAME (generated) turns it off.
   void boolean(const std::string& name, bool* target, const std::string& help);
-  // A flag that switches a default-on option off.
+  // A flag that switches a default-on option off (listed in --help as such).
   void negated(const std::string& name, bool* target, const std::string& help);
   // Any other value: `set` parses it (throwing UsageError naming the flag) and may be
   // called once per occurrence (repeatable flags). `get`, when given, spells the current
@@ -82,6 +86,32 @@ class FlagSet {
   // The chosen preset's name goes to `chosen` ("" when none).
   void presets(const std::string& name, std::string* chosen, const std::string& help, std::vector<Preset> table);
 
+  // One key of a YAML config file as read, for a dialect (timm's args.yaml).
+  struct ConfigKey {
+    std::string key;  // as written; a dialect rewrites it to a flag spelling ("--lr")
+    int line = 0;     // 1-based
+    enum class Kind { Null, Scalar, List, Map } kind = Kind::Scalar;
+    std::string value;  // a scalar's text; a list's items joined by ','; "" for an empty mapping
+  };
+  // What a dialect did with a file's keys: the keys left out because they do not change
+  // the run here, and the ones it cannot honour, each with the flag that would make it
+  // moot when given on the command line ("" when none).
+  struct ConfigRefusal {
+    int line;
+    std::string message, moot_with;
+  };
+  struct ConfigTranslation {
+    std::vector<std::string> ignored;
+    std::vector<ConfigRefusal> refused;
+  };
+  // A YAML dialect rewrites `keys` in place into flag settings, moving the keys it reads
+  // as not changing the run to `ignored` and the ones it cannot honour to `refused`.
+  // Keys it leaves alone are read as flag names, as in any YAML config.
+  using YamlDialect = std::function<void(std::vector<ConfigKey>& keys, ConfigTranslation& out)>;
+  void yaml_dialect(YamlDialect dialect);
+  // Warnings of the last parse() (a config file's ignored keys), for the caller to print.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
   // Parses args; positional arguments are returned (an error when !allow_positional).
   // `given` collects the flags set (their main names, aliases resolved; a config file's
   // too), for "did the user set this". `applied` receives the arguments as applied: the
@@ -105,7 +135,16 @@ class FlagSet {
     bool is_bool = false;
     std::function<void(const std::string&, const std::string&)> set;
     std::function<std::string()> get;
+    std::function<void()> clear = nullptr;  // a switch turned off (--no-NAME)
   };
+  // A spelling resolved to its flag; `off`: a switch's --no- form.
+  struct Resolved {
+    Flag* flag = nullptr;
+    bool off = false;
+  };
+  Resolved resolve(const std::string& name);
+  // How the recorded command line spells switch `f` turned off.
+  std::string off_spelling(const Flag& f);
   void add(Flag f);
   void add_choice(const std::string& name, const std::vector<std::string>& words, const std::string& help,
                   std::function<void(size_t)> set, std::function<size_t()> get);
@@ -121,6 +160,11 @@ class FlagSet {
   // or true/yes/on/1.
   void apply_entry(const std::string& name, const std::string& value, bool has_value, std::vector<std::string>* given,
                    std::vector<std::string>* applied);
+  // The flags the command line sets (main names), so that a config key they override is
+  // not refused.
+  std::vector<std::string> typed_;
+  YamlDialect dialect_;
+  std::vector<std::string> warnings_;
   std::string unknown_message(const std::string& name) const;
   std::string see_help() const;
 

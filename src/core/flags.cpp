@@ -118,12 +118,12 @@ void FlagSet::real(const std::string& name, double* target, double min, bool min
 
 void FlagSet::boolean(const std::string& name, bool* target, const std::string& help) {
   add({name, "", help, "", true, [target](const std::string&, const std::string&) { *target = true; },
-       [target] { return std::string(*target ? "on" : "off"); }});
+       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = false; }});
 }
 
 void FlagSet::negated(const std::string& name, bool* target, const std::string& help) {
   add({name, "", help, "", true, [target](const std::string&, const std::string&) { *target = false; },
-       [target] { return std::string(*target ? "on" : "off"); }});
+       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = true; }});
 }
 
 void FlagSet::custom(const std::string& name, const std::string& metavar, const std::string& help,
@@ -148,7 +148,14 @@ void FlagSet::on_set(const std::string& name, std::function<void()> then) {
     set(flag, v);
     then();
   };
+  if (auto clear = f->clear)
+    f->clear = [clear, then] {
+      clear();
+      then();
+    };
 }
+
+void FlagSet::yaml_dialect(YamlDialect dialect) { dialect_ = std::move(dialect); }
 
 void FlagSet::config(const std::string& name, const std::string& help) {
   // Read by parse() itself (it has to come before every other flag).
@@ -176,10 +183,13 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
   struct Pending {
     Flag* flag;
     std::string typed, value;
+    bool off;
   };
   std::vector<Pending> pending;
   std::vector<std::string> positional, rest;
   std::string config_path, preset;
+  warnings_.clear();
+  typed_.clear();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -203,7 +213,8 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
       value = a.substr(eq + 1);
       has_value = true;
     }
-    Flag* f = find(name);
+    const Resolved r = resolve(name);
+    Flag* f = r.flag;
     if (!f) throw UsageError(unknown_message(name));
     const size_t first = i;
     if (f->is_bool) {
@@ -224,7 +235,8 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
       continue;
     }
     for (size_t j = first; j <= i; ++j) rest.push_back(args[j]);
-    pending.push_back({f, name, value});
+    pending.push_back({f, name, value, r.off});
+    typed_.push_back(f->name);
   }
   if (!allow_positional && !positional.empty())
     throw UsageError("unexpected argument '" + positional.front() + "' for '" +
@@ -232,7 +244,8 @@ std::vector<std::string> FlagSet::parse(const std::vector<std::string>& args, bo
   if (!preset.empty()) apply_preset(preset, given, applied);
   if (!config_path.empty()) apply_file(config_path, given, applied);
   for (const auto& p : pending) {
-    p.flag->set(p.typed, p.value);
+    if (p.off) p.flag->clear();
+    else p.flag->set(p.typed, p.value);
     if (given) given->push_back(p.flag->name);
   }
   if (applied) applied->insert(applied->end(), rest.begin(), rest.end());
@@ -399,18 +412,25 @@ void FlagSet::apply_preset(const std::string& preset, std::vector<std::string>* 
 void FlagSet::apply_entry(const std::string& name, const std::string& value, bool has_value,
                           std::vector<std::string>* given, std::vector<std::string>* applied) {
   if (name == "--help" || name == "-h") throw UsageError(name + ": not valid in a config file");
-  Flag* f = find(name);
+  const Resolved r = resolve(name);
+  Flag* f = r.flag;
   if (!f) throw UsageError(unknown_message(name));
   if (f->name == config_) throw UsageError(name + ": a config file cannot read another one");
   // One order for everyone: preset, then file, then command line.
   if (!preset_flag_.empty() && f->name == preset_flag_)
     throw UsageError(name + ": give it on the command line, not in a config file or a preset");
   if (f->is_bool) {
-    if (has_value && value != "true" && value != "yes" && value != "on" && value != "1")
-      throw UsageError(name + ": a switch, turned on by naming it (or '= true'); to keep it off, leave the "
-                              "line out (got '" + value + "')");
-    f->set(name, "");
-    if (applied) applied->push_back(f->name);
+    const bool yes = !has_value || value == "true" || value == "yes" || value == "on" || value == "1";
+    if (!yes && value != "false" && value != "no" && value != "off" && value != "0")
+      throw UsageError(name + ": a switch: expected true or false (or the bare name for true), got '" + value + "'");
+    // `no-x = false` is x turned on.
+    if (yes != r.off) {
+      f->set(name, "");
+      if (applied) applied->push_back(f->name);
+    } else {
+      f->clear();
+      if (applied) applied->push_back(off_spelling(*f));
+    }
   } else {
     if (!has_value) throw UsageError(name + ": missing value (" + f->metavar + ")");
     f->set(name, value);
@@ -422,6 +442,42 @@ void FlagSet::apply_entry(const std::string& name, const std::string& value, boo
   if (given) given->push_back(f->name);
 }
 
+#ifndef RESNET_DDP_NO_YAML
+namespace {
+
+// A YAML mapping's keys as read, in file order; a key that is not a name is an error.
+std::vector<FlagSet::ConfigKey> yaml_keys(const YAML::Node& root, std::vector<std::pair<int, std::string>>& errors) {
+  using Kind = FlagSet::ConfigKey::Kind;
+  std::vector<FlagSet::ConfigKey> keys;
+  for (const auto& kv : root) {
+    const int line = kv.first.Mark().line + 1;
+    if (!kv.first.IsScalar()) {
+      errors.emplace_back(line, "expected a flag name as the key");
+      continue;
+    }
+    FlagSet::ConfigKey k;
+    k.key = kv.first.Scalar();
+    k.line = line;
+    const YAML::Node& v = kv.second;
+    if (v.IsNull()) {
+      k.kind = Kind::Null;
+    } else if (v.IsScalar()) {
+      k.value = v.Scalar();
+    } else if (v.IsSequence()) {
+      k.kind = Kind::List;
+      for (const auto& item : v) k.value += (k.value.empty() ? "" : ",") + (item.IsScalar() ? item.Scalar() : "?");
+    } else {
+      k.kind = Kind::Map;
+      k.value = v.size() == 0 ? "" : "{...}";
+    }
+    keys.push_back(std::move(k));
+  }
+  return keys;
+}
+
+}  // namespace
+#endif
+
 #ifdef RESNET_DDP_NO_YAML
 // The standalone GPU check (tools/gpu_check.sh) builds without yaml-cpp: bare GPU
 // hosts lack it, and nothing there reads a YAML config.
@@ -432,43 +488,66 @@ void FlagSet::apply_yaml(const std::string& path, const std::string&, std::vecto
 #else
 void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::vector<std::string>* given,
                          std::vector<std::string>* applied) {
-  const auto at = [&](const YAML::Mark& m) { return path + ":" + std::to_string(m.line + 1) + ": "; };
   YAML::Node root;
   try {
     root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw UsageError(at(e.mark) + "not valid YAML: " + e.msg);
+    throw UsageError(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (root.IsNull()) return;  // an empty file sets nothing
   if (!root.IsMap())
     throw UsageError(path + ": expected a YAML mapping of flags ('batch_size: 32', as timm's args.yaml)");
-  for (const auto& kv : root) {
-    const std::string where = at(kv.first.Mark());
+  // Every problem of the file is reported at once (timm's args.yaml has ~180 keys: one
+  // run per problem would be a long way to a working file).
+  std::vector<std::pair<int, std::string>> errors;
+  std::vector<ConfigKey> keys = yaml_keys(root, errors);
+  ConfigTranslation dialect;
+  if (dialect_) dialect_(keys, dialect);
+  for (const auto& r : dialect.refused)
+    if (r.moot_with.empty() || std::find(typed_.begin(), typed_.end(), r.moot_with) == typed_.end())
+      errors.emplace_back(r.line, r.message);
+  std::vector<std::string> unknown_nulls;
+  for (const auto& k : keys) {
     try {
-      if (!kv.first.IsScalar()) throw UsageError("expected a flag name as the key");
-      std::string key = kv.first.Scalar();
-      // timm and Python spell flags with underscores; a key may also be written --flag.
+      // Python spells flags with underscores; a key may also be written --flag.
+      std::string key = k.key;
       while (!key.empty() && key[0] == '-') key.erase(0, 1);
       std::replace(key.begin(), key.end(), '_', '-');
       const std::string name = (key.size() == 1 ? "-" : "--") + key;
-      const YAML::Node& v = kv.second;
-      Flag* f = find(name);
-      if (!f) throw UsageError(unknown_message(name));
-      // `key: null` (timm's "not set") or `key:` alone: the default stays.
-      if (v.IsNull()) continue;
-      if (!v.IsScalar()) throw UsageError(name + ": expected one value, got a " + (v.IsSequence() ? "list" : "mapping"));
-      const std::string value = v.Scalar();
-      if (f->is_bool && (value == "false" || value == "no" || value == "off" || value == "0")) {
-        // A switch set false: its negation where one exists (sync_bn: false), else the
-        // switch simply stays off.
-        if (find("--no-" + key)) apply_entry("--no-" + key, "", false, given, applied);
-        continue;
+      const bool empty = k.kind == ConfigKey::Kind::Null || (k.kind == ConfigKey::Kind::Map && k.value.empty());
+      if (!resolve(name).flag) {
+        // `key: null` says "not set": nothing is lost by leaving it out, but it is said.
+        if (empty) {
+          unknown_nulls.push_back(k.key);
+          continue;
+        }
+        throw UsageError(unknown_message(name));
       }
-      apply_entry(name, value, true, given, applied);
+      if (k.kind == ConfigKey::Kind::Null) continue;  // `key: null` (timm's "not set"): the default stays
+      if (k.kind != ConfigKey::Kind::Scalar)
+        throw UsageError(name + ": expected one value, got a " + (k.kind == ConfigKey::Kind::List ? "list" : "mapping"));
+      apply_entry(name, k.value, true, given, applied);
     } catch (const UsageError& e) {
-      throw UsageError(where + e.what());
+      errors.emplace_back(k.line, e.what());
     }
   }
+  if (!errors.empty()) {
+    std::stable_sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string msg;
+    for (const auto& [line, what] : errors)
+      msg += (msg.empty() ? "" : "\n") + path + ":" + std::to_string(line) + ": " + what;
+    if (errors.size() > 1) msg += "\n" + path + ": " + std::to_string(errors.size()) + " problems, listed above";
+    throw UsageError(msg);
+  }
+  const auto listed = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out;
+  };
+  if (!dialect.ignored.empty())
+    warnings_.push_back(path + ": ignored, as they do not change training here: " + listed(dialect.ignored));
+  if (!unknown_nulls.empty())
+    warnings_.push_back(path + ": ignored, unknown and null: " + listed(unknown_nulls));
 }
 #endif
 
@@ -496,6 +575,9 @@ std::string FlagSet::help() const {
     if (!f.is_bool && !f.default_value.empty()) out << " [default: " << f.default_value << "]";
     out << "\n";
   }
+  if (std::any_of(flags_.begin(), flags_.end(), [](const Flag& f) { return f.is_bool && f.name.rfind("--no-", 0) != 0; }))
+    out << "  --no-SWITCH                 turns a switch above off"
+        << (preset_flag_.empty() && config_.empty() ? "" : " (also one a --recipe or --config turned on)") << "\n";
   return out.str();
 }
 
@@ -504,6 +586,25 @@ std::vector<std::pair<std::string, std::string>> FlagSet::values() const {
   for (const auto& f : flags_)
     if (f.get) v.emplace_back(f.name, f.get());
   return v;
+}
+
+FlagSet::Resolved FlagSet::resolve(const std::string& name) {
+  if (Flag* f = find(name)) return {f, false};
+  // --no-SWITCH for every switch that is not itself a negation (--no-no-sync-bn).
+  if (name.rfind("--no-", 0) == 0 && name.size() > 5) {
+    Flag* f = find("--" + name.substr(5));
+    if (f && f->is_bool && f->clear && f->name.rfind("--no-", 0) != 0) return {f, true};
+  }
+  return {};
+}
+
+std::string FlagSet::off_spelling(const Flag& f) {
+  // A negation's own opposite where it has one (--no-sync-bn: --sync-bn).
+  if (f.name.rfind("--no-", 0) == 0) {
+    const Flag* on = find("--" + f.name.substr(5));
+    if (on && on->is_bool) return on->name;
+  }
+  return "--no-" + f.name.substr(2);
 }
 
 FlagSet::Flag* FlagSet::find(const std::string& name) {
@@ -539,6 +640,15 @@ std::string FlagSet::unknown_message(const std::string& name) const {
     return prev[b.size()];
   };
   std::string msg = "unknown flag '" + name + "' for '" + (command_.empty() ? program_ : command_) + "'";
+  // --no-NAME of a flag that takes a value: say why there is no such form.
+  if (name.rfind("--no-", 0) == 0 && name.size() > 5) {
+    std::string target = "--" + name.substr(5);
+    for (const auto& [alias, flag] : aliases_)
+      if (alias == target) target = flag;
+    for (const auto& f : flags_)
+      if (f.name == target && !f.is_bool)
+        return msg + ": --" + name.substr(5) + " takes a value: it has no --no- form (only switches do); " + see_help();
+  }
   // The nearest spelling among names and aliases, reported as the flag it stands for.
   // No guess for very short names: "-c" is as near to "-b" as to anything.
   const size_t typed = name.size() - std::min(name.find_first_not_of('-'), name.size());

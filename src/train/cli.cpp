@@ -24,6 +24,7 @@
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/recipes.h"
 #include "resnet_ddp/train/report.h"
+#include "train/timm_args.h"
 
 namespace fs = std::filesystem;
 
@@ -383,6 +384,9 @@ bool is_speaker() { return dist::launcher_rank() == 0; }
 void train_flags(FlagSet& fs, ParsedCommand& pc) {
   add_train_flags(fs, pc.train);
   add_train_aliases(fs);
+  fs.yaml_dialect([](std::vector<FlagSet::ConfigKey>& keys, FlagSet::ConfigTranslation& out) {
+    if (looks_like_timm_args(keys)) translate_timm_args(keys, out);
+  });
 }
 
 // The LR schedule's and the EMA's checks across flags.
@@ -655,6 +659,9 @@ ParsedCommand parse_command_line(int argc, char** argv) {
     sc->flags(fs, pc);
     bool help = false;
     p.positional = fs.parse(w.args, sc->positional, &help, &p.given, &p.applied);
+    pc.warnings = fs.warnings();
+    if (is_speaker())
+      for (const auto& warning : pc.warnings) std::fprintf(stderr, "resnet_ddp: warning: %s\n", warning.c_str());
     if (help) {
       pc.command = Command::Help;
       pc.help_text = command_help(sc->command);

@@ -306,8 +306,9 @@ TEST_CASE("config file errors name the file and the line", "[train][flags]") {
     CHECK_THAT(msg, Catch::StartsWith(path + ":1: --model: expected one of"));
   }
   {
-    auto [msg, path] = error_in("nesterov = false\n");
-    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --nesterov: a switch") && Catch::Contains("got 'false'"));
+    auto [msg, path] = error_in("nesterov = maybe\n");
+    CHECK_THAT(msg, Catch::StartsWith(path + ":1: --nesterov: a switch: expected true or false") &&
+                        Catch::Contains("got 'maybe'"));
   }
   {
     auto [msg, path] = error_in("epochs\n");
@@ -463,4 +464,161 @@ TEST_CASE("every --recipe parses, and prints as the flags it sets", "[train][fla
   CHECK(v1.weight_decay == 1e-4);
   CHECK(v1.epochs == 90);
   CHECK_FALSE(v1.sync_bn);
+}
+
+TEST_CASE("every switch has a --no- form that wins over a recipe", "[train][flags][recipe]") {
+  const std::vector<std::string> v2{"--data", "d", "--recipe", "torchvision-resnet-v2"};
+  {
+    const TrainOptions on = parse_train(v2);
+    REQUIRE(on.model_ema);
+    REQUIRE(on.ra_sampler);
+  }
+  for (const bool before : {true, false}) {
+    INFO("--no- flags " << (before ? "before" : "after") << " --recipe");
+    std::vector<std::string> args = v2;
+    args.insert(before ? args.begin() : args.end(), {"--no-model-ema", "--no-ra-sampler"});
+    const TrainOptions t = parse_train(args);
+    CHECK_FALSE(t.model_ema);
+    CHECK_FALSE(t.ra_sampler);
+    CHECK(t.mixup_alpha == 0.2);  // the rest of the recipe stays
+    // Given as the switch itself: a resume compares --model-ema off against the checkpoint's.
+    CHECK(t.was_given("--model-ema"));
+    // The recorded command line reads back as the same run.
+    const std::vector<std::string> words = split_command_line(t.command_line);
+    REQUIRE(words.size() > 1);
+    const TrainOptions back = parse_train(std::vector<std::string>(words.begin() + 1, words.end()));
+    CHECK_FALSE(back.model_ema);
+    CHECK_FALSE(back.ra_sampler);
+  }
+  // The later of a switch and its --no- form wins, as for any flag.
+  CHECK(parse_train({"--data", "d", "--no-nesterov", "--nesterov", "--optimizer", "sgd", "--momentum", "0.9"}).nesterov);
+  CHECK_FALSE(parse_train({"--data", "d", "--nesterov", "--no-nesterov"}).nesterov);
+  // The existing negation keeps its meaning; it has no --no- form of its own.
+  CHECK_FALSE(parse_train({"--data", "d", "--no-sync-bn"}).sync_bn);
+  CHECK_THAT(usage_error({"--data", "d", "--no-no-sync-bn"}), Catch::StartsWith("unknown flag '--no-no-sync-bn'"));
+  CHECK_THAT(usage_error({"--data", "d", "--no-model-ema=1"}), Catch::StartsWith("--no-model-ema: takes no value"));
+  CHECK_THAT(usage_error({"--data", "d", "--no-lr"}), Catch::Contains("--lr takes a value: it has no --no- form"));
+  // --help says so once.
+  const std::string help = command_help(Command::Train);
+  const size_t at = help.find("--no-SWITCH");
+  CHECK(at != std::string::npos);
+  CHECK(help.find("--no-SWITCH", at + 1) == std::string::npos);
+}
+
+TEST_CASE("a config file turns a recipe's switch off: false in YAML and .conf", "[train][flags][recipe]") {
+  for (const auto& [text, ext] : std::vector<std::pair<std::string, std::string>>{
+           {"model_ema: false\nra_sampler: no\n", ".yaml"},
+           {"model-ema = false\nno-ra-sampler\n", ".conf"},
+           {"--no-model-ema\nra_sampler = off\n", ".conf"}}) {
+    INFO(ext << " file:\n" << text);
+    FlagFile f(text, ext);
+    const TrainOptions t = parse_train({"--data", "d", "--recipe", "torchvision-resnet-v2", "--config", f.str()});
+    CHECK_FALSE(t.model_ema);
+    CHECK_FALSE(t.ra_sampler);
+    CHECK(t.was_given("--model-ema"));
+    CHECK_THAT(t.command_line, Catch::Contains("--no-model-ema") && Catch::Contains("--no-ra-sampler"));
+    // The command line still wins over the file.
+    FlagFile g(text, ext);
+    CHECK(parse_train({"--data", "d", "--config", g.str(), "--model-ema"}).model_ema);
+  }
+  {
+    FlagFile f("sync_bn: true\nno_sync_bn: true\n", ".yaml");
+    CHECK_FALSE(parse_train({"--data", "d", "--config", f.str()}).sync_bn);
+  }
+  {
+    FlagFile f("no-sync-bn = false\n");  // the negation set false: SyncBatchNorm on
+    CHECK(parse_train({"--data", "d", "--no-sync-bn", "--config", f.str()}).sync_bn == false);  // command line wins
+    CHECK(parse_train({"--data", "d", "--config", f.str()}).sync_bn);
+  }
+  {
+    FlagFile f("model_ema: 2\n", ".yaml");
+    CHECK_THAT(usage_error({"--data", "d", "--config", f.str()}),
+               Catch::StartsWith(f.str() + ":1: --model-ema: a switch: expected true or false"));
+  }
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("timm's args.yaml: mapped keys translated, the rest ignored or refused at once", "[train][flags][timm]") {
+  const std::string fixture = RD_TIMM_ARGS_FIXTURE;
+  const ParsedCommand pc = parse_args({"--data", "d", "--config", fixture});
+  const TrainOptions& t = pc.train;
+  CHECK(t.arch == Arch::ResNet50);
+  CHECK(t.head == HeadKind::Fc);
+  CHECK(t.batch_size == 4);
+  CHECK(t.epochs == 4);  // 3 after a 1-epoch prefix warmup: timm's num_epochs
+  CHECK(t.lr == 0.002);
+  CHECK(t.optimizer == OptimizerKind::AdamW);
+  CHECK(t.weight_decay == 0.05);
+  CHECK(t.norm_weight_decay == 0.0);  // timm decays no bias or norm weight
+  CHECK(t.bias_weight_decay == 0.0);
+  CHECK(t.label_smoothing == 0.1);
+  CHECK(t.scheduler == SchedulerKind::Cosine);
+  CHECK(t.lr_min == 1e-5);
+  CHECK(t.lr_warmup_epochs == 1);
+  CHECK(t.lr_warmup_decay == Approx(0.1));  // warmup_lr / lr
+  CHECK(t.clip_grad_norm == 1.0);
+  CHECK(t.ra_sampler);
+  CHECK(t.ra_reps == 2);
+  CHECK_FALSE(t.sync_bn);
+  CHECK_FALSE(t.model_ema);
+  CHECK(t.seed == 7);
+  CHECK(t.workers == 2);
+  CHECK(t.output_dir == "runs");
+  CHECK(t.train_split == "train");
+  CHECK(t.val_split == "validation");
+  CHECK(t.train_crop_size == 32);
+  CHECK(t.val_crop_size == 32);
+  CHECK(t.val_resize_size == 36);  // floor(32 / crop_pct 0.875)
+  CHECK(t.hflip_prob == 0.5);
+  CHECK(t.normalize == Normalize::ImageNet);
+  CHECK(t.auto_augment == AutoAugmentPolicy::RandAugment);
+  CHECK(t.ra_magnitude == 9);
+  CHECK(t.random_erase == 0.25);
+  CHECK(t.mixup_alpha == 0.2);
+  CHECK(t.cutmix_alpha == 1.0);
+  CHECK(t.data == "d");  // the command line wins over `data:`
+  REQUIRE(pc.warnings.size() == 1);
+  CHECK(pc.warnings[0] == fixture + ": ignored, as they do not change training here: amp_dtype, channels_last, "
+                                   "checkpoint_hist, device, experiment, log_wandb, num_classes, pin_mem");
+
+  // timm's defaults that differ here, all in one error; a key the command line sets is no error.
+  std::string text = read_text(fixture);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"aa: rand-m9-n2", "aa: null"},  // ColorJitter 0.4 then applies
+           {"interpolation: bilinear", "interpolation: ''"},
+           {"train_interpolation: bilinear", "train_interpolation: random"},
+           {"lr: 0.002", "lr: null"},
+           {"warmup_prefix: true", "warmup_prefix: false"},
+           {"drop_path: null", "drop_path: 0.05"},
+           {"model_ema: false", "model_ema: true"},
+           {"remode: const", "remode: pixel"},
+           {"sched: cosine", "sched: tanh"},
+           {"opt: adamw", "opt: madgrad"},
+           {"gp: null", "gp: max"},
+           {"bn_eps: null", "bn_eps: 1.0e-05\nfuture_key: 3\nother_key: null"}}) {
+    const size_t at = text.find(from + "\n");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  }
+  FlagFile bad(text, ".yaml");
+  const std::string msg = usage_error({"--data", "d", "--config", bad.str()});
+  for (const std::string key :
+       {"aa: null", "color_jitter: 0.4: timm applies ColorJitter", "interpolation: '': ", "train_interpolation: random",
+        "lr: null: timm derives it", "warmup_epochs: 1: without warmup_prefix: true", "drop_path: 0.05",
+        "model_ema: true", "remode: pixel", "sched: tanh", "opt: madgrad", "gp: max", "bn_eps: 1.0e-05",
+        "unknown flag '--future-key'"})
+    if (key != "aa: null") CHECK_THAT(msg, Catch::Contains(key));
+  CHECK_THAT(msg, Catch::StartsWith(bad.str() + ":") && Catch::Contains(": 13 problems, listed above"));
+  CHECK_THAT(msg, !Catch::Contains("other_key"));  // unknown but null: a warning only
+  // The command line's --lr makes lr: null moot.
+  const std::string with_lr = usage_error({"--data", "d", "--config", bad.str(), "--lr", "0.1"});
+  CHECK_THAT(with_lr, !Catch::Contains("lr: null") && Catch::Contains(": 12 problems"));
 }

@@ -164,6 +164,8 @@ struct ParsedCommand {
   ExportOptions exp;
   std::vector<std::string> passthrough;  // argv for synth / pack (subcommand first)
   std::string help_text;                 // for Command::Help
+  // The config file's notes (its ignored keys): printed once by rank 0 as parsed.
+  std::vector<std::string> warnings;
 };
 
 // Parses argv (argv[0] is the program) through the subcommand table (cli.cpp). Throws
