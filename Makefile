@@ -30,7 +30,7 @@ CI_FUZZ_SECONDS ?= 20
 # Exactly what building, testing and the demo need (CUDA comes from NVIDIA's toolkit, not here).
 DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools \
               libstb-dev libjpeg62-turbo-dev catch2 libdnnl-dev zlib1g-dev libyaml-cpp-dev \
-              libtiff-dev libwebp-dev
+              libtiff-dev libwebp-dev libssl-dev
 DEB_RUNTIME = python3 python3-venv python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck \
               iproute2 iptables ethtool

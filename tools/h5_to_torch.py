@@ -2,6 +2,7 @@
 """Convert a resnet_ddp checkpoint (.h5) into a PyTorch state_dict (.pth).
 
   h5_to_torch.py output_model/best_model.h5 model.pth
+  h5_to_torch.py --ema output_model/last.h5 model_ema.pth   # the weight EMA (--model-ema runs)
 
 The .pth loads with strict=True into torchvision's model with the same head:
 
@@ -31,8 +32,9 @@ def attr_str(value):
     return str(value)
 
 
-def read_checkpoint(path, tool=TOOL):
-    """(attrs dict, state_dict of torch tensors in file order, class_names or None)."""
+def read_checkpoint(path, tool=TOOL, group="state_dict"):
+    """(attrs dict, state_dict of torch tensors in file order, class_names or None).
+    group: "state_dict" (the model) or "model_ema" (the weight EMA, same names and shapes)."""
     torch, _, h5py, numpy = import_deps(tool, DEPS)
     if not os.path.isfile(path):
         sys.exit(f"{tool}: checkpoint '{path}' does not exist")
@@ -52,10 +54,13 @@ def read_checkpoint(path, tool=TOOL):
         for key in ("arch", "head", "num_classes"):
             if key not in attrs:
                 sys.exit(f"{tool}: '{path}' lacks the root attribute '{key}'")
-        if "state_dict" not in f or not isinstance(f["state_dict"], h5py.Group):
-            sys.exit(f"{tool}: '{path}' has no /state_dict group")
+        if group == "model_ema" and "model_ema" not in f:
+            sys.exit(f"{tool}: '{path}' has no weight EMA (/model_ema): only a run with --model-ema writes one, "
+                     f"in its last.h5 (best_model.h5 holds the model's weights only)")
+        if group not in f or not isinstance(f[group], h5py.Group):
+            sys.exit(f"{tool}: '{path}' has no /{group} group")
         state_dict = {}
-        for name, ds in f["state_dict"].items():
+        for name, ds in f[group].items():
             value = ds[()]
             if name.endswith("num_batches_tracked"):
                 state_dict[name] = torch.tensor(int(value), dtype=torch.int64)
@@ -106,19 +111,23 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="resnet_ddp checkpoint or --init file (.h5)")
     p.add_argument("output", help="PyTorch state_dict to write (.pth)")
+    p.add_argument("--ema", action="store_true",
+                   help="convert the checkpoint's weight EMA (/model_ema of a --model-ema run) instead of its model")
     args = p.parse_args()
     torch, _, _, _ = import_deps(TOOL, DEPS)
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         sys.exit(f"{TOOL}: output directory '{out_dir}' does not exist")
 
-    info, state_dict, class_names = read_checkpoint(args.checkpoint)
+    info, state_dict, class_names = read_checkpoint(args.checkpoint,
+                                                    group="model_ema" if args.ema else "state_dict")
     _, ordered = to_torchvision(info, state_dict, args.checkpoint)
     tmp = f"{args.output}.tmp.{os.getpid()}"
     torch.save(ordered, tmp)
     os.replace(tmp, args.output)
     extra = "".join(f", {k} {info[k]}" for k in ("epoch", "global_step", "val_acc") if k in info)
-    print(f"{TOOL}: wrote '{args.output}': torchvision {info['arch']}, head {info['head']}, "
+    what = " (the weight EMA, /model_ema)" if args.ema else ""
+    print(f"{TOOL}: wrote '{args.output}'{what}: torchvision {info['arch']}, head {info['head']}, "
           f"{info['num_classes']} classes, {len(ordered)} tensors{extra}; loads with strict=True")
     if class_names:
         print(f"  class names (label order): {', '.join(class_names)}")

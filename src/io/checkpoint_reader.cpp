@@ -98,14 +98,14 @@ std::string describe_damage(const std::string& path, const std::string& problem)
 
 // The opener: which source reads `path`, after refusing what must not be parsed
 // (a legacy PyTorch pickle; an HDF5 file of ours that fails its checksum).
-std::unique_ptr<TensorSource> open_source(const std::string& path) {
+std::unique_ptr<TensorSource> open_source(const std::string& path, bool ema) {
   std::error_code ec;
   if (!fs::exists(path, ec)) bad_file(path, "no such file");
   if (fs::is_directory(path, ec)) bad_file(path, "is a directory");
   if (const std::string torch = safetensors::torch_file_problem(path); !torch.empty()) bad_file(path, torch);
   const safetensors::Kind kind = safetensors::sniff(path);
   if (kind == safetensors::Kind::Safetensors) return open_safetensors_source(path);
-  if (kind == safetensors::Kind::TorchZip) return open_torch_source(path);
+  if (kind == safetensors::Kind::TorchZip) return open_torch_source(path, ema);
   // Before HDF5 parses anything: a damaged file of ours never reaches HDF5 in this process.
   if (const std::string problem = checksum_problem(path); !problem.empty()) {
     // Several readers open the same file in turn (info tries full, then weights-only):
@@ -129,6 +129,8 @@ struct CheckpointReader::Impl {
   std::string path;
   std::unique_ptr<TensorSource> src;
   CheckpointMeta meta;
+  std::string weights = "state_dict";  // the group load_model reads: "state_dict" or "model_ema"
+  std::string origin;
 
   [[noreturn]] void bad(const std::string& what) const { bad_file(path, what); }
   void load_arena(Arena& arena, const char* kind, bool allow_head_mismatch, Backend& be,
@@ -136,15 +138,29 @@ struct CheckpointReader::Impl {
   int64_t num_batches_tracked();
 };
 
-CheckpointReader::CheckpointReader(const std::string& path, bool weights_only) : impl_(std::make_unique<Impl>()) {
-  impl_->path = path;
-  impl_->src = open_source(path);
-  impl_->meta = impl_->src->read_meta(weights_only);
+CheckpointReader::CheckpointReader(const std::string& path, bool weights_only, Weights weights)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& r = *impl_;
+  r.path = path;
+  const bool ema = weights == Weights::Ema;
+  r.src = open_source(path, ema);
+  r.meta = r.src->read_meta(weights_only);
+  if (ema) {
+    r.weights = "model_ema";
+    if (r.meta.container == "safetensors")
+      r.bad("a safetensors file holds one set of weights and no weight EMA (a file from export --ema holds the EMA "
+            "as its weights: read it without --ema / --init-ema)");
+    if (r.meta.container == "hdf5" && (!r.meta.ema.present || !r.src->has_group("model_ema")))
+      r.bad("has no weight EMA (/model_ema): only a run with --model-ema writes one, in its last.h5 (best_model.h5 "
+            "holds the model's weights only)");
+  }
+  r.origin = r.src->origin(r.weights);
 }
 CheckpointReader::~CheckpointReader() = default;
 
 const std::string& CheckpointReader::path() const { return impl_->path; }
 const CheckpointMeta& CheckpointReader::meta() const { return impl_->meta; }
+const std::string& CheckpointReader::weights_origin() const { return impl_->origin; }
 
 std::vector<TensorInfo> CheckpointReader::check_tensors() { return read_all_tensors(*impl_->src, impl_->meta); }
 
@@ -154,17 +170,18 @@ void CheckpointReader::Impl::load_arena(Arena& arena, const char* kind, bool all
   std::vector<float> staging;  // grows to the largest tensor
   for (size_t i = 0; i < arena.slices().size(); ++i) {
     const ParamSlice& s = arena.slice(i);
-    const std::optional<std::vector<int64_t>> shape = src->float_shape("state_dict", s.name);
+    const std::optional<std::vector<int64_t>> shape = src->float_shape(weights, s.name);
     if (!shape || *shape != s.shape.vec()) {
       if (allow_head_mismatch && is_head_tensor(s.name)) {
         skipped.push_back(s.name);
         continue;
       }
-      if (!shape) bad(std::string("missing ") + kind + " '" + s.name + "' (different arch or head?)");
-      bad("'" + s.name + "' has shape " + Shape::from(*shape).str() + ", the model expects " + s.shape.str());
+      const std::string in = weights == "state_dict" ? "" : " in " + origin;
+      if (!shape) bad(std::string("missing ") + kind + " '" + s.name + "'" + in + " (different arch or head?)");
+      bad("'" + s.name + "'" + in + " has shape " + Shape::from(*shape).str() + ", the model expects " + s.shape.str());
     }
     if (staging.size() < s.count) staging.resize(s.count);
-    src->read_floats("state_dict", s.name, staging.data());
+    src->read_floats(weights, s.name, staging.data());
     for (size_t k = 0; k < s.count; ++k)
       if (!std::isfinite(staging[k])) bad("'" + s.name + "' contains NaN or Inf");
     be.copy_from_host(arena.ptr(i), staging.data(), s.count * sizeof(float));
@@ -173,11 +190,13 @@ void CheckpointReader::Impl::load_arena(Arena& arena, const char* kind, bool all
 
 // All BNs count the same batches; torchvision stores one counter per BN. -1 when none.
 int64_t CheckpointReader::Impl::num_batches_tracked() {
+  // Our /model_ema keeps the average's counter as an attribute (meta.ema).
+  if (weights == "model_ema" && meta.container == "hdf5") return meta.ema.num_batches_tracked;
   int64_t nbt = -1;
-  for (const std::string& name : src->names("state_dict")) {
+  for (const std::string& name : src->names(weights)) {
     if (!is_num_batches_tracked(name)) continue;
-    if (const std::optional<int64_t> c = src->counter("state_dict", name)) nbt = std::max(nbt, *c);
-    else (void)src->float_shape("state_dict", name);  // a float counter is fine; anything else is refused
+    if (const std::optional<int64_t> c = src->counter(weights, name)) nbt = std::max(nbt, *c);
+    else (void)src->float_shape(weights, name);  // a float counter is fine; anything else is refused
   }
   return nbt;
 }

@@ -25,6 +25,8 @@ class TensorSource {
   // what only resuming, predict and info's full view need.
   virtual CheckpointMeta read_meta(bool weights_only) = 0;
   virtual bool has_group(const std::string& group) = 0;
+  // Where `group`'s tensors are, for messages ("/model_ema", "checkpoint['model_ema']").
+  virtual std::string origin(const std::string& group) const { return "/" + group; }
   // The tensors of `group`, in file order.
   virtual std::vector<std::string> names(const std::string& group) = 0;
   // A BN's num_batches_tracked stored as an integer: its value; nullopt for any other
@@ -43,7 +45,8 @@ std::unique_ptr<TensorSource> open_hdf5_source(const std::string& path);
 // A safetensors file (validated when opened).
 std::unique_ptr<TensorSource> open_safetensors_source(const std::string& path);
 // A torch.save zip archive holding a state_dict (torch_pth.h; validated when opened).
-std::unique_ptr<TensorSource> open_torch_source(const std::string& path);
+// ema: the training checkpoint's weight EMA instead, as group "model_ema".
+std::unique_ptr<TensorSource> open_torch_source(const std::string& path, bool ema = false);
 
 // Names shared by the sources and the reader.
 bool is_num_batches_tracked(const std::string& name);

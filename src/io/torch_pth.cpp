@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <span>
 #include <unordered_map>
 
 #include "io/sha256.h"
@@ -148,9 +149,14 @@ bool torch_allows(const std::string& g) {
   return ends("Storage") || ends("Tensor");
 }
 
+// A training checkpoint's `args` (torchvision's and timm's train.py save their
+// argparse.Namespace): built as an inert attribute dict, never called; its values are
+// plain literals or it is refused like any other pickle.
+constexpr const char* kNamespace = "argparse.Namespace";
+
 bool reads_global(const std::string& g) {
   DType t;
-  return g == "collections.OrderedDict" || g == "torch._utils._rebuild_tensor_v2" ||
+  return g == "collections.OrderedDict" || g == kNamespace || g == "torch._utils._rebuild_tensor_v2" ||
          g == "torch._utils._rebuild_tensor" || g == "torch._utils._rebuild_parameter" ||
          g == "torch._utils._rebuild_parameter_with_state" || storage_dtype(g, t);
 }
@@ -428,6 +434,15 @@ bool Unpickler::step(unsigned char op) {
       return true;
     }
     case 'Q': stack_.push_back(persistent(pop())); return true;  // BINPERSID
+    case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), for argparse.Namespace only
+      Value* args = pop();
+      Value* cls = pop();
+      if (cls->kind != Value::Global || cls->s != kNamespace || args->kind != Value::Tuple || !args->items.empty())
+        bad("NEWOBJ of a " + std::string(cls->kind == Value::Global ? cls->s : kind_name(cls->kind)) +
+            ", which a checkpoint's state_dict never needs");
+      stack_.push_back(make(Value::Dict));  // its attributes arrive by BUILD
+      return true;
+    }
     case 'b': {  // BUILD: an OrderedDict's attributes (state_dict._metadata): not needed
       Value* state = pop();
       if (top()->kind != Value::Dict || (state->kind != Value::Dict && state->kind != Value::None))
@@ -469,16 +484,32 @@ Value* Unpickler::run() {
   return stack_.back();
 }
 
-// The state_dict in the unpickled object: the object itself, or a training checkpoint's
-// "state_dict" / "model" / "model_state_dict" (what tools/torch_to_h5.py accepts too).
-const Value* find_state_dict(const Value* root, const Archive& ar) {
+// The state_dict in the unpickled object (Archive::Select says which); `key` gets the
+// top-level key it was found under.
+const Value* find_state_dict(const Value* root, const Archive& ar, Archive::Select select, std::string& key) {
   if (root->kind != Value::Dict)
     ar.bad("holds a pickled " + std::string(kind_name(root->kind)) + ", not a state_dict (a dict of tensors)");
-  for (const char* wrapper : {"state_dict", "model", "model_state_dict"})
+  auto entry = [&](const char* wanted) -> const Value* {
     for (size_t i = 0; i < root->items.size(); i += 2)
-      if (root->items[i]->kind == Value::Str && root->items[i]->s == wrapper && root->items[i + 1]->kind == Value::Dict)
+      if (root->items[i]->kind == Value::Str && root->items[i]->s == wanted && root->items[i + 1]->kind == Value::Dict)
         return root->items[i + 1];
-  return root;
+    return nullptr;
+  };
+  const bool ema = select == Archive::Select::Ema;
+  static const char* const model_keys[] = {"state_dict", "model", "model_state_dict"};
+  static const char* const ema_keys[] = {"model_ema", "state_dict_ema"};  // torchvision's, timm's
+  for (const char* k : ema ? std::span<const char* const>(ema_keys) : std::span<const char* const>(model_keys))
+    if (const Value* d = entry(k)) {
+      key = k;
+      return d;
+    }
+  if (!ema) return root;
+  std::string keys;  // what the file does hold, to name in the refusal
+  for (size_t i = 0; i < root->items.size() && i < 40; i += 2)
+    if (root->items[i]->kind == Value::Str) keys += (keys.empty() ? "'" : ", '") + root->items[i]->s + "'";
+  ar.bad("holds no weight EMA: the EMA is read from a training checkpoint's 'model_ema' (torchvision's train.py "
+         "--model-ema) or 'state_dict_ema' (timm's --model-ema) entry, and this file has neither (its top-level "
+         "keys: " + (keys.empty() ? std::string("none named") : keys) + ")");
 }
 
 }  // namespace
@@ -504,7 +535,7 @@ int64_t Tensor::numel() const {
 
 void Archive::bad(const std::string& what) const { throw UsageError("PyTorch file '" + path_ + "': " + what); }
 
-Archive Archive::open(const std::string& path) {
+Archive Archive::open(const std::string& path, Select select) {
   Archive a;
   a.path_ = path;
   std::error_code ec;
@@ -515,21 +546,21 @@ Archive Archive::open(const std::string& path) {
   a.bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   if (in.bad()) a.bad("cannot read it");
   if (const std::string problem = name_hash_problem(path, a.bytes_); !problem.empty()) a.bad(problem);
-  a.parse();
+  a.parse(select);
   return a;
 }
 
-Archive Archive::from_bytes(std::string bytes, const std::string& name) {
+Archive Archive::from_bytes(std::string bytes, const std::string& name, Select select) {
   Archive a;
   a.path_ = name;
   a.bytes_ = std::move(bytes);
-  a.parse();
+  a.parse(select);
   return a;
 }
 
 // Long because: one pass from the zip's entries through the unpickled object to the
 // checked tensor list; split, it would pass the unpickler's arena around.
-void Archive::parse() {
+void Archive::parse(Select select) {
   if (bytes_.size() >= 2 && static_cast<unsigned char>(bytes_[0]) == 0x80 && bytes_[1] >= 2 && bytes_[1] <= 5)
     bad(legacy_format_problem(path_));
   std::map<std::string, ZipEntry> entries = read_zip(bytes_, [this](const std::string& w) { bad(w); });
@@ -559,16 +590,21 @@ void Archive::parse() {
   const ZipEntry& pkl = entries.at(top + "data.pkl");
   const std::string pickle = bytes_.substr(pkl.begin, pkl.size);
   Unpickler up(pickle, entries, top + "data/", *this);
-  const Value* sd = find_state_dict(up.run(), *this);
+  const Value* sd = find_state_dict(up.run(), *this, select, key_);
   const auto& kv = sd->items;
+  // torchvision's EMA is an AveragedModel: its state_dict is the model's under "module."
+  // plus the average's counter, which is no weight.
+  auto averaged_counter = [&](size_t i) { return key_ == "model_ema" && kv[i]->s == "n_averaged"; };
+  const std::string where = key_.empty() ? "state_dict" : "'" + key_ + "'";
   bool all_module = !kv.empty();
   for (size_t i = 0; i < kv.size(); i += 2) {
-    if (kv[i]->kind != Value::Str) bad("the state_dict has a " + std::string(kind_name(kv[i]->kind)) + " key");
+    if (kv[i]->kind != Value::Str) bad("the " + where + " has a " + std::string(kind_name(kv[i]->kind)) + " key");
     if (kv[i + 1]->kind != Value::TensorRef)
-      bad("state_dict entry '" + kv[i]->s + "' is a " + kind_name(kv[i + 1]->kind) + ", not a tensor");
-    all_module = all_module && kv[i]->s.rfind("module.", 0) == 0;
+      bad(where + " entry '" + kv[i]->s + "' is a " + kind_name(kv[i + 1]->kind) + ", not a tensor");
+    if (!averaged_counter(i)) all_module = all_module && kv[i]->s.rfind("module.", 0) == 0;
   }
   for (size_t i = 0; i < kv.size(); i += 2) {
+    if (averaged_counter(i)) continue;
     Tensor t = kv[i + 1]->tensor;
     t.name = all_module ? kv[i]->s.substr(7) : kv[i]->s;  // a DDP-wrapped model's save
     const auto [at, fresh] = index_.emplace(t.name, tensors_.size());

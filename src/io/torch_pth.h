@@ -37,13 +37,21 @@ struct Tensor {
 
 class Archive {
  public:
+  // Which state_dict of a training checkpoint is read. Model: the object itself, or its
+  // "state_dict" / "model" / "model_state_dict" entry. Ema: torchvision's "model_ema"
+  // (an AveragedModel's: "module." names, n_averaged dropped) or timm's "state_dict_ema";
+  // a file with neither is refused.
+  enum class Select { Model, Ema };
   // Reads the whole file, checks torch.hub's name checksum (name_hash_problem), parses.
   // Throws rd::UsageError("PyTorch file 'PATH': ...").
-  static Archive open(const std::string& path);
+  static Archive open(const std::string& path, Select select = Select::Model);
   // The same parser over bytes in memory (fuzzing, tests); `name` appears in errors.
-  static Archive from_bytes(std::string bytes, const std::string& name);
+  static Archive from_bytes(std::string bytes, const std::string& name, Select select = Select::Model);
 
   const std::string& path() const { return path_; }
+  // The top-level key the tensors were read from ("model_ema", ...); "" when the file
+  // is the state_dict itself.
+  const std::string& key() const { return key_; }
   const std::vector<Tensor>& tensors() const { return tensors_; }  // state_dict order
   const Tensor* find(const std::string& name) const;
 
@@ -56,10 +64,11 @@ class Archive {
   [[noreturn]] void bad(const std::string& what) const;
 
  private:
-  void parse();
+  void parse(Select select);
   double element(const Tensor& t, uint64_t index) const;
 
   std::string path_;
+  std::string key_;
   std::string bytes_;  // the whole file
   std::vector<Tensor> tensors_;
   std::unordered_map<std::string, size_t> index_;  // name -> tensors_ position

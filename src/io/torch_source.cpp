@@ -11,7 +11,11 @@ namespace {
 
 class TorchSource final : public TensorSource {
  public:
-  explicit TorchSource(const std::string& p) : path(p), ar(torch_pth::Archive::open(p)) {}
+  // ema: the tensors are the checkpoint's weight EMA, served as group "model_ema".
+  TorchSource(const std::string& p, bool ema)
+      : path(p),
+        group(ema ? "model_ema" : "state_dict"),
+        ar(torch_pth::Archive::open(p, ema ? torch_pth::Archive::Select::Ema : torch_pth::Archive::Select::Model)) {}
 
   CheckpointMeta read_meta(bool weights_only) override {
     if (!weights_only)
@@ -23,10 +27,13 @@ class TorchSource final : public TensorSource {
     m.created_by = "torch.save";
     return m;
   }
-  bool has_group(const std::string& g) override { return g == "state_dict"; }
+  bool has_group(const std::string& g) override { return g == group; }
+  std::string origin(const std::string&) const override {
+    return ar.key().empty() ? "the state_dict" : "checkpoint['" + ar.key() + "']";
+  }
   std::vector<std::string> names(const std::string& g) override {
     std::vector<std::string> out;
-    if (g == "state_dict")
+    if (g == group)
       for (const torch_pth::Tensor& t : ar.tensors()) out.push_back(t.name);  // state_dict order
     return out;
   }
@@ -49,17 +56,18 @@ class TorchSource final : public TensorSource {
 
  private:
   std::string path;
+  std::string group;
   torch_pth::Archive ar;
 
   const torch_pth::Tensor* tensor(const std::string& g, const std::string& name) const {
-    return g == "state_dict" ? ar.find(name) : nullptr;
+    return g == group ? ar.find(name) : nullptr;
   }
 };
 
 }  // namespace
 
-std::unique_ptr<TensorSource> open_torch_source(const std::string& path) {
-  return std::make_unique<TorchSource>(path);
+std::unique_ptr<TensorSource> open_torch_source(const std::string& path, bool ema) {
+  return std::make_unique<TorchSource>(path, ema);
 }
 
 }  // namespace rd::io

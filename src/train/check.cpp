@@ -21,6 +21,7 @@
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/output_lock.h"
+#include "resnet_ddp/train/recipes.h"
 #include "train/dataset_warnings.h"
 #include "train/lr_scaling.h"
 #include "train/resume_plan.h"
@@ -137,9 +138,10 @@ std::vector<std::string> check_start(TrainOptions& o, bool cuda, const Say& say)
     return m.class_names;
   }
   if (!o.init.empty()) {
-    io::CheckpointReader ck(o.init, true);
+    io::CheckpointReader ck(o.init, true, init_weights(o));
     check_init(o, ck.meta());
-    say("init", "weights from " + o.init);
+    say("init", "weights from " + o.init + (o.init_ema ? " (its weight EMA, " + ck.weights_origin() + ")" : ""));
+    if (const std::string w = init_warning(o, ck.meta()); !w.empty()) say("init", "warning: " + w);
   } else if (o.eval_only) {
     throw UsageError("--eval-only: no checkpoint found (" + (fs::path(o.output_dir) / "last.h5").string() +
                      " does not exist)");
@@ -207,6 +209,9 @@ int check_main(const TrainOptions& opts) {
     TrainOptions o = opts;
     say("flags", std::to_string(o.given.size()) + " given, all valid" +
                      (o.was_given("--config") ? " (with the --config file's)" : std::string()));
+    // The flags a preset stands for, as the run prints them at start.
+    if (!o.recipe.empty())
+      say("recipe", o.recipe + ": " + recipe_flags_line(o.recipe) + " (flags given on the command line win)");
     check_train_paths(o, false);
     if (!o.eval_only) say("output", check_output_dir(o.output_dir));
     const bool cuda = check_device(o, say);

@@ -114,8 +114,8 @@ void add_train_recipe_flags(FlagSet& fs, TrainOptions& o) {
           "dataset: ImageFolder root with Train/ and Validation/, or a .h5 from 'pack' (required)");
   fs.text("--train-split", &o.train_split, "NAME", "folder of the training split under --data (ImageNet-style: train)");
   fs.text("--val-split", &o.val_split, "NAME", "folder of the validation split under --data (ImageNet-style: val)");
-  fs.config("--config", "more flags from FILE, one per line ('--batch-size 32' or 'batch-size = 32', # comments); "
-                        "the command line wins");
+  fs.config("--config", "more flags from FILE: one per line ('--batch-size 32' or 'batch-size = 32', # comments), "
+                        "or a YAML mapping (.yaml/.yml: 'batch_size: 32'); the command line wins");
   fs.presets("--recipe", &o.recipe, recipe_help(), training_recipes());
   fs.enumeration("--arch", &o.arch, arch_names(),
             "model, by torchvision's name (resnet_tiny: a miniature model for tests)");
@@ -169,7 +169,12 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
       [&o] {
         return o.resume == ResumeMode::File ? o.resume_file : o.resume == ResumeMode::None ? "none" : "auto";
       });
-  fs.path("--init", &o.init, "FILE", "initial weights only: .h5 (e.g. converted ImageNet weights) or .safetensors");
+  fs.path("--init", &o.init, "FILE",
+          "initial weights only: .h5 (a checkpoint, converted ImageNet weights), .safetensors or a PyTorch .pth "
+          "(torchvision's, a state_dict or a training checkpoint)");
+  fs.boolean("--init-ema", &o.init_ema,
+             "--init takes the file's weight EMA: /model_ema of a --model-ema checkpoint, or a .pth training "
+             "checkpoint's 'model_ema' (torchvision) or 'state_dict_ema' (timm)");
   fs.real("--bucket-mb", &o.bucket_mb, 0.0, true, "gradient all-reduce bucket size in MiB");
   fs.boolean("--progress-thread", &o.progress_thread,
              "drive MPI progress from a helper thread during backward (worth it when a core is spare)");
@@ -330,6 +335,7 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
   fs.boolean("--skip-unreadable", &o.skip_unreadable,
              "skip inputs that cannot be read as images (counted in the summary, not in the accuracy) "
              "instead of failing on them");
+  fs.boolean("--ema", &o.ema, "classify with the checkpoint's weight EMA (/model_ema of a --model-ema run)");
   fs.alias("-b", "--batch-size");
   fs.alias("-j", "--workers");
 }
@@ -337,6 +343,8 @@ void add_predict_flags(FlagSet& fs, PredictOptions& o) {
 void add_export_flags(FlagSet& fs, ExportOptions& o) {
   fs.path("--checkpoint", &o.checkpoint, "FILE", "checkpoint or --init file to export (required)");
   fs.path("--out", &o.out, "FILE.safetensors", "file to write (required; replaced atomically, never the input)");
+  fs.boolean("--ema", &o.ema,
+             "export the checkpoint's weight EMA (/model_ema of a --model-ema run) instead of the model's weights");
 }
 
 void add_info_flags(FlagSet& fs, InfoOptions& o) {
@@ -451,6 +459,7 @@ void train_finish(ParsedCommand& pc, Parsed& p) {
     throw UsageError("--skip-unreadable: only with --eval-only (training skips unreadable images unless "
                      "--strict-data)");
   if (t.skip_unreadable && t.strict_data) throw UsageError("--skip-unreadable: contradicts --strict-data");
+  if (t.init_ema && t.init.empty()) throw UsageError("--init-ema: only with --init FILE (it picks that file's EMA)");
   if (t.eval_only && t.resume == ResumeMode::None && t.init.empty())
     throw UsageError("--eval-only: needs a checkpoint to evaluate (--resume FILE|auto or --init FILE)");
   if (t.precision == Precision::FP16 && t.device == Device::Cpu)

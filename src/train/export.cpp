@@ -39,19 +39,23 @@ std::string float_array(const float* v, int n) {
   return s + "]";
 }
 
-// How to build the matching torchvision model, for a reader of the metadata.
+// How to build the matching torchvision model, for a reader of the metadata: Python
+// that runs as it stands (tests/e2e/check_safetensors.py executes it) and leaves
+// the model in `model`.
 std::string torchvision_recipe(const io::CheckpointMeta& m, ResNet& model) {
   if (m.arch == "resnet_tiny") return "none (resnet_tiny is a test model)";
   const std::string k = std::to_string(m.num_classes);
-  if (m.head == "fc") return "torchvision.models." + m.arch + "(num_classes=" + k + ")";
+  const std::string make = "import torch, torchvision; model = torchvision.models." + m.arch;
+  if (m.head == "fc") return make + "(num_classes=" + k + ")";
   // The mlp head's first Linear is (C, C): C is the backbone's width.
   const long first = model.params().find("fc.0.weight");
   const std::string c = first >= 0 ? std::to_string(model.params().slice(static_cast<size_t>(first)).shape.vec()[1]) : "C";
-  return "torchvision.models." + m.arch + "(); model.fc = torch.nn.Sequential(torch.nn.Linear(" + c + ", " + c +
+  return make + "(); model.fc = torch.nn.Sequential(torch.nn.Linear(" + c + ", " + c +
          "), torch.nn.ReLU(), torch.nn.Linear(" + c + ", " + k + "))";
 }
 
-std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, ResNet& model, const std::string& source) {
+std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, ResNet& model, const std::string& source,
+                                                   const io::CheckpointReader& ck, bool ema) {
   std::map<std::string, std::string> md;
   md["format"] = "resnet_ddp";
   md["format_version"] = std::to_string(io::kCheckpointFormatVersion);
@@ -89,6 +93,9 @@ std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, 
   }
   md["created_by"] = std::string("resnet_ddp ") + RESNET_DDP_VERSION + " export";
   md["source"] = fs::path(source).filename().string();
+  // Which of the source's weights these are: its model's, or its weight EMA's.
+  md["weights"] = ema ? "model_ema" : "model";
+  md["weights_origin"] = ck.weights_origin();
   if (!m.created_by.empty()) md["source_created_by"] = m.created_by;
   return md;
 }
@@ -115,7 +122,9 @@ void check_export_paths(const ExportOptions& o) {
 int export_main(const ExportOptions& o) {
   try {
     check_export_paths(o);
-    io::CheckpointReader ck(o.checkpoint, true);  // full checkpoints and --init files alike
+    // Full checkpoints and --init files alike.
+    io::CheckpointReader ck(o.checkpoint, true,
+                            o.ema ? io::CheckpointReader::Weights::Ema : io::CheckpointReader::Weights::Model);
     const io::CheckpointMeta m = ck.meta();
     if (m.arch.empty() || m.head.empty() || m.num_classes <= 0 || m.num_classes > 1'000'000)
       throw UsageError("checkpoint '" + o.checkpoint +
@@ -126,11 +135,12 @@ int export_main(const ExportOptions& o) {
     std::unique_ptr<Backend> backend = make_cpu_backend(bo);
     ResNet model(*backend, io::model_config(m));
     ck.load_model(model, false);  // every tensor present, right shape, finite
-    const auto md = export_metadata(m, model, o.checkpoint);
+    const auto md = export_metadata(m, model, o.checkpoint, ck, o.ema);
     io::safetensors::write_model(o.out, model, md);
-    std::printf("Exported %zu tensors (%s, %s head, %lld classes) from %s to %s\n", io::state_dict_order(model).size(),
+    const std::string what = o.ema ? " (its weight EMA, " + ck.weights_origin() + ")" : "";
+    std::printf("Exported %zu tensors (%s, %s head, %lld classes) from %s%s to %s\n", io::state_dict_order(model).size(),
                 m.arch.c_str(), m.head.c_str(), static_cast<long long>(m.num_classes), o.checkpoint.c_str(),
-                o.out.c_str());
+                what.c_str(), o.out.c_str());
     return 0;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "resnet_ddp: error: %s\n", e.what());

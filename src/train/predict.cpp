@@ -285,7 +285,8 @@ void tally(const std::vector<int32_t>& truth, Results& res) {
 void write_json(std::ostream& out, const PredictOptions& o, const std::vector<std::string>& classes,
                 const Inputs& in, const Results& res) {
   const size_t K = classes.size();
-  out << "{\n  \"checkpoint\": " << json_string(o.checkpoint) << ",\n  \"classes\": [";
+  out << "{\n  \"checkpoint\": " << json_string(o.checkpoint) << ",\n  \"weights\": \""
+      << (o.ema ? "model_ema" : "model") << "\",\n  \"classes\": [";
   for (size_t k = 0; k < K; ++k) out << (k ? ", " : "") << json_string(classes[k]);
   out << "],\n  \"predictions\": [\n";
   size_t written = 0;
@@ -369,7 +370,11 @@ void write_table(std::ostream& out, const std::vector<std::string>& classes, con
 int predict_main(const PredictOptions& o) {
   try {
     // Tensors are streamed into the model below; only the metadata is held.
-    std::optional<io::CheckpointReader> ck(std::in_place, o.checkpoint, false);
+    std::optional<io::CheckpointReader> ck(std::in_place, o.checkpoint, false,
+                                           o.ema ? io::CheckpointReader::Weights::Ema
+                                                 : io::CheckpointReader::Weights::Model);
+    // On stderr, so --json output stays one document.
+    if (o.ema) std::fprintf(stderr, "predict: weights: the weight EMA (%s)\n", ck->weights_origin().c_str());
     const std::vector<std::string> classes = ck->meta().class_names;
     Inputs in = open_inputs(o, classes);
     Results res = classify(o, ck, in);

@@ -250,26 +250,50 @@ Progress::Progress(ProgressMode mode, int64_t every) : every_(every) {
   if (mode_ == Mode::Lines && every_ <= 0) mode_ = Mode::None;
 }
 
+std::string clock_text(double seconds) {
+  const long long t = seconds > 0 && std::isfinite(seconds) ? static_cast<long long>(seconds) : 0;
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
+std::string elapsed_eta(double elapsed_s, int64_t done, int64_t left) {
+  const std::string remaining =
+      done > 0 ? clock_text(elapsed_s / static_cast<double>(done) * static_cast<double>(std::max<int64_t>(left, 0)))
+               : "?";
+  return clock_text(elapsed_s) + "<" + remaining;
+}
+
 void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t total_steps) {
   epoch_ = epoch;
   epochs_ = epochs;
   total_ = total_steps;
   drawn_ = false;
+  epoch_start_ = std::chrono::steady_clock::now();
+  first_step_ = -1;
 }
 
 void Progress::step(int64_t step, double avg_loss, double avg_acc, double images_per_s) {
   if (mode_ == Mode::None) return;
-  char line[256];
+  const auto now = std::chrono::steady_clock::now();
+  // The clock started before the first step reported here: that step is timed too.
+  if (first_step_ < 0) first_step_ = step - 1;
+  auto timing = [&] {
+    return elapsed_eta(std::chrono::duration<double>(now - epoch_start_).count(), step - first_step_, total_ - step);
+  };
+  char line[320];
   if (mode_ == Mode::Lines) {
     if (step % every_ != 0 && step != total_) return;
-    std::snprintf(line, sizeof line, "(Epoch %lld/%lld) step %lld/%lld loss %.4f acc %.4f %.1f img/s\n",
+    std::snprintf(line, sizeof line, "(Epoch %lld/%lld) step %lld/%lld loss %.4f acc %.4f %.1f img/s %s\n",
                   static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
-                  static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
+                  static_cast<long long>(total_), avg_loss, avg_acc, images_per_s, timing().c_str());
     write_out(stdout, line);
     return;
   }
   // Redraw at most 10 times a second, and always at the end.
-  const auto now = std::chrono::steady_clock::now();
   if (drawn_ && step != total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
   last_draw_ = now;
   drawn_ = true;
@@ -278,9 +302,10 @@ void Progress::step(int64_t step, double avg_loss, double avg_acc, double images
   const int filled = static_cast<int>(frac * width);
   std::string bar(static_cast<size_t>(filled), '#');
   bar += std::string(static_cast<size_t>(width - filled), '.');
-  std::snprintf(line, sizeof line, "\r(Epoch %lld/%lld) [%s] %lld/%lld loss %.4f acc %.4f %.1f img/s\033[K",
+  std::snprintf(line, sizeof line, "\r(Epoch %lld/%lld) [%s] %lld/%lld loss %.4f acc %.4f %.1f img/s %s\033[K",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
-                static_cast<long long>(step), static_cast<long long>(total_), avg_loss, avg_acc, images_per_s);
+                static_cast<long long>(step), static_cast<long long>(total_), avg_loss, avg_acc, images_per_s,
+                timing().c_str());
   write_out(stdout, line);
 }
 

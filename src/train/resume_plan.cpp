@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace rd::train {
 
 bool resume_ignores(const std::string& flag) {
-  for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--metrics",
+  for (const char* f : {"--data", "--train-split", "--val-split", "--output-dir", "--resume", "--init", "--init-ema", "--metrics",
                         "--tensorboard", "--eval-only", "--skip-unreadable", "--check"})
     if (flag == f) return true;
   return false;
@@ -359,6 +359,19 @@ void check_init(const TrainOptions& o, const io::CheckpointMeta& m) {
   const std::string arch = name_of(arch_names(), o.arch);
   if (!m.arch.empty() && m.arch != arch)
     throw UsageError("--init: '" + o.init + "' holds " + m.arch + " weights, this run uses --arch " + arch);
+}
+
+io::CheckpointReader::Weights init_weights(const TrainOptions& o) {
+  return o.init_ema ? io::CheckpointReader::Weights::Ema : io::CheckpointReader::Weights::Model;
+}
+
+std::string init_warning(const TrainOptions& o, const io::CheckpointMeta& m) {
+  // A .pth holds no preprocessing; torchvision's and timm's ResNets all expect ImageNet's
+  // mean/std, and without it fine-tuning starts from features of the wrong input scale.
+  if (m.container != "pytorch" || o.normalize == Normalize::ImageNet) return "";
+  return "--init " + o.init + " is PyTorch weights (torchvision's expect ImageNet normalisation) but this run "
+         "uses --normalize " + name_of(normalize_names(), o.normalize) +
+         "; add --normalize imagenet unless these weights were trained without it";
 }
 
 std::string ResumePlan::encode() const {

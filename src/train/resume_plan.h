@@ -77,6 +77,11 @@ ResumePlan plan_fresh(const TrainOptions& o);
 
 // --init FILE: refuses weights of another --arch.
 void check_init(const TrainOptions& o, const io::CheckpointMeta& m);
+// Which weights of the --init file are read (--init-ema: its weight EMA).
+io::CheckpointReader::Weights init_weights(const TrainOptions& o);
+// What a run from --init `m` should be warned of (PyTorch weights without --normalize
+// imagenet); "" when nothing.
+std::string init_warning(const TrainOptions& o, const io::CheckpointMeta& m);
 
 // This process's Slurm job (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_RESTART_COUNT) into the
 // metadata of a checkpoint it writes; nothing outside Slurm.

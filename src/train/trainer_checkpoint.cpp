@@ -85,13 +85,14 @@ void Trainer::load_checkpoint() {
 }
 
 void Trainer::load_init() {
-  io::CheckpointReader ck(o_.init, true);
+  io::CheckpointReader ck(o_.init, true, init_weights(o_));
   check_init(o_, ck.meta());
   auto skipped = ck.load_model(*model_, true);
   if (!skipped.empty())
     notice("--init: the head in " + o_.init + " does not fit " + std::to_string(class_names_.size()) +
            " classes / --head " + head_name(o_.head) + "; it keeps its fresh initialisation");
-  say("Initialised weights from " + o_.init);
+  if (const std::string w = init_warning(o_, ck.meta()); !w.empty()) say("Warning: " + w);
+  say("Initialised weights from " + o_.init + (o_.init_ema ? " (its weight EMA, " + ck.weights_origin() + ")" : ""));
 }
 
 // Rank 0's weights everywhere (a fresh init too: one source of truth).

@@ -26,24 +26,41 @@ void set_optim_config(OptimizerConfig& oc, const TrainOptions& o) {
 }
 }  // namespace
 
+namespace {
+// The head of a reason for the one-line warning: up to its first ';' (or a ':' outside
+// parentheses, before the advice), parentheses closed. The full text is --device cuda's error.
+std::string reason_head(const std::string& reason) {
+  int depth = 0;
+  size_t end = reason.size();
+  for (size_t i = 0; i < reason.size() && end == reason.size(); ++i) {
+    const char c = reason[i];
+    if (c == '(') ++depth;
+    else if (c == ')') --depth;
+    else if (c == ';' || (c == ':' && depth == 0)) end = i;
+  }
+  return reason.substr(0, end) + std::string(static_cast<size_t>(std::max(depth, 0)), ')');
+}
+}  // namespace
+
 // One choice for all ranks: CUDA only where every rank has a GPU (mixed devices would
 // start NCCL on some ranks and MPI on others). A GPU job that lands on the CPU is hours
-// slower, so it is said loudly, once, with each node's reason.
+// slower, so it is said once, in one line: the first such node and why, and how to
+// settle it (--device cpu: no warning; --device cuda: an error with the full reason).
 Device Trainer::choose_device() {
   if (o_.device != Device::Auto) return o_.device;
   int64_t no_gpu = cuda_backend_available() ? 0 : 1;
   ctrl_->allreduce(&no_gpu, 1, dist::ReduceOp::Sum);
   if (no_gpu == 0) return Device::Cuda;
-  const std::string reason = cuda_backend_available() ? std::string() : cuda_unavailable_reason();
-  std::vector<char> mine(512, 0), all(512 * static_cast<size_t>(env_.world), 0);
+  const std::string reason = cuda_backend_available() ? std::string() : reason_head(cuda_unavailable_reason());
+  std::vector<char> mine(256, 0), all(256 * static_cast<size_t>(env_.world), 0);
   std::snprintf(mine.data(), mine.size(), "%s", reason.empty() ? "" : (env_.node + ": " + reason).c_str());
   ctrl_->allgather(mine.data(), all.data(), mine.size());
   if (rank0()) {
     std::string first;
-    for (int r = 0; r < env_.world && first.empty(); ++r) first = all.data() + 512 * static_cast<size_t>(r);
+    for (int r = 0; r < env_.world && first.empty(); ++r) first = all.data() + 256 * static_cast<size_t>(r);
     std::fprintf(stderr,
-                 "resnet_ddp: WARNING: --device auto: training on the CPU backend, not a GPU (%lld of %d ranks "
-                 "have no usable GPU; %s). Pass --device cuda to make this an error.\n",
+                 "resnet_ddp: WARNING: --device auto: training on the CPU backend, not a GPU (%lld of %d ranks; %s); "
+                 "--device cpu silences this\n",
                  static_cast<long long>(no_gpu), env_.world, first.c_str());
     std::fflush(stderr);
   }

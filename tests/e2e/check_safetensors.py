@@ -2,8 +2,8 @@
 from `resnet_ddp export`, using only the `safetensors` package and torchvision.
 
   check_safetensors.py torchvision MODEL.safetensors CKPT.h5 PREDICT.json
-      load into torchvision's model with strict=True (built from the metadata the way
-      docs/interop.md says), compare every tensor with the .h5 bit for bit, and the
+      load into torchvision's model with strict=True (built by running the metadata's
+      torchvision_model snippet), compare every tensor with the .h5 bit for bit, and the
       model's log-probabilities on the images of PREDICT.json with `resnet_ddp predict`'s
   check_safetensors.py same A.safetensors B.safetensors
       same names, order, dtypes and values, bit for bit
@@ -38,13 +38,16 @@ def tensors_in_file_order(path):
 
 
 def torchvision_model(md):
-    arch, head, k = md["arch"], md["head"], int(md["num_classes"])
-    if head == "fc":
-        return getattr(torchvision.models, arch)(num_classes=k)
-    model = getattr(torchvision.models, arch)()
-    c = model.fc.in_features
-    model.fc = torch.nn.Sequential(torch.nn.Linear(c, c), torch.nn.ReLU(), torch.nn.Linear(c, k))
-    return model
+    """The model the metadata's `torchvision_model` snippet builds, run as a user would
+    paste it (it must be Python that leaves the model in `model`)."""
+    scope = {}
+    try:
+        exec(md["torchvision_model"], scope)  # noqa: S102 - our own export's metadata
+    except Exception as e:  # noqa: BLE001 - any failure of the snippet is the finding
+        fail(f"the torchvision_model snippet {md['torchvision_model']!r} does not run: {e!r}")
+    if not isinstance(scope.get("model"), torch.nn.Module):
+        fail(f"the torchvision_model snippet {md['torchvision_model']!r} leaves no model in `model`")
+    return scope["model"]
 
 
 def cmd_torchvision(st_path, h5_path, predict_json):
@@ -54,7 +57,7 @@ def cmd_torchvision(st_path, h5_path, predict_json):
 
     sd, names, md = tensors_in_file_order(st_path)
     for key in ("format", "arch", "head", "num_classes", "class_names", "image_size", "normalize_mean",
-                "normalize_std"):
+                "normalize_std", "torchvision_model"):
         if key not in md:
             fail(f"metadata lacks '{key}': {md}")
     if md["format"] != "resnet_ddp":

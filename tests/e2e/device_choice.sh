@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # No silent CPU fallback (review ecosystem D2): `--device cuda` without a usable GPU
 # stops at start (exit 2) saying why and, in a build without the CUDA backend, how to
-# build it; `--device auto` without a GPU trains on the CPU but says so in one WARNING
-# line on stderr; `--version` says whether the CUDA backend is built (the job scripts'
-# pre-flight reads it). Runs in every build: CUDA-enabled ones (no GPU here) and the
-# CPU-only sanitizer build.
+# build it; `--device auto` without a GPU trains on the CPU but says so in one short
+# WARNING line on stderr (saying --device cpu silences it); `--version` says whether the
+# CUDA backend is built (the job scripts' pre-flight reads it). Runs in every build:
+# CUDA-enabled ones (no GPU here) and the CPU-only sanitizer build.
 source "$(dirname "$0")/common.sh"
 
 "$RD_BIN" --version >"$WORK/version" || fail "--version failed"
@@ -35,5 +35,9 @@ CUDA_VISIBLE_DEVICES= mpi 2 "${args[@]}" --device auto --output-dir "$WORK/b" >"
 cat "$WORK/auto.err"
 [ "$(grep -c 'WARNING: --device auto: training on the CPU backend, not a GPU (2 of 2 ranks' "$WORK/auto.err")" = 1 ] ||
   fail "not exactly one WARNING line for both ranks"
+line=$(grep 'WARNING: --device auto' "$WORK/auto.err")
+echo "${#line} characters"
+[ "${#line}" -le 240 ] || fail "the WARNING line is ${#line} characters; one short line expected"
+grep -q -- "; --device cpu silences this$" <<<"$line" || fail "the WARNING does not say how to silence it"
 grep -q "device cpu" "$WORK/auto.out" || fail "the start-up lines do not say cpu"
 echo "PASS"

@@ -121,3 +121,15 @@ TEST_CASE("the validation summary has torchvision's Acc@1/Acc@5 line", "[train]"
   REQUIRE(top + 1 != ema.end());
   CHECK(*(top + 1) == "(Epoch 1/1) Test: EMA Acc@1 62.500 Acc@5 100.000 (val loss 0.25)");
 }
+
+TEST_CASE("progress: elapsed time and ETA as tqdm's clock", "[train]") {
+  CHECK(clock_text(0) == "0:00");
+  CHECK(clock_text(59.9) == "0:59");
+  CHECK(clock_text(61) == "1:01");
+  CHECK(clock_text(3725) == "1:02:05");
+  CHECK(clock_text(-1) == "0:00");
+  // 10 steps in 12 s, 50 to go at 1.2 s each: 60 s.
+  CHECK(elapsed_eta(12.0, 10, 50) == "0:12<1:00");
+  CHECK(elapsed_eta(0.5, 0, 50) == "0:00<?");  // nothing timed yet
+  CHECK(elapsed_eta(30.0, 60, 0) == "0:30<0:00");
+}

@@ -1,5 +1,5 @@
 // The .pth reader's pieces without PyTorch (tests/train/pth_reader_check.py compares
-// it with torch.load): SHA-256 against FIPS 180-4's examples and block-edge lengths,
+// it with torch.load): SHA-256 (libcrypto's EVP) against FIPS 180-4's examples,
 // torch.hub's name rule, and refusals of bytes no torch.save writes.
 #include <catch2/catch.hpp>
 #include <string>
@@ -11,7 +11,7 @@
 using namespace rd;
 using namespace rd::io;
 
-TEST_CASE("sha256: FIPS 180-4 examples and padding edges", "[torch_pth]") {
+TEST_CASE("sha256: libcrypto's digest of FIPS 180-4's examples", "[torch_pth]") {
   auto hex = [](const std::string& s) { return sha256_hex(s.data(), s.size()); };
   CHECK(hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   CHECK(hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

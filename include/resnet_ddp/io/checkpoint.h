@@ -109,17 +109,25 @@ void write_checkpoint(const std::string& path, ResNet& model, const OptimizerSta
 // not HDF5, not a resnet_ddp checkpoint, a newer version, damaged, or does not fit.
 class CheckpointReader {
  public:
-  explicit CheckpointReader(const std::string& path, bool weights_only = false);
+  // Which weights load_model reads: the model's, or its weight EMA (HDF5: /model_ema of a
+  // --model-ema run; .pth: torchvision's checkpoint["model_ema"] or timm's
+  // checkpoint["state_dict_ema"]). A file without that EMA is refused when opened.
+  enum class Weights { Model, Ema };
+  explicit CheckpointReader(const std::string& path, bool weights_only = false, Weights weights = Weights::Model);
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
 
   const std::string& path() const;
   const CheckpointMeta& meta() const;
+  // Where load_model's tensors come from, for messages: "/state_dict", "/model_ema",
+  // "checkpoint['model_ema']", ...
+  const std::string& weights_origin() const;
 
   // Reads (and so verifies) every tensor; returns the state_dict's, in file order.
   std::vector<TensorInfo> check_tensors();
-  // Reads each tensor the model has a slice for into that slice. With
+  // Reads each tensor the model has a slice for into that slice (from the weights chosen
+  // when opened). With
   // allow_head_mismatch (for --init), head tensors whose shape differs are
   // skipped (all or none of the head); returns their names.
   std::vector<std::string> load_model(ResNet& model, bool allow_head_mismatch);

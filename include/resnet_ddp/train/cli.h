@@ -56,6 +56,7 @@ struct TrainOptions {
   ResumeMode resume = ResumeMode::Auto;
   std::string resume_file;           // --resume FILE
   std::string init;                  // weights-only .h5
+  bool init_ema = false;             // --init reads the file's weight EMA
   double bucket_mb = 25.0;
   // A thread that drives MPI progress during backward. Off by default: when compute
   // uses every core it steals cycles (measured: ResNet-34 backward 2.07 s -> 2.84 s
@@ -143,6 +144,7 @@ struct PredictOptions {
   // Unreadable inputs are skipped and counted instead of failing the command; either
   // way none is classified (the loader's black stand-in never reaches the output).
   bool skip_unreadable = false;
+  bool ema = false;  // classify with the checkpoint's weight EMA (/model_ema)
 };
 
 struct InfoOptions {
@@ -154,6 +156,7 @@ struct InfoOptions {
 struct ExportOptions {
   std::string checkpoint;  // any checkpoint or --init file resnet_ddp reads
   std::string out;         // FILE.safetensors
+  bool ema = false;        // the checkpoint's weight EMA (/model_ema) instead of the model's weights
 };
 
 struct ParsedCommand {

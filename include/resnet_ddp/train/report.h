@@ -86,7 +86,14 @@ class MetricsCsv {
 };
 
 // ---- progress --------------------------------------------------------------------
-// A live bar (TTY) or plain lines every `every` steps; only rank 0 makes one.
+// "M:SS" or "H:MM:SS" (tqdm's clock), whole seconds rounded down.
+std::string clock_text(double seconds);
+// The epoch's "elapsed<remaining" (tqdm's "0:12<1:05"): `done` steps took `elapsed_s`,
+// `left` steps to go at the same pace; "?" for the remainder before a step is timed.
+std::string elapsed_eta(double elapsed_s, int64_t done, int64_t left);
+
+// A live bar (TTY) or plain lines every `every` steps, with the epoch's elapsed time
+// and ETA; only rank 0 makes one.
 class Progress {
  public:
   enum class Mode { Bar, Lines, None };
@@ -103,6 +110,8 @@ class Progress {
   int64_t every_;
   int64_t epoch_ = 0, epochs_ = 0, total_ = 0;
   std::chrono::steady_clock::time_point last_draw_{};
+  std::chrono::steady_clock::time_point epoch_start_{};
+  int64_t first_step_ = -1;  // the step count the epoch started from (a resume starts mid-epoch)
   bool drawn_ = false;
 };
 
