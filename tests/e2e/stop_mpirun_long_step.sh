@@ -19,15 +19,19 @@ unset OMPI_MCA_odls_base_sigkill_timeout  # Open MPI's default grace, as an inte
 # What the terminal shows: mpirun's own output (the ranks' lines go through it).
 setsid "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$RD_BIN" "${args[@]}" >"$WORK/run.out" 2>&1 &
 pid=$!
-wait_for "$WORK/run.out" "^Notice: a step takes" 120 || { cat "$WORK/run.out"; fail "no notice that a step outlasts the grace"; }
+# wait_running PATTERN|FILE: until PATTERN is in run.out (or FILE exists), while mpirun runs.
+wait_running() {
+  local deadline=$((SECONDS + 120))
+  until { [[ $1 == /* ]] && [ -e "$1" ]; } || grep -q -- "$1" "$WORK/run.out"; do
+    kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ] || { cat "$WORK/run.out"; fail "waiting for $1"; }
+    sleep 0.05
+  done
+}
+wait_running "^Notice: a step takes"
 grep -q -E "^Notice: a step takes [0-9.]+ s, and after a Ctrl-C or a SIGTERM to mpirun Open MPI gives the ranks 1 s between its SIGTERM and SIGKILL: .*export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun" \
   "$WORK/run.out" || { cat "$WORK/run.out"; fail "the notice does not say what to export"; }
 # Ctrl-C once the first checkpoint (step 2) is written and a later step runs.
-deadline=$((SECONDS + 60))
-until [ -e "$WORK/run/last.h5" ]; do
-  [ $SECONDS -lt $deadline ] || { cat "$WORK/run.out"; fail "no periodic checkpoint"; }
-  sleep 0.05
-done
+wait_running "$WORK/run/last.h5"
 sleep 0.5
 kill -INT -- "-$pid"
 wait "$pid" || true
