@@ -138,4 +138,4 @@ install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan ./resnet_ddp ./message_passing
+	rm -rf $(BUILD_DIR) $(BUILD_DIR)-no-optional build-asan build-tsan ./resnet_ddp ./message_passing

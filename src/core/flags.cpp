@@ -479,11 +479,13 @@ std::vector<FlagSet::ConfigKey> yaml_keys(const YAML::Node& root, std::vector<st
 #endif
 
 #ifdef RESNET_DDP_NO_YAML
-// The standalone GPU check (tools/gpu_check.sh) builds without yaml-cpp: bare GPU
-// hosts lack it, and nothing there reads a YAML config.
+// Built without yaml-cpp: a cluster without it (RESNET_DDP_YAML, CMakeLists.txt), or the
+// standalone GPU check (tools/gpu_check.sh), which reads no config.
 void FlagSet::apply_yaml(const std::string& path, const std::string&, std::vector<std::string>*,
                          std::vector<std::string>*) {
-  throw UsageError(path + ": this build reads no YAML config files (built without yaml-cpp)");
+  throw UsageError(path +
+                   ": a YAML config, and this build of resnet_ddp has no YAML support: rebuild with yaml-cpp "
+                   "found (docs/hpc.md), or write the file as `flag = value` lines");
 }
 #else
 void FlagSet::apply_yaml(const std::string& path, const std::string& text, std::vector<std::string>* given,

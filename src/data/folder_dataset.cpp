@@ -199,6 +199,9 @@ void list_folder_split(const std::string& root, Split split, const ScanOptions& 
   }
   scan.ignored += loose_files;
 
+  // A build without libtiff / libwebp refuses a dataset holding such images outright:
+  // skipping them would train on another dataset than torchvision's ImageFolder sees.
+  std::map<std::string, std::pair<size_t, std::string>> not_built;  // format -> count, first file
   for (size_t label = 0; label < scan.class_names.size(); ++label) {
     const std::string& cls = scan.class_names[label];
     WalkState ws;
@@ -213,6 +216,10 @@ void list_folder_split(const std::string& root, Split split, const ScanOptions& 
           ++scan.ignored_by_extension[lower_extension(f)];
           continue;
         }
+        if (const std::string format = unsupported_image_format(f); !format.empty()) {
+          auto& [n, first] = not_built[format];
+          if (n++ == 0) first = dir + "/" + f;
+        }
         FolderEntry e;
         e.path = dir + "/" + f;
         e.relative = e.path.substr(prefix);
@@ -220,6 +227,9 @@ void list_folder_split(const std::string& root, Split split, const ScanOptions& 
         scan.entries.push_back(std::move(e));
       }
   }
+  for (const auto& [format, found] : not_built)
+    throw UsageError(split_dir + ": " + std::to_string(found.first) + " " + format + " image(s) (" + found.second +
+                     (found.first > 1 ? ", ..." : "") + "), and " + format_not_built(format));
 }
 
 // FNV-1a over the relative paths, folded to 20 bits: ranks compare listings

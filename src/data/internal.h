@@ -41,6 +41,10 @@ ImageHeader probe_tiff_memory(const uint8_t* bytes, size_t size, const std::stri
 ImageHeader probe_webp_memory(const uint8_t* bytes, size_t size, const std::string& what);
 void decode_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels);
 void decode_webp_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels);
+// Built without libtiff / libwebp (CMakeLists.txt): "TIFF" or "WebP" for a file name
+// with that format's extension, else "". format_not_built: what the error then says.
+std::string unsupported_image_format(const std::string& filename);
+std::string format_not_built(const std::string& format);
 
 // Runs fn(i) for i in [0, n) on `threads` threads (0 = hardware concurrency).
 // The first exception is rethrown after all threads finish.

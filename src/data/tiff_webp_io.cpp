@@ -2,10 +2,17 @@
 // Image.open(path).convert("RGB"), the loader of torchvision's ImageFolder, which
 // accepts .tif, .tiff and .webp. Every variant that is decoded is compared with PIL in
 // tests/data/check_tiff_webp_vs_pil.py; the others are refused with the reason (a
-// skipped file, or an error under --strict-data), never guessed.
+// skipped file, or an error under --strict-data), never guessed. A build without libtiff
+// or libwebp (RESNET_DDP_HAVE_TIFF / _WEBP unset: CMakeLists.txt) refuses those files,
+// saying how to rebuild.
+#ifdef RESNET_DDP_HAVE_TIFF
 #include <tiffio.h>
+#endif
+#ifdef RESNET_DDP_HAVE_WEBP
 #include <webp/decode.h>
+#endif
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -28,6 +35,7 @@ bool is_webp(const uint8_t* b, size_t n) {
 
 namespace {
 
+#ifdef RESNET_DDP_HAVE_TIFF
 // ---- TIFF -------------------------------------------------------------------------
 
 // libtiff reads through these from the bytes in memory; its messages are collected per
@@ -218,6 +226,9 @@ void decode_tiff(const uint8_t* bytes, size_t size, const std::string& what, Ima
   }
 }
 
+#endif  // RESNET_DDP_HAVE_TIFF
+
+#ifdef RESNET_DDP_HAVE_WEBP
 // ---- WebP -------------------------------------------------------------------------
 
 ImageHeader webp_header(const uint8_t* bytes, size_t size, const std::string& what, WebPBitstreamFeatures& f) {
@@ -243,9 +254,11 @@ void decode_webp(const uint8_t* bytes, size_t size, const std::string& what, Ima
   if (!WebPDecodeRGBInto(bytes, size, out.data(), out.bytes(), h.width * 3))
     throw Error(what + ": WebP data cannot be decoded (truncated or corrupt)");
 }
+#endif  // RESNET_DDP_HAVE_WEBP
 
 }  // namespace
 
+#ifdef RESNET_DDP_HAVE_TIFF
 ImageHeader probe_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, int64_t max_pixels) {
   Tiff t;
   open_tiff(bytes, size, what, max_pixels, t);
@@ -256,17 +269,53 @@ ImageHeader probe_tiff_memory(const uint8_t* bytes, size_t size, const std::stri
   return h;
 }
 
+void decode_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels) {
+  decode_tiff(bytes, size, what, out, max_pixels);
+}
+#else
+ImageHeader probe_tiff_memory(const uint8_t*, size_t, const std::string& what, int64_t) {
+  throw Error(what + ": a TIFF image: " + format_not_built("TIFF"));
+}
+void decode_tiff_memory(const uint8_t*, size_t, const std::string& what, Image&, int64_t) {
+  throw Error(what + ": a TIFF image: " + format_not_built("TIFF"));
+}
+#endif
+
+#ifdef RESNET_DDP_HAVE_WEBP
 ImageHeader probe_webp_memory(const uint8_t* bytes, size_t size, const std::string& what) {
   WebPBitstreamFeatures f{};
   return webp_header(bytes, size, what, f);
 }
 
-void decode_tiff_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels) {
-  decode_tiff(bytes, size, what, out, max_pixels);
-}
-
 void decode_webp_memory(const uint8_t* bytes, size_t size, const std::string& what, Image& out, int64_t max_pixels) {
   decode_webp(bytes, size, what, out, max_pixels);
+}
+#else
+ImageHeader probe_webp_memory(const uint8_t*, size_t, const std::string& what) {
+  throw Error(what + ": a WebP image: " + format_not_built("WebP"));
+}
+void decode_webp_memory(const uint8_t*, size_t, const std::string& what, Image&, int64_t) {
+  throw Error(what + ": a WebP image: " + format_not_built("WebP"));
+}
+#endif
+
+std::string format_not_built(const std::string& format) {
+  const std::string library = format == "TIFF" ? "libtiff >= 4.5" : "libwebp";
+  return "this build of resnet_ddp has no " + format + " support: rebuild with " + library +
+         " found (docs/hpc.md), or convert the images (e.g. to PNG)";
+}
+
+std::string unsupported_image_format(const std::string& filename) {
+  const size_t dot = filename.find_last_of('.');
+  std::string ext = dot == std::string::npos ? "" : filename.substr(dot);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+#ifndef RESNET_DDP_HAVE_TIFF
+  if (ext == ".tif" || ext == ".tiff") return "TIFF";
+#endif
+#ifndef RESNET_DDP_HAVE_WEBP
+  if (ext == ".webp") return "WebP";
+#endif
+  return "";
 }
 
 }  // namespace rd::data

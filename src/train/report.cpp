@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -64,6 +65,45 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;
 volatile std::sig_atomic_t g_count = 0;
 
+// set_stop_notice's text in two slots: the handler reads the published one while the
+// trainer fills the other (a step apart, so a handler's write is long done before its
+// slot is reused).
+constexpr size_t kNoticeBytes = 2048;
+char g_notice[2][kNoticeBytes];
+size_t g_notice_size[2];
+bool g_notice_newline[2];
+std::atomic<int> g_notice_slot{-1};  // -1: nothing to print
+static_assert(std::atomic<int>::is_always_lock_free, "read in a signal handler");
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
+}
+
+// Async-signal-safe: copies and one write(2).
+void write_stop_notice(int sig) {
+  const int slot = g_notice_slot.load();
+  if (slot < 0) return;
+  char line[kNoticeBytes + 64];
+  size_t n = 0;
+  const auto put = [&](const char* s, size_t len) {
+    for (size_t i = 0; i < len && n < sizeof line; ++i) line[n++] = s[i];
+  };
+  if (g_notice_newline[slot]) put("\n", 1);
+  put("resnet_ddp: got ", 16);
+  const char* name = signal_name(sig);
+  put(name, std::strlen(name));
+  put(" ", 1);
+  put(g_notice[slot], g_notice_size[slot]);
+  ssize_t ignored = ::write(2, line, n);
+  (void)ignored;
+}
+
 void on_signal(int sig) {
   g_count = g_count + 1;
   if (g_count >= 2) {
@@ -73,8 +113,22 @@ void on_signal(int sig) {
     ::_exit(128 + sig);
   }
   g_signal = sig;
+  write_stop_notice(sig);
 }
 }  // namespace
+
+void set_stop_notice(const std::string& text, bool newline_first) {
+  if (text.empty()) {
+    g_notice_slot.store(-1);
+    return;
+  }
+  const int slot = g_notice_slot.load() == 0 ? 1 : 0;
+  const std::string line = text.substr(0, kNoticeBytes - 1) + "\n";
+  std::memcpy(g_notice[slot], line.data(), line.size());
+  g_notice_size[slot] = line.size();
+  g_notice_newline[slot] = newline_first;
+  g_notice_slot.store(slot);
+}
 
 void install_preemption_handlers() {
   struct sigaction sa;

@@ -111,6 +111,8 @@ void Trainer::train_epochs() {
     int64_t counts[2] = {st.correct, st.seen};
     ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
     ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+    stop_notice_at("epoch " + std::to_string(epoch + 1) + " (validation)",
+                   "saving last.h5 after this epoch's validation");
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
     r.train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
     validate(r.val_loss, r.val_acc, &r.val_acc5);
@@ -140,6 +142,7 @@ void Trainer::train_epochs() {
       throw CollectiveExit{0};
     }
   }
+  stop_notice_at("", "");  // training is over: a stop now loses nothing
 }
 
 // The epoch's permutation for this rank, minus what an interrupted epoch already
@@ -181,6 +184,9 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   bool loader_done = false;
   while (step < steps_total && !loader_done) {
     const auto t_step = Clock::now();
+    stop_notice_at("epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step + 1) + " of " +
+                       std::to_string(steps_total),
+                   "saving last.h5 when this step ends");
     const StepTimes before = st.times;
     StepSums sums;
     const int group = micro_batches_in_step(step, micro_total, o_.accum_steps);
@@ -200,7 +206,9 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
     if (ema_) update_ema(epoch, step);
     ++step;
     ++st.steps;
-    report_step(step, sums, st.times.minus(before), seconds_since(t_step), local, seconds_since(t_start));
+    const double step_seconds = seconds_since(t_step);
+    report_step(step, sums, st.times.minus(before), step_seconds, local, seconds_since(t_start));
+    measured_step(step_seconds);
     const bool periodic = o_.checkpoint_every > 0 && state_.global_step % o_.checkpoint_every == 0 &&
                           step < steps_total && !loader_done;
     if (preempt) {

@@ -150,6 +150,18 @@ class Trainer {
   void step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, StepSums* sums = nullptr);
   void evaluate_only();
 
+  // trainer_stop.cpp: what a stop signal prints at once (report.h set_stop_notice), and
+  // the notice when a step is too long for Open MPI's kill grace.
+  void stop_notice_at(const std::string& position, const std::string& action);
+  void checkpoint_saved(const std::string& path, int64_t epochs_done, int64_t step_in_epoch);
+  void measured_step(double seconds);
+  std::string stop_position_;  // "epoch 3 step 8 of 16"
+  std::string stop_action_;    // what the ranks do before stopping
+  std::string resume_from_;    // the checkpoint a resume would read now (empty: none yet)
+  std::string resumes_at_;     // and where it continues ("epoch 3 step 8")
+  double step_seconds_ = 0;    // the run's second step (the first is warm-up); 0 until measured
+  int64_t steps_this_run_ = 0;
+
   // trainer_report.cpp
   void open_reports();
   void report_start();

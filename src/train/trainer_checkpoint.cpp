@@ -64,6 +64,7 @@ void Trainer::load_start_state() {
       rank0());
   broadcast_weights();
   apply_start_state();
+  if (plan_.resumed) checkpoint_saved(plan_.checkpoint, state_.epoch, state_.step_in_epoch);
   args_history_.push_back(o_.command_line);
 }
 
@@ -185,6 +186,7 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
                              ema.present ? &ema : nullptr);  // straight from the arenas
       },
       rank0());
+  if (path == last_path_) checkpoint_saved(path, epoch, step_in_epoch);
 }
 
 void Trainer::evaluate_best() {

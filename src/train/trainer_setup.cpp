@@ -120,17 +120,6 @@ void Trainer::setup_device() {
 #endif
   if (!grad_) grad_ = dist::make_mpi_comm(MPI_COMM_WORLD);
   dist::print_startup_lines(env_, backend_->name());
-  // Open MPI's mpirun answers Ctrl-C or a SIGTERM with SIGTERM to the ranks after
-  // odls_base_sigkill_timeout seconds and SIGKILL as many seconds later: at its default
-  // of 1 s no rank finishes a step and saves. The job scripts raise it; say so here.
-  if (env_.world > 1 && std::getenv("OMPI_COMM_WORLD_SIZE")) {
-    const char* set = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
-    const int grace = set && *set ? std::atoi(set) : 1;
-    if (grace <= 1)
-      notice("Ctrl-C or a SIGTERM to mpirun kills the ranks " + std::to_string(grace) +
-             " s later, before they can save last.h5; export OMPI_MCA_odls_base_sigkill_timeout=10 (as the job "
-             "scripts do) so that they checkpoint at the next step and stop");
-  }
 }
 
 // Compute threads beyond the cores a rank may use (its CPU affinity) only contend: a

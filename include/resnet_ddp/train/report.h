@@ -29,6 +29,12 @@ void install_preemption_handlers();
 int preemption_signal();
 // For tests: forget a received signal.
 void reset_preemption();
+// The line the first stop signal prints at once on stderr (write(2) in the handler):
+// "resnet_ddp: got SIGTERM " + `text`, where the run is, what a kill before the next
+// checkpoint would lose and how to resume. mpirun's SIGKILL may follow within a second
+// (docs/usage.md), so the user must learn that when it happens. Empty: nothing printed.
+// `newline_first`: a progress bar holds the terminal's current line.
+void set_stop_notice(const std::string& text, bool newline_first = false);
 // Writes `text` to `f` (flushed). While the reader does not take it, it waits, as a
 // plain write would; but once a stop signal has arrived it drops the text instead, so
 // that training reaches the step boundary and saves. mpirun stops reading the ranks'
