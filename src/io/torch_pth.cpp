@@ -232,6 +232,7 @@ class Unpickler {
   }
   Value* global(const std::string& module, const std::string& name);
   Value* reduce(Value* func, Value* args);
+  Value* new_object(Value* cls, Value* args);
   Value* persistent(Value* pid);
   Value* rebuild_tensor(const std::vector<Value*>& a, const std::string& how);
   void set_items(Value* dict, const std::vector<Value*>& kv);
@@ -323,6 +324,15 @@ Value* Unpickler::rebuild_tensor(const std::vector<Value*>& a, const std::string
     bad(how + ": the view (offset " + std::to_string(ten.offset) + ", sizes and strides) reaches past its storage '" +
         st.s + "' of " + std::to_string(st.numel) + " elements");
   return t;
+}
+
+// NEWOBJ: cls.__new__(cls, *args), for argparse.Namespace only (a training checkpoint's
+// "args"): an inert dict, its attributes arriving by BUILD; nothing is called.
+Value* Unpickler::new_object(Value* cls, Value* args) {
+  if (cls->kind != Value::Global || cls->s != kNamespace || args->kind != Value::Tuple || !args->items.empty())
+    bad("NEWOBJ of a " + std::string(cls->kind == Value::Global ? cls->s : kind_name(cls->kind)) +
+        ", which a checkpoint's state_dict never needs");
+  return make(Value::Dict);
 }
 
 Value* Unpickler::reduce(Value* func, Value* args) {
@@ -434,13 +444,9 @@ bool Unpickler::step(unsigned char op) {
       return true;
     }
     case 'Q': stack_.push_back(persistent(pop())); return true;  // BINPERSID
-    case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), for argparse.Namespace only
+    case 0x81: {  // NEWOBJ
       Value* args = pop();
-      Value* cls = pop();
-      if (cls->kind != Value::Global || cls->s != kNamespace || args->kind != Value::Tuple || !args->items.empty())
-        bad("NEWOBJ of a " + std::string(cls->kind == Value::Global ? cls->s : kind_name(cls->kind)) +
-            ", which a checkpoint's state_dict never needs");
-      stack_.push_back(make(Value::Dict));  // its attributes arrive by BUILD
+      stack_.push_back(new_object(pop(), args));
       return true;
     }
     case 'b': {  // BUILD: an OrderedDict's attributes (state_dict._metadata): not needed

@@ -2,9 +2,11 @@
 // loop around TrainStep with exact global metrics. Set-up, checkpoints and reporting
 // live beside it (trainer.h lists where).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "resnet_ddp/train/commands.h"
 #include "resnet_ddp/train/recipes.h"
@@ -194,6 +196,7 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
     mix_key_.epoch = epoch;  // MixUp / CutMix draws: a resume at this step redraws the same
     mix_key_.step = step;
     const int micro = forward_backward(group, batch, st, local, sums, nonfinite);
+    if (inject_step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inject_step_delay_ms_));
     if (micro < group) {
       // The loader ran dry inside a group: every rank has the same batch count,
       // so all ranks get here together. Finish the partial group's communication.

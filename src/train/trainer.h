@@ -161,6 +161,7 @@ class Trainer {
   std::string resumes_at_;     // and where it continues ("epoch 3 step 8")
   double step_seconds_ = 0;    // the run's second step (the first is warm-up); 0 until measured
   int64_t steps_this_run_ = 0;
+  int inject_step_delay_ms_ = 0;  // RD_INJECT_STEP_DELAY_MS: a step this much longer (tests of long steps)
 
   // trainer_report.cpp
   void open_reports();

@@ -298,6 +298,9 @@ void Trainer::setup_model() {
     const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");
     if (env_.rank == (r && *r ? std::atoi(r) : 0)) step_->inject_overflow_at(std::atoll(at));
   }
+  // A step longer by this many milliseconds on every rank: the Ctrl-C tests need steps
+  // longer than Open MPI's kill grace on any machine (tests/e2e/stop_mpirun_long_step.sh).
+  if (const char* ms = std::getenv("RD_INJECT_STEP_DELAY_MS"); ms && *ms) inject_step_delay_ms_ = std::atoi(ms);
 }
 
 void Trainer::check_output_space() {

@@ -10,14 +10,16 @@ source "$(dirname "$0")/common.sh"
 command -v setsid >/dev/null || { echo "SKIP: setsid (util-linux) is not installed" >&2; exit 77; }
 
 synth_data "$WORK/data" 64 8
-# ResNet-18 at 176 px, batch 4 on 1 thread: about 1.6 s a step on 2 cores; 8 steps an
-# epoch on 2 ranks, a checkpoint every 2 steps.
-args=(--data "$WORK/data" --arch resnet18 --image-size 176 --threads 1 --workers 1 --batch-size 4 --epochs 1
+# Steps of 1.6 s on any machine: a small model plus RD_INJECT_STEP_DELAY_MS (the image
+# size alone gave 0.4 s steps on one machine and 4 s on another); 8 steps an epoch on 2
+# ranks, a checkpoint every 2 steps.
+export RD_INJECT_STEP_DELAY_MS=1500
+args=(--data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4 --epochs 1
   --checkpoint-every 2 --log-every 0 --progress none --tensorboard off --output-dir "$WORK/run")
 unset OMPI_MCA_odls_base_sigkill_timeout  # Open MPI's default grace, as an interactive user has it
 
 # What the terminal shows: mpirun's own output (the ranks' lines go through it).
-setsid "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$RD_BIN" "${args[@]}" >"$WORK/run.out" 2>&1 &
+setsid "$RD_MPIEXEC" --oversubscribe --bind-to none -x RD_INJECT_STEP_DELAY_MS -np 2 "$RD_BIN" "${args[@]}" >"$WORK/run.out" 2>&1 &
 pid=$!
 # wait_running PATTERN|FILE: until PATTERN is in run.out (or FILE exists), while mpirun runs.
 wait_running() {
@@ -51,7 +53,7 @@ else
 fi
 
 note "the same command resumes at $at"
-"$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$RD_BIN" "${args[@]}" >"$WORK/resume.out" 2>&1 ||
+"$RD_MPIEXEC" --oversubscribe --bind-to none -x RD_INJECT_STEP_DELAY_MS -np 2 "$RD_BIN" "${args[@]}" >"$WORK/resume.out" 2>&1 ||
   { cat "$WORK/resume.out"; fail "the resumed run failed"; }
 grep -q -x -F "Resuming from $WORK/run/last.h5 at $at" "$WORK/resume.out" ||
   { cat "$WORK/resume.out"; fail "did not resume at $at"; }
