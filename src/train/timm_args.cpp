@@ -127,6 +127,18 @@ struct Translator {
     out.refused.push_back({k.line, k.key + ": " + value + ": " + why, moot_with});
   }
 
+  // lr: null: timm derives the lr from the global batch, as --lr-base does here (lr_base_scale
+  // '' is timm's choice by optimizer, --lr-base-scale auto).
+  bool lr_from_base_used() const {
+    const Key* lr = get("lr");
+    const Key* base = get("lr_base");
+    return lr && lr->kind == Kind::Null && base && !is_off(*base);
+  }
+  void lr_from_base(const Key& base) {
+    set(base, "--lr-base", base.value);
+    if (const Key* size = get("lr_base_size"); size && !is_off(*size)) set(*size, "--lr-base-size", size->value);
+    if (const Key* scale = get("lr_base_scale"); scale && !is_off(*scale)) set(*scale, "--lr-base-scale", scale->value);
+  }
   void data(const Key& k);
   void schedule(const Key* sched);
   void optimizer(const Key& opt);
@@ -192,6 +204,9 @@ void Translator::schedule(const Key* sched_key) {
   if (lr > 0) {
     if (from > 0 && from <= lr) set(*warmup, "--lr-warmup-decay", fmt(from / lr));
     else if (const Key* k = get("warmup_lr")) refuse(*k, "must be > 0 and <= lr here (the warmup's start factor)");
+  } else if (const Key* k = get("warmup_lr"); k && lr_from_base_used()) {
+    refuse(*k, "with lr: null the lr is derived from the global batch at run time, and the warmup here starts at a "
+               "fraction of it, not at an absolute lr: give lr: as a number", "--lr");
   }
   if (const Key* e = get("epochs")) set(*e, "--epochs", fmt(number(e, 0) + w));  // timm's num_epochs
 }
@@ -338,11 +353,13 @@ void Translator::run() {
     } else if (n == "epochs") {
       if (number(get("warmup_epochs"), 0) <= 0 || !has_value(get("warmup_prefix"), "true")) set(k, "--epochs", k.value);
     } else if (n == "lr") {
-      if (k.kind == Kind::Null)
+      if (k.kind != Kind::Null)
+        set(k, "--lr", k.value);
+      else if (const Key* base = get("lr_base"); base && !is_off(*base))
+        lr_from_base(*base);  // timm's own default: lr: null
+      else
         refuse(k, "timm derives it from lr_base x global batch / lr_base_size; give lr: (or --lr) as a number",
                "--lr");
-      else
-        set(k, "--lr", k.value);
     } else if (n == "opt") {
       optimizer(k);
     } else if (n == "weight_decay") {

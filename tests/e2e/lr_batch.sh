@@ -21,7 +21,7 @@ mpi2() { timeout 120 "$RD_MPIEXEC" --oversubscribe --bind-to none -np 2 "$RD_BIN
 
 note "--lr-base 0.1 on 2 ranks x batch 4: lr 0.1 x 8 / 256, printed and used"
 expect_rc 0 "$WORK/base" mpi2 "${R18[@]}" -b 4 --optimizer sgd --lr-base 0.1 --output-dir "$WORK/o1"
-grep -q -x -F "Learning rate 0.003125 = --lr-base 0.1 x (8 / --lr-base-size 256) (linear scaling; global batch 8 (2 rank(s) x batch 4 x accum 1))" \
+grep -q -F "Learning rate 0.003125 = --lr-base 0.1 x (8 / --lr-base-size 256) (linear scaling; global batch 8 (2 rank(s) x batch 4 x accum 1))" \
   "$WORK/base" || { cat "$WORK/base"; fail "no derivation line"; }
 grep -q -E "global batch 8, sgd lr 0.003125," "$WORK/base" || { cat "$WORK/base"; fail "the run's lr is not the derived one"; }
 "$RD_BIN" info "$WORK/o1/last.h5" | grep -q "(initial 0.003125)" || fail "the optimizer did not start at the derived lr"
@@ -43,7 +43,7 @@ note "--recipe torchvision-resnet-v1 -b 4 on 2 ranks: one warning with the scale
 V1=(--recipe torchvision-resnet-v1 --train-crop-size 32 --val-resize-size 32 --val-crop-size 32 --max-steps 1)
 expect_rc 0 "$WORK/recipe" mpi2 "${R18[@]}" "${V1[@]}" -b 4 --output-dir "$WORK/o3"
 warning="resnet_ddp: warning: --recipe torchvision-resnet-v1: its lr 0.1 is for a global batch of 256 (8 GPUs x batch 32); this run's is 8 (2 rank(s) x batch 4 x accum 1). Scaled linearly the lr is 0.003125: pass --lr 0.003125, or --lr-base 0.1 --lr-base-size 256 to derive it from any global batch"
-[ "$(grep -c -x -F "$warning" "$WORK/recipe")" = 1 ] || { cat "$WORK/recipe"; fail "not one warning with the scaled lr"; }
+[ "$(grep -c -F -- "$warning" "$WORK/recipe")" = 1 ] || { cat "$WORK/recipe"; fail "not one warning with the scaled lr"; }
 note "within 2x of the recipe's global batch, or with --lr or --lr-base given: no warning"
 expect_rc 0 "$WORK/near" "$RD_BIN" "${R18[@]}" "${V1[@]}" -b 128 --output-dir "$WORK/o4" --check
 expect_rc 0 "$WORK/own" "$RD_BIN" "${R18[@]}" "${V1[@]}" -b 4 --lr 0.001 --output-dir "$WORK/o4" --check

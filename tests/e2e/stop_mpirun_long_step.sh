@@ -29,8 +29,8 @@ wait_running() {
     sleep 0.05
   done
 }
-wait_running "^Notice: a step takes"
-grep -q -E "^Notice: a step takes [0-9.]+ s, and after a Ctrl-C or a SIGTERM to mpirun Open MPI gives the ranks 1 s between its SIGTERM and SIGKILL: .*export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun" \
+wait_running "Notice: a step takes"
+grep -q -E "Notice: a step takes [0-9.]+ s, and after a Ctrl-C or a SIGTERM to mpirun Open MPI gives the ranks 1 s between its SIGTERM and SIGKILL: .*export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun" \
   "$WORK/run.out" || { cat "$WORK/run.out"; fail "the notice does not say what to export"; }
 # Ctrl-C once the first checkpoint (step 2) is written and a later step runs.
 wait_running "$WORK/run/last.h5"
@@ -40,7 +40,8 @@ wait "$pid" || true
 cat "$WORK/run.out"
 
 re='^resnet_ddp: got SIG(TERM|INT) at epoch 1 step ([0-9]+) of 8; saving last\.h5 when this step ends\. Open MPI kills the ranks 1 s after its SIGTERM \(a step takes [0-9.]+ s\); if that comes first, the work since the last checkpoint is lost and the same command resumes from (.+) at (epoch 1 step [0-9]+)\. To give a long step time: export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun$'
-line=$(grep -E "^resnet_ddp: got SIG" "$WORK/run.out" | head -n 1)
+# Anywhere in a line: stderr and stdout reach mpirun apart and may share a line of run.out.
+line=$(grep -o -E "resnet_ddp: got SIG.*" "$WORK/run.out" | head -n 1)
 [[ $line =~ $re ]] || fail "no line at the signal saying what a kill loses and how to resume: '$line'"
 from=${BASH_REMATCH[3]}
 at=${BASH_REMATCH[4]}

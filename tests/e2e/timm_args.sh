@@ -22,7 +22,7 @@ for want in "--optimizer adamw" "--lr 0.002" "--epochs 4" "--lr-warmup-decay 0.1
 done
 
 note "what cannot be honoured is refused, every key at once"
-sed -e 's/^lr: 0.002$/lr: null/' -e 's/^drop_path: null$/drop_path: 0.1/' -e 's/^remode: const$/remode: pixel/' \
+sed -e 's/^lr: 0.002$/lr: null/' -e 's/^lr_base: 0.1$/lr_base: null/' -e 's/^drop_path: null$/drop_path: 0.1/' -e 's/^remode: const$/remode: pixel/' \
   "$RD_ROOT/tests/train/timm_args.yaml" >"$WORK/bad.yaml"
 rc=0
 "$RD_BIN" --data "$DATA" --config "$WORK/bad.yaml" --check >"$WORK/log" 2>&1 || rc=$?

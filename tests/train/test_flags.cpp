@@ -546,6 +546,29 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
+TEST_CASE("timm's lr: null is its lr_base scaled to the global batch, as --lr-base", "[train][flags][timm]") {
+  std::string text = read_text(RD_TIMM_ARGS_FIXTURE);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"lr: 0.002", "lr: null"}, {"lr_base_size: 256", "lr_base_size: 512\nlr_base_scale: linear"},
+           {"warmup_epochs: 1", "warmup_epochs: 0"}}) {
+    const size_t at = text.find(from + "\n");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  }
+  FlagFile file(text, ".yaml");
+  const TrainOptions t = parse_args({"--data", "d", "--config", file.str()}).train;
+  CHECK(t.lr_base == 0.1);
+  CHECK(t.lr_base_size == 512);
+  CHECK(t.lr_base_scale == "linear");
+  // With a warmup, timm's absolute warmup_lr needs the lr itself.
+  const size_t at = text.find("warmup_epochs: 0\n");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 16, "warmup_epochs: 1");
+  FlagFile warm(text, ".yaml");
+  CHECK_THAT(usage_error({"--data", "d", "--config", warm.str()}),
+             Catch::Contains("warmup_lr: 0.0002: with lr: null the lr is derived from the global batch"));
+}
+
 TEST_CASE("timm's args.yaml: mapped keys translated, the rest ignored or refused at once", "[train][flags][timm]") {
   const std::string fixture = RD_TIMM_ARGS_FIXTURE;
   const ParsedCommand pc = parse_args({"--data", "d", "--config", fixture});
@@ -596,6 +619,7 @@ TEST_CASE("timm's args.yaml: mapped keys translated, the rest ignored or refused
            {"interpolation: bilinear", "interpolation: ''"},
            {"train_interpolation: bilinear", "train_interpolation: random"},
            {"lr: 0.002", "lr: null"},
+           {"lr_base: 0.1", "lr_base: null"},  // else lr: null is timm's --lr-base
            {"warmup_prefix: true", "warmup_prefix: false"},
            {"drop_path: null", "drop_path: 0.05"},
            {"model_ema: false", "model_ema: true"},
