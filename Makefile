@@ -33,7 +33,7 @@ DEB_BUILD   = g++ make cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev h
               libtiff-dev libwebp-dev libssl-dev
 DEB_RUNTIME = python3 python3-venv python3-numpy python3-torch python3-torchvision python3-h5py python3-pil \
               dataset-fashion-mnist slurm-wlm munge gnuplot-nox procps shellcheck \
-              iproute2 iptables ethtool
+              iproute2 iptables ethtool ccache
 DEB_PACKAGES = $(DEB_BUILD) $(DEB_RUNTIME)
 # Sanitizer and fuzz builds only (clang with libFuzzer, ASan/UBSan/TSan runtimes, LLVM OpenMP).
 DEB_HARDEN  = clang libclang-rt-14-dev libomp-dev
@@ -47,9 +47,18 @@ build: $(BUILD_DIR)/CMakeCache.txt
 	@for p in resnet_ddp message_passing; do \
 	  if [ -x $(BUILD_DIR)/$$p ]; then ln -sf $(BUILD_DIR)/$$p ./$$p; fi; done
 
+# ccache, where present (`make deps` installs it), compiles through a cache: a rebuild, and
+# the second build that ctest build_deps_without_optional makes beside this one, take
+# seconds. Paths under the checkout are hashed relative to it, so sibling build folders
+# (and clones elsewhere) share the objects. CCACHE= turns it off.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+LAUNCHER_ARGS = $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
+                  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE))
+export CCACHE_BASEDIR ?= $(CURDIR)
+
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DRESNET_DDP_CUDA=$(CUDA) \
-	  -DRESNET_DDP_WERROR=$(WERROR) $(CMAKE_ARGS)
+	  -DRESNET_DDP_WERROR=$(WERROR) $(LAUNCHER_ARGS) $(CMAKE_ARGS)
 
 # Idempotent: installs only the packages that are missing. Then the small venv with PyPI's
 # tensorboard and safetensors on top of Debian's torch (bookworm packages neither), which
