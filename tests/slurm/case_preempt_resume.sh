@@ -34,7 +34,9 @@ rd_log "preempted in epoch $epoch; checkpoint saved"
 
 # Resubmit; fewer epochs so the test stays short: finish the interrupted epoch and one more.
 total=$((epoch + 1))
-job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/frontera_rtx.slurm" "${common[@]}" --epochs "$total")
+# A new job (not a requeue) that changes a flag (--epochs) continues the run only when
+# asked: --resume auto.
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/frontera_rtx.slurm" "${common[@]}" --epochs "$total" --resume auto)
 result=$(rd_slurm_wait "$job" 120)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "resumed job $job ended $result"; }
 rd_expect_log "$job" "^Resuming from $out/last.h5 at epoch ($epoch|$((epoch + 1)))( step [0-9]+)?$" 1

@@ -36,7 +36,9 @@ fi
 rd_log "cancelled; last.h5: $info"
 
 # Resubmitted on the same folder (the script's default folder is per submission).
-job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/cpu.slurm" "${common[@]}" --epochs "$total")
+# A new job (not a requeue) that changes a flag (--epochs) continues the run only when
+# asked: --resume auto.
+job=$(rd_sbatch -N 2 --ntasks-per-node=1 -t 5 "$RD_REPO/jobs/cpu.slurm" "${common[@]}" --epochs "$total" --resume auto)
 result=$(rd_slurm_wait "$job" 120)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "resumed job $job ended $result"; }
 rd_expect_log "$job" "^Resuming from $out/last.h5 at $at\$" 1
