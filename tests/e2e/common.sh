@@ -20,6 +20,16 @@ fail() {
   exit 1
 }
 note() { echo "--- $*"; }
+# torch_python MODULE...: sets PY to Debian's python3 (RD_TORCH_PYTHON) when it imports
+# every MODULE; else the case is skipped (exit 77).
+torch_python() {
+  PY=${RD_TORCH_PYTHON:-/usr/bin/python3}
+  [ -x "$PY" ] || PY=python3
+  "$PY" -c "import $(IFS=,; echo "$*")" 2>/dev/null || {
+    echo "SKIP: no $(IFS=/; echo "$*") for $PY" >&2
+    exit 77
+  }
+}
 
 # mpi NP ARGS...: resnet_ddp on NP ranks (oversubscribed: CI has 2 cores).
 mpi() {

@@ -10,12 +10,7 @@
 # Needs Debian's python3 with torch, torchvision, h5py and numpy (exit 77 without).
 source "$(dirname "$0")/common.sh"
 
-PY=${RD_TORCH_PYTHON:-/usr/bin/python3}
-[ -x "$PY" ] || PY=python3
-"$PY" -c "import torch, torchvision, h5py, numpy" 2>/dev/null || {
-  echo "SKIP: no torch/torchvision/h5py/numpy for $PY" >&2
-  exit 77
-}
+torch_python torch torchvision h5py numpy
 CHECK=("$PY" "$(dirname "$0")/check_ema_io.py")
 MODEL=(--arch resnet18 --image-size 32 --threads 1 --workers 1 --log-every 0 --conv-algo direct)
 synth_data "$WORK/data" 12 6

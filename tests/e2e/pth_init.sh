@@ -8,12 +8,7 @@
 # global, predict / --resume with a weights-only .pth. Exit 77 without torch.
 source "$(dirname "$0")/common.sh"
 
-PY=${RD_TORCH_PYTHON:-/usr/bin/python3}
-[ -x "$PY" ] || PY=python3
-"$PY" -c "import torch, torchvision, h5py" 2>/dev/null || {
-  echo "SKIP: no torch/torchvision/h5py for $PY" >&2
-  exit 77
-}
+torch_python torch torchvision h5py
 synth_data "$WORK/data" 12 6
 MODEL=(--arch resnet18 --head fc --image-size 32 --normalize imagenet --threads 1 --workers 1 --log-every 0)
 
