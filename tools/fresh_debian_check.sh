@@ -52,11 +52,12 @@ if [ -n "$def" ]; then
   mkdir -p "$(dirname "$root$dest")"
   git clone -q "$repo" "$root$dest"
   section post > "$root/tmp/post.sh"
+  section environment > "$root/tmp/environment.sh"
   section test > "$root/tmp/test.sh"
   echo "== %post of $def"
   in_chroot "bash -e /tmp/post.sh"
   echo "== %test"
-  in_chroot "$(section environment | tr '\n' ';') bash -e /tmp/test.sh"
+  in_chroot ". /tmp/environment.sh && bash -e /tmp/test.sh"
   echo "fresh_debian_check: $(basename "$def")'s %post and %test passed in a fresh Debian chroot"
   exit 0
 fi
