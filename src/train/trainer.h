@@ -157,8 +157,8 @@ class Trainer {
   void measured_step(double seconds);
   std::string stop_position_;  // "epoch 3 step 8 of 16"
   std::string stop_action_;    // what the ranks do before stopping
-  std::string resume_from_;    // the checkpoint a resume would read now (empty: none yet)
-  std::string resumes_at_;     // and where it continues ("epoch 3 step 8")
+  // What the stop line says of resuming: from which checkpoint, where (set at each save).
+  std::string resume_text_ = "there is no checkpoint yet: the same command starts over";
   double step_seconds_ = 0;    // the run's second step (the first is warm-up); 0 until measured
   int64_t steps_this_run_ = 0;
   int inject_step_delay_ms_ = 0;  // RD_INJECT_STEP_DELAY_MS: a step this much longer (tests of long steps)

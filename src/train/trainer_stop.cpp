@@ -51,23 +51,14 @@ void Trainer::stop_notice_at(const std::string& position, const std::string& act
     set_stop_notice("");
     return;
   }
-  std::string resume = "there is no checkpoint yet: the same command starts over";
-  if (!resume_from_.empty()) {
-    const std::string from = fs::absolute(resume_from_).string();
-    const bool same_command_finds_it = o_.resume == ResumeMode::Auto ? resume_from_ == last_path_
-                                       : o_.resume == ResumeMode::File ? resume_from_ == o_.resume_file
-                                                                       : false;
-    resume = same_command_finds_it ? "the same command resumes from " + from + " at " + resumes_at_
-                                   : "the same command with --resume " + from + " resumes at " + resumes_at_;
-  }
   std::string text = "at " + position + "; " + action;
   const int grace = open_mpi_kill_grace(env_.world);
   if (grace == 0) {
-    text += " (a second signal ends it at once: the work since the last checkpoint is lost and " + resume + ")";
+    text += " (a second signal ends it at once: the work since the last checkpoint is lost and " + resume_text_ + ")";
   } else {
     text += ". Open MPI kills the ranks " + std::to_string(grace) + " s after its SIGTERM" +
             (step_seconds_ > 0 ? " (a step takes " + seconds_text(step_seconds_) + ")" : "") +
-            "; if that comes first, the work since the last checkpoint is lost and " + resume;
+            "; if that comes first, the work since the last checkpoint is lost and " + resume_text_;
     if (step_seconds_ == 0 || step_seconds_ > grace / 2.0)
       text += ". To give a long step time: export OMPI_MCA_odls_base_sigkill_timeout=" +
               std::to_string(grace_for(step_seconds_)) + " before mpirun";
@@ -77,10 +68,16 @@ void Trainer::stop_notice_at(const std::string& position, const std::string& act
 
 // `path` (last.h5, or the checkpoint this run resumed from) holds `epochs_done` epochs
 // and `step_in_epoch` steps of the next one.
+// Its resume sentence is composed here, once a save, not at every step.
 void Trainer::checkpoint_saved(const std::string& path, int64_t epochs_done, int64_t step_in_epoch) {
-  resume_from_ = path;
-  resumes_at_ = "epoch " + std::to_string(epochs_done + 1) +
-                (step_in_epoch > 0 ? " step " + std::to_string(step_in_epoch) : std::string());
+  const std::string at = "epoch " + std::to_string(epochs_done + 1) +
+                         (step_in_epoch > 0 ? " step " + std::to_string(step_in_epoch) : std::string());
+  const std::string from = fs::absolute(path).string();
+  const bool same_command_finds_it = o_.resume == ResumeMode::Auto ? path == last_path_
+                                     : o_.resume == ResumeMode::File ? path == o_.resume_file
+                                                                     : false;
+  resume_text_ = same_command_finds_it ? "the same command resumes from " + from + " at " + at
+                                       : "the same command with --resume " + from + " resumes at " + at;
   if (!stop_position_.empty()) stop_notice_at(stop_position_, stop_action_);
 }
 
