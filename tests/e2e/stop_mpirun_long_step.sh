@@ -30,8 +30,13 @@ wait_running() {
   done
 }
 wait_running "Notice: a step takes"
-grep -q -E "Notice: a step takes [0-9.]+ s, and after a Ctrl-C or a SIGTERM to mpirun Open MPI gives the ranks 1 s between its SIGTERM and SIGKILL: .*export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun" \
-  "$WORK/run.out" || { cat "$WORK/run.out"; fail "the notice does not say what to export"; }
+# mpirun forwards a rank's output in pieces: the line's start can be in run.out before its end.
+notice="Notice: a step takes [0-9.]+ s, and after a Ctrl-C or a SIGTERM to mpirun Open MPI gives the ranks 1 s between its SIGTERM and SIGKILL: .*export OMPI_MCA_odls_base_sigkill_timeout=[0-9]+ before mpirun"
+deadline=$((SECONDS + 30))
+until grep -q -E "$notice" "$WORK/run.out"; do
+  [ $SECONDS -lt $deadline ] || { cat "$WORK/run.out"; fail "the notice does not say what to export"; }
+  sleep 0.05
+done
 # Ctrl-C once the first checkpoint (step 2) is written and a later step runs.
 wait_running "$WORK/run/last.h5"
 sleep 0.5
