@@ -1133,6 +1133,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionForwardAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t y, const int requested, int* returned,
     cudnnConvolutionFwdAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
       "cudnnFindConvolutionForwardAlgorithm", Dir::Fwd, h, x, w, c, y, requested, returned, perf, true);
 }
@@ -1142,6 +1143,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionForwardAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t y, const int requested, int* returned,
     cudnnConvolutionFwdAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
       "cudnnGetConvolutionForwardAlgorithm_v7", Dir::Fwd, h, x, w, c, y, requested, returned, perf, false);
 }
@@ -1152,6 +1154,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionBackwardDataAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dx, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
       "cudnnFindConvolutionBackwardDataAlgorithm", Dir::BwdData, h, dx, w, c, dy, requested, returned, perf,
       true);
@@ -1162,6 +1165,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dx, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
       "cudnnGetConvolutionBackwardDataAlgorithm_v7", Dir::BwdData, h, dx, w, c, dy, requested, returned, perf,
       false);
@@ -1172,6 +1176,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionBackwardFilterAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dw, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
       "cudnnFindConvolutionBackwardFilterAlgorithm", Dir::BwdFilter, h, x, dw, c, dy, requested, returned,
       perf, true);
@@ -1182,6 +1187,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dw, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
       "cudnnGetConvolutionBackwardFilterAlgorithm_v7", Dir::BwdFilter, h, x, dw, c, dy, requested, returned,
       perf, false);
@@ -1225,6 +1231,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionForward(cudnnHandle_t h, const void* a
                                                   size_t workSpaceSizeInBytes, const void* beta,
                                                   const cudnnTensorDescriptor_t yd, void* y) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::Fwd, h, alpha, xd, x, wd, w, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, yd, y);
 }
@@ -1237,6 +1244,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardData(cudnnHandle_t h, const vo
                                                        size_t workSpaceSizeInBytes, const void* beta,
                                                        const cudnnTensorDescriptor_t dxd, void* dx) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::BwdData, h, alpha, dxd, dx, wd, w, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, dyd, dy);
 }
@@ -1247,6 +1255,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardFilter(
     cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* beta,
     const cudnnFilterDescriptor_t dwd, void* dw) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::BwdFilter, h, alpha, xd, x, dwd, dw, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, dyd, dy);
 }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -89,6 +90,28 @@ void synchronize_stream(cudaStream_t s);
 void register_handle(const void* h, const char* kind);
 void retire_handle(const void* h, const char* kind, const char* call);  // faults if not live
 void require_handle(const void* h, const char* kind, const char* call);  // faults if not live
+
+// ---- counters (RD_EMU_STATS=PATH; docs/cuda.md) ----------------------------------------------
+// What the host asked of the device, counted at the API entry under api_lock(), so a
+// test can bound a training step's host waits, allocations, plans and collectives.
+// With RD_EMU_STATS set, the process writes them at exit to PATH.rank<R> (stats.cpp).
+enum class Counter {
+  StreamSync,     // cudaStreamSynchronize
+  EventSync,      // cudaEventSynchronize
+  DeviceSync,     // cudaDeviceSynchronize (also the implicit one of cublasDestroy/cudnnDestroy)
+  BlockingCopy,   // cudaMemcpy, cudaMemset
+  PageableCopy,   // cudaMemcpyAsync with a pageable host side
+  QueryNotReady,  // cudaStreamQuery / cudaEventQuery answering cudaErrorNotReady
+  Allocs,         // cudaMalloc, cudaMallocHost, cudaHostAlloc (every call)
+  Frees,          // cudaFree, cudaFreeHost (every call)
+  CudnnFind,      // cudnnFind*Algorithm, cudnnGet*Algorithm_v7
+  NcclAllReduce, NcclBroadcast, NcclReduce, NcclAllGather, NcclReduceScatter, NcclSend, NcclRecv,
+  KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
+  kCount
+};
+void count(Counter c);
+// Every counter by its RD_EMU_STATS name, the totals (host_waits, nccl) included.
+std::map<std::string, uint64_t> stats_snapshot();
 
 // Every entry point of the stand-ins holds this lock: programs call CUDA from
 // several threads (the DDP progress thread, the watchdog).

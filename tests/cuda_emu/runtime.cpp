@@ -763,11 +763,13 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   Lock lock(api_lock());
+  count(Counter::Allocs);
   return allocate(p, bytes, MemKind::Device, "cudaMalloc");
 }
 
 cudaError_t cudaFree(void* p) {
   Lock lock(api_lock());
+  count(Counter::Frees);
   // cudaFree synchronises the device first (documented), so queued work using p finishes.
   run_until([] {
     for (CUstream_st* t : sched().streams)
@@ -779,16 +781,19 @@ cudaError_t cudaFree(void* p) {
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   Lock lock(api_lock());
+  count(Counter::Allocs);
   return allocate(p, bytes, MemKind::PinnedHost, "cudaMallocHost");
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   Lock lock(api_lock());
+  count(Counter::Allocs);
   return allocate(p, bytes, MemKind::PinnedHost, "cudaHostAlloc");
 }
 
 cudaError_t cudaFreeHost(void* p) {
   Lock lock(api_lock());
+  count(Counter::Frees);
   run_until([] {
     for (CUstream_st* t : sched().streams)
       if (!t->queue.empty()) return false;
@@ -808,6 +813,7 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   Lock lock(api_lock());
+  count(Counter::DeviceSync);
   run_until([] {
     for (CUstream_st* t : sched().streams)
       if (!t->queue.empty()) return false;
@@ -842,6 +848,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   Lock lock(api_lock());
+  count(Counter::StreamSync);
   sync_stream(stream_of(s, "cudaStreamSynchronize"), "cudaStreamSynchronize");
   return cudaSuccess;
 }
@@ -857,6 +864,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (!pick) fault("cudaStreamQuery: streams wait for each other's events (deadlock):" + pending_summary());
     if (!step(pick)) {
       advance_others(pick);  // as run_until: the device does not idle while the host polls
+      count(Counter::QueryNotReady);
       return cudaErrorNotReady;
     }
   }
@@ -926,6 +934,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!pick) fault("cudaEventQuery: streams wait for each other's events (deadlock):" + pending_summary());
     if (!step(pick)) {
       advance_others(pick);
+      count(Counter::QueryNotReady);
       return cudaErrorNotReady;
     }
   }
@@ -934,6 +943,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   Lock lock(api_lock());
+  count(Counter::EventSync);
   CUevent_st* ev = event_of(e, "cudaEventSynchronize");
   const uint64_t target = ev->recorded;
   CUstream_st* holder = nullptr;
@@ -954,25 +964,22 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
+}  // extern "C"
+
 // ---- copies ----
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
-  Lock lock(api_lock());
-  require_device(p, bytes, "cudaMemsetAsync", "destination");
-  if (!bytes) return cudaSuccess;
-  enqueue(s, "cudaMemsetAsync", [p, value, bytes] { std::memset(p, value, bytes); });
-  return cudaSuccess;
+namespace {
+
+void memset_on(void* p, int value, size_t bytes, cudaStream_t s, const char* call) {
+  require_device(p, bytes, call, "destination");
+  if (!bytes) return;
+  enqueue(s, call, [p, value, bytes] { std::memset(p, value, bytes); });
 }
 
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
-  return e;
-}
-
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-  Lock lock(api_lock());
-  CUstream_st* st = stream_of(s, "cudaMemcpyAsync");
+// The copy of cudaMemcpyAsync; `blocking`: cudaMemcpy's (which counts as a blocking
+// copy and then waits itself, not as a pageable one).
+cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, bool blocking) {
+  CUstream_st* st = stream_of(s, blocking ? "cudaMemcpy" : "cudaMemcpyAsync");
   if (!bytes) return cudaSuccess;
   const Allocation* da = find_allocation(dst);
   const Allocation* sa = find_allocation(src);
@@ -994,6 +1001,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       fault(std::string(name) + ": " + role + " is " + describe_pointer(p));
   };
   const bool pinned_src = sa && sa->kind == MemKind::PinnedHost, pinned_dst = da && da->kind == MemKind::PinnedHost;
+  // A pageable host side makes the asynchronous call wait or stage on the host.
+  const bool pageable = (kind == cudaMemcpyHostToDevice && !pinned_src) ||
+                        (kind == cudaMemcpyDeviceToHost && !pinned_dst) ||
+                        (kind == cudaMemcpyHostToHost && !(pinned_src && pinned_dst));
+  if (pageable && !blocking) count(Counter::PageableCopy);
   switch (kind) {
     case cudaMemcpyHostToDevice: {
       require_device(dst, bytes, name, "dst");
@@ -1033,10 +1045,34 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
 }
 
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  Lock lock(api_lock());
+  memset_on(p, value, bytes, s, "cudaMemsetAsync");
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  Lock lock(api_lock());
+  count(Counter::BlockingCopy);
+  memset_on(p, value, bytes, nullptr, "cudaMemset");
+  sync_stream(&sched().legacy, "cudaMemset");
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  Lock lock(api_lock());
+  return memcpy_on(dst, src, bytes, kind, s, false);
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   Lock lock(api_lock());
-  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+  count(Counter::BlockingCopy);
+  const cudaError_t e = memcpy_on(dst, src, bytes, kind, nullptr, true);
+  if (e == cudaSuccess) sync_stream(&sched().legacy, "cudaMemcpy");
   return e;
 }
 
