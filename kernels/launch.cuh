@@ -119,6 +119,11 @@ void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t
 void count_correct(const float* logits, const int32_t* labels, int64_t n, int64_t k, int* correct,
                    cudaStream_t s);
 
+// sums[0] += the rows' losses summed in double in row order, sums[1] += rows whose argmax
+// equals targets[r], sums[2] += 1 when that sum is not finite (one thread: n is a batch).
+void loss_sums(const float* row_loss, const int32_t* argmax, const int32_t* targets, int64_t n, double* sums,
+               cudaStream_t s);
+
 // ---- optimizers over a flat arena slice, one launch -----------------------------------
 void adam_step(float* p, const float* g, float* m, float* v, size_t count,
                const math::AdamHyper& h, cudaStream_t s);

@@ -55,6 +55,21 @@ __global__ void correct_kernel(const float* logits, const int32_t* labels, int64
   }
 }
 
+// One thread, rows in order: the same double sum of the float row losses that the host
+// forms after softmax_xent's copy back, so the step's loss is bit-identical.
+__global__ void loss_sums_kernel(const float* row_loss, const int32_t* argmax, const int32_t* targets, int64_t n,
+                                 double* sums) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = 0.0, correct = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    total += row_loss[r];
+    correct += argmax[r] == targets[r] ? 1.0 : 0.0;
+  }
+  sums[0] += total;
+  sums[1] += correct;
+  sums[2] += isfinite(total) ? 0.0 : 1.0;
+}
+
 __global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                             math::AdamHyper h) {
   RD_GRID_STRIDE(i, n) math::adam_update(p[i], g[i], m[i], v[i], h);
@@ -142,6 +157,12 @@ void count_correct(const float* logits, const int32_t* labels, int64_t n, int64_
   if (!n) return;
   RD_LAUNCH(correct_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, correct);
   RD_LAUNCH_CHECK("count_correct");
+}
+
+void loss_sums(const float* row_loss, const int32_t* argmax, const int32_t* targets, int64_t n, double* sums,
+               cudaStream_t s) {
+  RD_LAUNCH(loss_sums_kernel, 1, 1, 0, s)(row_loss, argmax, targets, n, sums);
+  RD_LAUNCH_CHECK("loss_sums");
 }
 
 void adam_step(float* p, const float* g, float* m, float* v, size_t count, const math::AdamHyper& h,

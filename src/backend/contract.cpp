@@ -408,6 +408,29 @@ double Backend::softmax_xent_mixed(const Tensor& logits, const int32_t* labels, 
   return softmax_xent_mixed_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, predictions);
 }
 
+void Backend::softmax_xent_sums(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
+                                float lam, float smoothing, float grad_scale, Tensor* dlogits,
+                                const int32_t* accuracy_targets, double* sums) {
+  const char* op = "softmax_xent_sums";
+  expect_matrix(*this, logits, -1, -1, op, "logits");
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  RD_CHECK(k > 0, op << ": logits have no classes");
+  RD_CHECK(smoothing >= 0.f && smoothing <= 1.f, op << ": smoothing " << smoothing << " not in [0, 1]");
+  RD_CHECK(lam >= 0.f && lam <= 1.f, op << ": lam " << lam << " not in [0, 1]");
+  RD_CHECK((labels && accuracy_targets) || n == 0, op << ": labels or accuracy targets missing");
+  RD_CHECK(sums, op << ": the sums buffer is missing");
+  for (int64_t i = 0; i < n; ++i) {
+    RD_CHECK(labels[i] >= 0 && labels[i] < k,
+             op << ": label " << labels[i] << " of row " << i << " is outside [0, " << k << ")");
+    RD_CHECK(!partner_labels || (partner_labels[i] >= 0 && partner_labels[i] < k),
+             op << ": partner label " << partner_labels[i] << " of row " << i << " is outside [0, " << k << ")");
+    RD_CHECK(accuracy_targets[i] >= 0 && accuracy_targets[i] < k,
+             op << ": accuracy target " << accuracy_targets[i] << " of row " << i << " is outside [0, " << k << ")");
+  }
+  if (dlogits) expect_matrix(*this, *dlogits, n, k, op, "dlogits");
+  softmax_xent_sums_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, accuracy_targets, sums);
+}
+
 // ---- optimizers ------------------------------------------------------------------------------
 
 void Backend::adam_step(float* params, const float* grads, float* m, float* v, size_t count,

@@ -37,35 +37,55 @@ TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer*
       label_smoothing_(label_smoothing),
       scaler_(loss_scaling, initial_loss_scale) {}
 
-double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions,
-                          const MixedTargets* mixed) {
+float TrainStep::begin_forward(const Tensor& input, int micro, int group) {
   micro_ = micro;
   group_ = group;
   logits_ = &model_.forward(input);
   const int64_t n = logits_->shape[0], classes = logits_->shape[1];
   if (!dlogits_.defined() || dlogits_.shape[0] != n) dlogits_ = backend_.matrix(n, classes);
   // Accumulated micro-batches average: each contributes 1/group of the gradient.
-  const float scale = static_cast<float>(scaler_.scale() / group);
+  return static_cast<float>(scaler_.scale() / group);
+}
+
+void TrainStep::after_loss(int micro) {
+  if (inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
+    backend_.fill(dlogits_.f32(), std::numeric_limits<float>::infinity(), 1);
+}
+
+double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions,
+                          const MixedTargets* mixed) {
+  const float scale = begin_forward(input, micro, group);
   const double loss =
       mixed ? backend_.softmax_xent_mixed(*logits_, labels, mixed->partner_labels, mixed->lambda, label_smoothing_,
                                           scale, &dlogits_, predictions)
             : backend_.softmax_xent(*logits_, labels, label_smoothing_, scale, &dlogits_, predictions);
-  if (inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
-    backend_.fill(dlogits_.f32(), std::numeric_limits<float>::infinity(), 1);
+  after_loss(micro);
   return loss;
 }
 
-TrainStep::Seconds TrainStep::backward_and_reduce() {
+void TrainStep::forward_sums(const Tensor& input, const int32_t* labels, const int32_t* accuracy_targets,
+                             double* sums, int micro, int group, const MixedTargets* mixed) {
+  const float scale = begin_forward(input, micro, group);
+  backend_.softmax_xent_sums(*logits_, labels, mixed ? mixed->partner_labels : nullptr, mixed ? mixed->lambda : 1.f,
+                             label_smoothing_, scale, &dlogits_, accuracy_targets, sums);
+  after_loss(micro);
+}
+
+TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
   const bool accumulate = micro_ > 0;
-  // The host waits below are for the timing split alone (backward vs exposed
-  // communication), not for correctness: the optimizer and the next forward are
-  // queued on the same stream, and the next loss read waits for them. They cost
-  // the overlap of the next batch's host-side preparation only (the loader
-  // decodes in its own threads). With a reducer the first costs nothing more:
-  // finish() waits on the host for the last bucket, which follows all of backward.
+  // Without a timing mark, the host waits below are for the timing split alone
+  // (backward vs exposed communication), not for correctness: the optimizer and the
+  // next forward are queued on the same stream. With a reducer the first costs nothing
+  // more: finish() waits on the host for the last bucket, which follows all of backward.
+  // With a mark the device notes where backward ended and the host does not wait.
+  const bool host_timing = backward_mark < 0;
   if (!reducer_) {
     const auto t0 = Clock::now();
     model_.backward(dlogits_, accumulate, nullptr);
+    if (!host_timing) {
+      backend_.timing_mark(backward_mark);
+      return {};
+    }
     backend_.synchronize();
     return {seconds_between(t0, Clock::now()), 0.0};
   }
@@ -74,13 +94,17 @@ TrainStep::Seconds TrainStep::backward_and_reduce() {
   const auto t0 = Clock::now();
   reducer_->begin_backward();
   model_.backward(dlogits_, accumulate, reducer_);
-  backend_.synchronize();
+  if (host_timing)
+    backend_.synchronize();
+  else
+    backend_.timing_mark(backward_mark);
   const auto t1 = Clock::now();
   // No synchronize after finish(): it waited for every bucket on the
   // host and ordered the compute stream after them (NCCL), or ran on the host (MPI).
   reducer_->finish();
   const auto t2 = Clock::now();
   const double exposed = reducer_->exposed_comm_s() - exposed_before;
+  if (!host_timing) return {0.0, exposed};
   return {seconds_between(t0, t1), std::max(exposed, seconds_between(t1, t2))};
 }
 

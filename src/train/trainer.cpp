@@ -110,9 +110,10 @@ void Trainer::train_epochs() {
     if (st.preempted) throw CollectiveExit{0};
     state_.step_in_epoch = 0;
     double sums[1] = {st.loss_sum};
-    int64_t counts[2] = {st.correct, st.seen};
+    int64_t counts[3] = {st.correct, st.seen, st.warmup_seen};
     ctrl_->allreduce(sums, 1, dist::ReduceOp::Sum);
-    ctrl_->allreduce(counts, 2, dist::ReduceOp::Sum);
+    ctrl_->allreduce(counts, 3, dist::ReduceOp::Sum);
+    r.warmup_images = static_cast<double>(counts[2]);
     stop_notice_at("epoch " + std::to_string(epoch + 1) + " (validation)",
                    "saving last.h5 after this epoch's validation");
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
@@ -184,18 +185,26 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   StepSums local;  // this rank's running sums for the progress display
   data::Batch batch;
   bool loader_done = false;
+  agreed_at_ = Clock::now();
+  steps_since_agree_ = 0;
   while (step < steps_total && !loader_done) {
     const auto t_step = Clock::now();
+    // Several ranks see a stop signal at their next agreement (agree_on_steps).
+    const int64_t stop_after =
+        env_.world > 1 ? std::min(steps_total, step + agree_every_ - steps_since_agree_) : step + 1;
     stop_notice_at("epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step + 1) + " of " +
                        std::to_string(steps_total),
-                   "saving last.h5 when this step ends");
-    const StepTimes before = st.times;
-    StepSums sums;
+                   stop_after <= step + 1 ? std::string("saving last.h5 when this step ends")
+                                          : "saving last.h5 when step " + std::to_string(stop_after) + " ends");
+    const double data_before = st.times.data;
+    const int bank = static_cast<int>(step % 2);
+    std::vector<double> host_comm;
     const int group = micro_batches_in_step(step, micro_total, o_.accum_steps);
-    bool nonfinite = false;
     mix_key_.epoch = epoch;  // MixUp / CutMix draws: a resume at this step redraws the same
     mix_key_.step = step;
-    const int micro = forward_backward(group, batch, st, local, sums, nonfinite);
+    double* sums = step_sums_slot(step);
+    double seen = 0;
+    const int micro = forward_backward(group, bank, batch, st.times, sums, seen, host_comm);
     if (inject_step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inject_step_delay_ms_));
     if (micro < group) {
       // The loader ran dry inside a group: every rank has the same batch count,
@@ -204,16 +213,43 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       if (micro == 0) break;
       step_->reduce_partial_group();
     }
-    bool preempt = false;
-    update(epoch, step, nonfinite, sums, preempt, st.times);
+    update(bank);
     if (ema_) update_ema(epoch, step);
     ++step;
     ++st.steps;
+    ++steps_since_agree_;
     const double step_seconds = seconds_since(t_step);
-    report_step(step, sums, st.times.minus(before), step_seconds, local, seconds_since(t_start));
     measured_step(step_seconds);
+    if (steps_this_run_ == 1) {
+      st.warmup_seconds = step_seconds;
+      st.warmup_seen = static_cast<int64_t>(seen);
+    }
+    // The previous step's sums (queued a step ago, long done on the device), then this
+    // step's queued behind its work.
+    backend_->wait_queued_copies();
+    take_read_steps(st, local);
+    StepRecord r;
+    r.epoch = epoch;
+    r.step = step - 1;
+    r.global_step = state_.global_step;
+    r.seen = seen;
+    r.lr = opt_->lr();
+    r.seconds = step_seconds;
+    r.epoch_seconds = seconds_since(t_start);
+    r.times.data = st.times.data - data_before;
+    r.bank = bank;
+    r.micro = micro;
+    r.host_comm = std::move(host_comm);
+    records_.push_back(r);
+    backend_->copy_to_host_queued(records_.back().sums, sums, 3 * sizeof(double));
     const bool periodic = o_.checkpoint_every > 0 && state_.global_step % o_.checkpoint_every == 0 &&
                           step < steps_total && !loader_done;
+    const bool last = step >= steps_total || loader_done;
+    // One rank agrees with itself: only a stop signal (or a save) needs the sums now.
+    const bool agree = env_.world > 1 ? steps_since_agree_ >= agree_every_ || periodic || last
+                                      : periodic || last || preemption_signal() != 0;
+    bool preempt = false;
+    if (agree) agree_on_steps(st, local, preempt);
     if (preempt) {
       if (progress_) progress_->end_epoch();
       st.seconds += seconds_since(t_start);
@@ -228,48 +264,143 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       return st;
     }
   }
+  // Every rank leaves the loop at the same step; what is still queued is read here.
+  bool unused = false;
+  if (!records_.empty()) agree_on_steps(st, local, unused);
   if (progress_) progress_->end_epoch();
   st.seconds += seconds_since(t_start);
   return st;
 }
 
+double* Trainer::step_sums_slot(int64_t step) {
+  if (!step_sums_device_) step_sums_device_ = backend_->allocate(kSumSlots * 3 * sizeof(double));
+  double* slot = static_cast<double*>(step_sums_device_.get()) + (step % kSumSlots) * 3;
+  // Queued behind the copy that read this slot two steps ago; zero bits are 0.0.
+  backend_->fill(reinterpret_cast<float*>(slot), 0.f, 3 * sizeof(double) / sizeof(float));
+  return slot;
+}
+
+void Trainer::take_read_steps(EpochStats& st, StepSums& local) {
+  for (StepRecord& r : records_) {
+    if (r.read) continue;
+    r.read = true;
+    read_step_times(r);
+    st.times.forward += r.times.forward;
+    st.times.backward += r.times.backward;
+    st.times.comm += r.times.comm;
+    st.times.optimizer += r.times.optimizer;
+    st.loss_sum += r.sums[0];
+    st.correct += static_cast<int64_t>(r.sums[1]);
+    st.seen += static_cast<int64_t>(r.seen);
+    local.loss += r.sums[0];
+    local.correct += r.sums[1];
+    local.seen += r.seen;
+    report_progress(r.step + 1, local, r.epoch_seconds);
+  }
+  if (env_.world > 1) return;
+  // One rank: its sums are the global ones.
+  while (!records_.empty() && records_.front().read) {
+    const StepRecord& r = records_.front();
+    stop_on_nonfinite(r, r.sums[2]);
+    const double g[3] = {r.sums[0], r.sums[1], r.seen};
+    report_step_scalars(r, g);
+    records_.pop_front();
+  }
+}
+
+void Trainer::agree_on_steps(EpochStats& st, StepSums& local, bool& preempt) {
+  backend_->wait_queued_copies();
+  take_read_steps(st, local);
+  preempt = preemption_signal() != 0;
+  if (env_.world > 1) {
+    // One all-reduce: the stop flag, this stretch's seconds, then per step loss, correct,
+    // images and non-finite flag.
+    const size_t n = records_.size();
+    std::vector<double> v(2 + 4 * n);
+    v[0] = preempt ? 1.0 : 0.0;
+    v[1] = seconds_since(agreed_at_);
+    for (size_t i = 0; i < n; ++i) {
+      const StepRecord& r = records_[i];
+      v[2 + 4 * i] = r.sums[0];
+      v[3 + 4 * i] = r.sums[1];
+      v[4 + 4 * i] = r.seen;
+      v[5 + 4 * i] = r.sums[2];
+    }
+    ctrl_->allreduce(v.data(), v.size(), dist::ReduceOp::Sum);
+    preempt = v[0] > 0;
+    for (size_t i = 0; i < n; ++i) {
+      stop_on_nonfinite(records_[i], v[5 + 4 * i]);
+      report_step_scalars(records_[i], &v[2 + 4 * i]);
+    }
+    // The next stretch: as many steps as fit the stop latency budget at the ranks' mean
+    // step time, at most --log-every; identical on every rank (the reduced values).
+    if (steps_since_agree_ > 0) {
+      const double step_s = v[1] / env_.world / static_cast<double>(steps_since_agree_);
+      const int64_t cap = o_.log_every > 0 ? o_.log_every : 1000;
+      const double fit = step_s > 0 ? stop_latency_budget_s() / step_s : static_cast<double>(cap);
+      agree_every_ = std::clamp<int64_t>(static_cast<int64_t>(std::min(fit, static_cast<double>(cap))), 1, cap);
+    }
+    records_.clear();
+  }
+  steps_since_agree_ = 0;
+  agreed_at_ = Clock::now();
+}
+
+void Trainer::stop_on_nonfinite(const StepRecord& r, double nonfinite) {
+  // Under fp16 the loss scaler skips such a step instead (AMP's GradScaler): its
+  // gradients are not finite either.
+  if (nonfinite == 0 || step_->scaler().enabled()) return;
+  if (rank0())
+    std::fprintf(stderr,
+                 "resnet_ddp: error: the training loss became NaN or Inf at epoch %lld step %lld (global step "
+                 "%lld); stopping without saving. Try a lower --lr, --precision fp32, or check the data.\n",
+                 static_cast<long long>(r.epoch + 1), static_cast<long long>(r.step + 1),
+                 static_cast<long long>(r.global_step));
+  throw CollectiveExit{1};
+}
+
+void Trainer::read_step_times(StepRecord& r) {
+  StepTimes& t = r.times;
+  for (int m = 0; m < r.micro; ++m) {
+    const auto at = [&](int mark) { return timing_mark_index(r.bank, m, mark); };
+    t.forward += backend_->timing_seconds(at(kForward), at(kLoss));
+    t.backward += backend_->timing_seconds(at(kLoss), at(kBackward));
+    // Exposed communication: the host's wait for the buckets, or the device's, whichever
+    // is longer (NCCL orders the compute stream after the last bucket).
+    t.comm += std::max(r.host_comm[static_cast<size_t>(m)], backend_->timing_seconds(at(kBackward), at(kBuckets)));
+  }
+  t.optimizer = backend_->timing_seconds(optimizer_mark_index(r.bank, 0), optimizer_mark_index(r.bank, 1));
+}
+
 // Forward and backward of up to `group` micro-batches; returns how many the loader had.
-int Trainer::forward_backward(int group, data::Batch& batch, EpochStats& st, StepSums& local, StepSums& sums,
-                              bool& nonfinite) {
-  StepTimes& times = st.times;
+int Trainer::forward_backward(int group, int bank, data::Batch& batch, StepTimes& times, double* sums, double& seen,
+                              std::vector<double>& host_comm) {
   int micro = 0;
   for (; micro < group; ++micro) {
     auto t0 = Clock::now();
     if (!train_loader_->next(batch)) break;
     // No host wait here: the upload runs on the copy stream while the host queues
-    // the forward behind it; the backend orders the buffers' reuse with events, and
-    // the loss read in forward waits for all of it.
+    // the forward behind it; the backend orders the buffers' reuse with events.
     Tensor& input = upload_batch(*model_, batch, norm_);
     if (micro == 0) sync_buffers();
     auto t1 = Clock::now();
     times.data += std::chrono::duration<double>(t1 - t0).count();
-    int64_t c = 0;
-    const double l = forward_micro(input, batch, micro, group, c);
-    if (!std::isfinite(l)) nonfinite = true;
-    st.loss_sum += l;
-    st.correct += c;
-    st.seen += batch.n;
-    local.add(l, c, batch.n);
-    sums.add(l, c, batch.n);
-    times.forward += seconds_since(t1);
-    const TrainStep::Seconds s = step_->backward_and_reduce();
-    times.backward += s.backward;
-    times.comm += s.comm;
+    // The split comes from the device's marks, read a step late: no host wait here.
+    backend_->timing_mark(timing_mark_index(bank, micro, kForward));
+    forward_micro(input, batch, micro, group, sums);
+    seen += batch.n;
+    backend_->timing_mark(timing_mark_index(bank, micro, kLoss));
+    const TrainStep::Seconds s = step_->backward_and_reduce(timing_mark_index(bank, micro, kBackward));
+    backend_->timing_mark(timing_mark_index(bank, micro, kBuckets));
+    host_comm.push_back(s.comm);
   }
   return micro;
 }
 
-double Trainer::forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, int64_t& correct) {
-  preds_.resize(static_cast<size_t>(batch.n));
+void Trainer::forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, double* sums) {
   if (!mixing_.enabled()) {
-    const double l = step_->forward(input, batch.labels.data(), micro, group, preds_.data());
-    correct = count_correct(preds_.data(), batch.labels.data(), batch.n);
-    return l;
+    step_->forward_sums(input, batch.labels.data(), batch.labels.data(), sums, micro, group);
+    return;
   }
   // torchvision mixes the normalised batch; so do we (input is ToTensor + Normalize).
   // Mixing is affine, so it would commute with the normalisation anyway, up to float
@@ -281,34 +412,19 @@ double Trainer::forward_micro(Tensor& input, const data::Batch& batch, int micro
   backend_->mix_images(input, mixed_input_, m.image);
   partner_labels_ = partner_labels(batch.labels.data(), batch.n);
   const TrainStep::MixedTargets targets{partner_labels_.data(), m.target_lambda};
-  const double l = step_->forward(mixed_input_, batch.labels.data(), micro, group, preds_.data(), &targets);
   // Accuracy against the mixed target's argmax, as torchvision's utils.accuracy.
   target_classes_.resize(static_cast<size_t>(batch.n));
   for (size_t i = 0; i < target_classes_.size(); ++i)
     target_classes_[i] = mixed_target_class(batch.labels[i], partner_labels_[i], m.target_lambda);
-  correct = count_correct(preds_.data(), target_classes_.data(), batch.n);
-  return l;
+  step_->forward_sums(mixed_input_, batch.labels.data(), target_classes_.data(), sums, micro, group, &targets);
 }
 
-// The ranks agree on preemption and a non-finite loss (and sum the step's training sums
-// on the way), then the optimizer updates.
-void Trainer::update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums, bool& preempt, StepTimes& times) {
-  bool any_nonfinite = false;
-  step_flags(nonfinite, preempt, any_nonfinite, &sums);
-  auto t5 = Clock::now();
-  if (any_nonfinite && !step_->scaler().enabled()) {
-    // Under fp16 the loss scaler skips the step instead (AMP's GradScaler).
-    if (rank0())
-      std::fprintf(stderr,
-                   "resnet_ddp: error: the training loss became NaN or Inf at epoch %lld step %lld (global step "
-                   "%lld); stopping without saving. Try a lower --lr, --precision fp32, or check the data.\n",
-                   static_cast<long long>(epoch + 1), static_cast<long long>(step + 1),
-                   static_cast<long long>(state_.global_step + 1));
-    throw CollectiveExit{1};
-  }
-  step_->update(any_nonfinite);
-  backend_->synchronize();
-  times.optimizer += seconds_since(t5);
+// The optimizer update. A non-finite loss is caught when its sums are read (fp32: the
+// run stops before anything is saved); under fp16 the loss scaler skips the step.
+void Trainer::update(int bank) {
+  backend_->timing_mark(optimizer_mark_index(bank, 0));
+  step_->update();
+  backend_->timing_mark(optimizer_mark_index(bank, 1));
   ++state_.global_step;
 }
 

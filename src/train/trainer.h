@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,6 +73,10 @@ struct EpochStats {
   StepTimes times;
   int64_t steps = 0;       // optimizer steps this run took
   double seconds = 0;      // training time, validation excluded
+  // The run's first step (cuDNN planning, first allocations) when it fell in this epoch:
+  // its seconds and this rank's images, left out of the steady-state throughput.
+  double warmup_seconds = 0;
+  int64_t warmup_seen = 0;
   bool preempted = false;  // the checkpoint is written; the caller exits 0
 };
 
@@ -82,6 +87,7 @@ struct EpochResult {
   double train_loss = 0, train_acc = 0, val_loss = 0, val_acc = 0;
   double val_acc5 = 0;  // top-5
   double images = 0;  // trained this epoch by all ranks (a resumed part excluded)
+  double warmup_images = 0;  // of them, in the run's first step (all ranks)
   double ema_val_loss = -1, ema_val_acc = -1, ema_val_acc5 = -1;  // --model-ema: the average's validation
   double seconds = 0;  // the whole epoch, validation included
 };
@@ -134,12 +140,56 @@ class Trainer {
   };
   EpochShape start_epoch(int64_t epoch, EpochStats& st);
   EpochStats train_one_epoch(int64_t epoch);
-  int forward_backward(int group, data::Batch& batch, EpochStats& st, StepSums& local, StepSums& sums,
-                       bool& nonfinite);
-  // Forward and loss of one micro-batch (mixed under --mixup-alpha / --cutmix-alpha);
-  // `correct`: the samples training accuracy counts as right.
-  double forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, int64_t& correct);
-  void update(int64_t epoch, int64_t step, bool nonfinite, StepSums& sums, bool& preempt, StepTimes& times);
+  // `sums`: the step's device sums (loss, correct, non-finite); `seen`: the images it took;
+  // `host_comm`: per micro-batch, the host's wait for the buckets. The device's split comes
+  // from the timing marks of `bank` (timing_mark_index).
+  int forward_backward(int group, int bank, data::Batch& batch, StepTimes& times, double* sums, double& seen,
+                       std::vector<double>& host_comm);
+  // Forward and loss of one micro-batch (mixed under --mixup-alpha / --cutmix-alpha), its
+  // loss and the samples training accuracy counts as right added to the device `sums`.
+  void forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, double* sums);
+  void update(int bank);
+  // The step split's timing marks (Backend::timing_mark): two banks, steps alternate, so a
+  // step's marks are read one step late. Per micro-batch: forward start, loss done,
+  // backward done, buckets done; then the optimizer's start and end.
+  enum StepMark { kForward = 0, kLoss = 1, kBackward = 2, kBuckets = 3 };
+  int timing_mark_index(int bank, int micro, int mark) const { return bank * (4 * o_.accum_steps + 2) + 4 * micro + mark; }
+  int optimizer_mark_index(int bank, int end) const { return bank * (4 * o_.accum_steps + 2) + 4 * o_.accum_steps + end; }
+
+
+  // Each step's training sums stay on the device (Backend::softmax_xent_sums) and come
+  // back through a queued copy one step late, so the step itself never waits for its
+  // loss. The ranks agree on them (and on a stop signal and a non-finite loss) in one
+  // all-reduce every agree_every_ steps; with one rank there is nothing to agree on.
+  struct StepRecord {
+    int64_t epoch = 0, step = 0, global_step = 0;  // step: 0-based; global_step: after its update
+    double sums[3] = {0, 0, 0};                    // loss, correct, non-finite (this rank's)
+    double seen = 0, lr = 0, seconds = 0, epoch_seconds = 0;
+    StepTimes times;  // data: the host's; the rest from the marks once read
+    int bank = 0, micro = 0;
+    std::vector<double> host_comm;
+    bool read = false;  // sums and marks arrived
+  };
+  static constexpr int kSumSlots = 2;
+  std::shared_ptr<void> step_sums_device_;  // kSumSlots x 3 doubles
+  std::deque<StepRecord> records_;          // steps not yet agreed on, oldest first
+  int64_t agree_every_ = 1;                 // steps between agreements (several ranks)
+  int64_t steps_since_agree_ = 0;
+  Clock::time_point agreed_at_{};
+  // The step's zeroed device sums.
+  double* step_sums_slot(int64_t step);
+  // The records whose sums arrived: into the epoch's and the progress display's sums
+  // (one rank: also their scalars and the non-finite check).
+  void take_read_steps(EpochStats& st, StepSums& local);
+  // The device's part of a step's split from its marks (the data wait is the host's).
+  void read_step_times(StepRecord& r);
+  // Waits for every queued sum, then (several ranks) agrees on them in one all-reduce:
+  // global step scalars, a non-finite loss (fp32: stops), a stop signal (`preempt`).
+  void agree_on_steps(EpochStats& st, StepSums& local, bool& preempt);
+  // fp32: a non-finite loss at record r (summed over the ranks) ends the run.
+  void stop_on_nonfinite(const StepRecord& r, double nonfinite);
+  // Seconds within which every rank must see a stop signal (a quarter of the kill grace).
+  double stop_latency_budget_s() const;
   void save_mid_epoch(int64_t epoch, int64_t step, const EpochStats& st);
   // val_acc5 (when given): top-5 accuracy, exact counts summed over ranks like top-1.
   void validate(double& val_loss, double& val_acc, double* val_acc5 = nullptr);
@@ -166,9 +216,10 @@ class Trainer {
   // trainer_report.cpp
   void open_reports();
   void report_start();
-  // Rank 0: the step's scalars (global loss and accuracy, rank 0's timings), progress.
-  void report_step(int64_t step, const StepSums& global, const StepTimes& times, double seconds,
-                   const StepSums& local, double epoch_seconds);
+  // Rank 0: the step's TensorBoard scalars (global loss and accuracy, rank 0's timings).
+  void report_step_scalars(const StepRecord& r, const double* global_sums);
+  // Rank 0: the progress display after step `step` (1-based), from this rank's running sums.
+  void report_progress(int64_t step, const StepSums& local, double epoch_seconds);
   // The epoch's summary lines; returns its metrics.csv row.
   EpochMetrics report_epoch(const EpochResult& r, const EpochStats& st);
   // The row in metrics.csv and under TensorBoard's epoch/ (after the checkpoints).
@@ -201,7 +252,6 @@ class Trainer {
   std::vector<std::string> class_names_;
   std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's
   Normalization norm_;
-  std::vector<int32_t> preds_;  // a micro-batch's predicted classes
   // MixUp / CutMix (--mixup-alpha, --cutmix-alpha): the draws' key (epoch, step set by
   // the epoch loop), the mixed copy of the input, the partners' labels, the classes
   // training accuracy counts as right.

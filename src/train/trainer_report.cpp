@@ -31,21 +31,23 @@ void Trainer::report_start() {
   say(buf);
 }
 
-void Trainer::report_step(int64_t step, const StepSums& s, const StepTimes& t, double seconds, const StepSums& local,
-                          double epoch_seconds) {
-  if (tb_) {
-    const double n = s.seen > 0 ? s.seen : 1.0;
-    tb_->scalars(state_.global_step, {{"step/loss", s.loss / n},
-                                      {"step/accuracy", s.correct / n},
-                                      {"step/lr", opt_->lr()},
-                                      {"step/images_per_s", seconds > 0 ? s.seen / seconds : 0.0},
-                                      {"step/time_ms", 1e3 * t.total()},
-                                      {"step/data_ms", 1e3 * t.data},
-                                      {"step/forward_ms", 1e3 * t.forward},
-                                      {"step/backward_ms", 1e3 * t.backward},
-                                      {"step/comm_ms", 1e3 * t.comm},
-                                      {"step/optimizer_ms", 1e3 * t.optimizer}});
-  }
+void Trainer::report_step_scalars(const StepRecord& r, const double* g) {
+  if (!tb_) return;
+  const StepTimes& t = r.times;
+  const double n = g[2] > 0 ? g[2] : 1.0;
+  tb_->scalars(r.global_step, {{"step/loss", g[0] / n},
+                               {"step/accuracy", g[1] / n},
+                               {"step/lr", r.lr},
+                               {"step/images_per_s", r.seconds > 0 ? g[2] / r.seconds : 0.0},
+                               {"step/time_ms", 1e3 * t.total()},
+                               {"step/data_ms", 1e3 * t.data},
+                               {"step/forward_ms", 1e3 * t.forward},
+                               {"step/backward_ms", 1e3 * t.backward},
+                               {"step/comm_ms", 1e3 * t.comm},
+                               {"step/optimizer_ms", 1e3 * t.optimizer}});
+}
+
+void Trainer::report_progress(int64_t step, const StepSums& local, double epoch_seconds) {
   if (progress_) {
     progress_->step(step, local.seen ? local.loss / local.seen : 0.0, local.seen ? local.correct / local.seen : 0.0,
                     epoch_seconds > 0 ? local.seen * env_.world / epoch_seconds : 0.0);
@@ -55,7 +57,12 @@ void Trainer::report_step(int64_t step, const StepSums& s, const StepTimes& t, d
 EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
   const StepTimes& t = st.times;
   const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
-  const double ips = st.seconds > 0 ? r.images / st.seconds : 0.0;
+  double ips = st.seconds > 0 ? r.images / st.seconds : 0.0;
+  // The steady state: the run's first step (planning, first allocations) is reported
+  // on its own line and left out, unless it was the epoch's only step.
+  const double steady_s = st.seconds - st.warmup_seconds, steady_images = r.images - r.warmup_images;
+  const bool steady = st.warmup_seconds > 0 && steady_s > 0 && steady_images > 0;
+  if (steady) ips = steady_images / steady_s;
   EpochMetrics m;
   m.epoch = r.epoch + 1;
   m.time_s = r.seconds;
@@ -82,6 +89,13 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
   m.global_step = state_.global_step;
   const std::string tag = epoch_tag(r.epoch);
   for (const auto& line : epoch_summary(tag, m, 1e3 * t.total() / steps)) say(line);
+  if (st.warmup_seconds > 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s Warm-up: first step %.3f s (planning, first allocations)%s", tag.c_str(),
+                  st.warmup_seconds,
+                  steady ? ", left out of the throughput" : "");
+    say(buf);
+  }
   if (step_->scaler().enabled()) {
     // Every rank skips the same updates (the all-reduce spreads a non-finite value).
     const int64_t skipped = step_->skipped_steps() - skipped_reported_;

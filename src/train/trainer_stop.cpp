@@ -41,6 +41,14 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
+// A quarter of the time between the stop signal and the kill: Open MPI's grace under
+// mpirun, Slurm's default KillWait (30 s) otherwise; the rest is for the step that runs
+// when the ranks agree, and the save.
+double Trainer::stop_latency_budget_s() const {
+  const int grace = open_mpi_kill_grace(env_.world);
+  return (grace > 0 ? grace : 30) / 4.0;
+}
+
 // `position`: "epoch 3 step 8 of 16"; `action`: what the ranks do before they stop.
 // Empty: the handler prints nothing (training is over).
 void Trainer::stop_notice_at(const std::string& position, const std::string& action) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -723,6 +724,106 @@ inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothin
   };
   RD_CHECK_GRADIENT("xent vs finite differences",
                     check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 13, 1e-2)));
+}
+
+// softmax_xent_sums against the ops that return the loss, on the same backend: the loss sum
+// bit for bit, the same dlogits, the accuracy count against the returned predictions, the
+// non-finite flag, and accumulation over calls (partner labels: the mixed loss).
+inline void check_softmax_xent_sums(Backend& be, int64_t n, int64_t k, bool mixed) {
+  INFO("softmax_xent_sums N=" << n << " K=" << k << (mixed ? " mixed" : "") << " on " << be.name());
+  const float smoothing = 0.1f, lam = 0.3f, grad_scale = 2.f;
+  auto zh = random_floats(static_cast<size_t>(n * k), 411, -3.f, 3.f);
+  std::vector<int32_t> labels(static_cast<size_t>(n)), partners(static_cast<size_t>(n)),
+      targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % k);
+    partners[static_cast<size_t>(i)] = static_cast<int32_t>((i * 5 + 1) % k);
+    targets[static_cast<size_t>(i)] = static_cast<int32_t>(i % k);
+  }
+  Tensor z = upload_rowmajor(be, zh, Shape{n, k});
+  Tensor dz_ref = upload_rowmajor(be, filled(zh.size(), 123.f), Shape{n, k});
+  Tensor dz = upload_rowmajor(be, filled(zh.size(), 321.f), Shape{n, k});
+  std::vector<int32_t> pred(static_cast<size_t>(n), -1);
+  const double loss = mixed ? be.softmax_xent_mixed(z, labels.data(), partners.data(), lam, smoothing, grad_scale,
+                                                    &dz_ref, pred.data())
+                            : be.softmax_xent(z, labels.data(), smoothing, grad_scale, &dz_ref, pred.data());
+  double correct = 0;
+  for (int64_t i = 0; i < n; ++i) correct += pred[static_cast<size_t>(i)] == targets[static_cast<size_t>(i)];
+  std::shared_ptr<void> buf = be.allocate(3 * sizeof(double));
+  auto* sums = static_cast<double*>(buf.get());
+  const int32_t* partner = mixed ? partners.data() : nullptr;
+  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, &dz, targets.data(), sums);
+  double host[3] = {-1, -1, -1};
+  be.copy_to_host(host, sums, sizeof host);
+  CHECK(host[0] == loss);  // exact: the same rows summed in the same order
+  CHECK(host[1] == correct);
+  CHECK(host[2] == 0.0);
+  CHECK(download_rowmajor(be, dz) == download_rowmajor(be, dz_ref));
+  // A second batch adds to the sums; one with an infinite logit sets the flag.
+  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums);
+  be.copy_to_host(host, sums, sizeof host);
+  CHECK(host[0] == loss + loss);
+  CHECK(host[1] == 2 * correct);
+  CHECK(host[2] == 0.0);
+  zh[1] = std::numeric_limits<float>::infinity();
+  Tensor bad = upload_rowmajor(be, zh, Shape{n, k});
+  be.softmax_xent_sums(bad, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums);
+  be.copy_to_host(host, sums, sizeof host);
+  CHECK_FALSE(std::isfinite(host[0]));
+  CHECK(host[2] == 1.0);
+}
+
+// copy_to_host_queued delivers the data as it was when queued (work queued after it, here a
+// fill, does not leak in), into every destination, after wait_queued_copies.
+inline void check_queued_copies(Backend& be) {
+  INFO("copy_to_host_queued on " << be.name());
+  std::shared_ptr<void> buf = be.allocate(64 * sizeof(float));
+  auto* dev = static_cast<float*>(buf.get());
+  std::vector<float> values(64);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.5f;
+  be.copy_from_host(dev, values.data(), 64 * sizeof(float));
+  std::vector<float> first(16, -1.f), second(48, -1.f);
+  be.copy_to_host_queued(first.data(), dev, 16 * sizeof(float));
+  be.copy_to_host_queued(second.data(), dev + 16, 48 * sizeof(float));
+  be.fill(dev, 7.f, 64);
+  be.wait_queued_copies();
+  CHECK(first == std::vector<float>(values.begin(), values.begin() + 16));
+  CHECK(second == std::vector<float>(values.begin() + 16, values.end()));
+  be.wait_queued_copies();  // nothing queued: returns
+  std::vector<float> again(64, -1.f);
+  be.copy_to_host_queued(again.data(), dev, 64 * sizeof(float));
+  be.wait_queued_copies();
+  CHECK(again == std::vector<float>(64, 7.f));
+}
+
+// timing_mark / timing_seconds: marks in queue order give ordered, non-negative times once
+// the device passed them; a mark never recorded is an error.
+inline void check_timing_marks(Backend& be) {
+  INFO("timing marks on " << be.name());
+  std::shared_ptr<void> buf = be.allocate(1 << 20);
+  float host = 0.f;
+  be.timing_mark(0);
+  be.fill(static_cast<float*>(buf.get()), 1.f, (1 << 20) / sizeof(float));
+  be.timing_mark(1);
+  be.fill(static_cast<float*>(buf.get()), 2.f, (1 << 20) / sizeof(float));
+  be.timing_mark(3);
+  be.copy_to_host_queued(&host, buf.get(), sizeof host);
+  be.wait_queued_copies();
+  CHECK(host == 2.f);
+  const double first = be.timing_seconds(0, 1), both = be.timing_seconds(0, 3);
+  CHECK(first >= 0.0);
+  CHECK(both >= first);
+  CHECK(be.timing_seconds(1, 1) == 0.0);
+  CHECK_THROWS_AS(be.timing_seconds(0, 2), Error);
+  CHECK_THROWS_AS(be.timing_mark(-1), Error);
+}
+
+inline void check_softmax_xent_sums_all(Backend& be) {
+  for (bool mixed : {false, true}) {
+    check_softmax_xent_sums(be, 4, 3, mixed);
+    check_softmax_xent_sums(be, 16, 10, mixed);
+    check_softmax_xent_sums(be, 5, 1000, mixed);
+  }
 }
 
 // ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------

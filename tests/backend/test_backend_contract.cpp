@@ -37,6 +37,10 @@ class ProbeBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void fill(float*, float, size_t) override {}
   void synchronize() override {}
+  void copy_to_host_queued(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void wait_queued_copies() override {}
+  void timing_mark(int) override {}
+  double timing_seconds(int, int) override { return 0.0; }
   size_t maxpool_workspace_bytes(const Tensor& y) override { return static_cast<size_t>(y.numel()) * 4; }
   void scale(float*, float, size_t) override {}
   bool all_finite(const float*, size_t) override { return true; }
@@ -269,4 +273,21 @@ TEST_CASE("contract: mix_images and softmax_xent_mixed (MixUp / CutMix)", "[kern
   CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, partners, 0.4f, 1.5f, 1.f, &dlogits, nullptr), Error);
   CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, nullptr, 0.4f, 0.1f, 1.f, &dlogits, nullptr), Error);
   CHECK_THROWS_AS(be.softmax_xent_mixed(logits, labels, partners, 0.4f, 0.1f, 1.f, &wrong, nullptr), Error);
+}
+
+TEST_CASE("contract: softmax_xent_sums checks labels, targets and the sums buffer", "[kernel][contract]") {
+  ProbeBackend be(DType::F32, Layout::NHWC);
+  Tensor logits = be.matrix(3, 4), dlogits = be.matrix(3, 4), wrong = be.matrix(3, 5);
+  const int32_t labels[3] = {0, 3, 1}, partners[3] = {1, 0, 3}, bad[3] = {1, 4, 0};
+  double sums[3] = {0, 0, 0};
+  REQUIRE_NOTHROW(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums));
+  CHECK(called(be, "softmax_xent_sums"));
+  CHECK_NOTHROW(be.softmax_xent_sums(logits, labels, partners, 0.4f, 0.1f, 1.f, nullptr, partners, sums));
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, bad, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, bad, 0.4f, 0.1f, 1.f, &dlogits, labels, sums), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, bad, sums), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, nullptr, sums), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, partners, 1.5f, 0.1f, 1.f, &dlogits, labels, sums), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &wrong, labels, sums), Error);
 }

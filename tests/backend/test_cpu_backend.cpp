@@ -162,6 +162,13 @@ TEST_CASE("cpu backend: label-smoothed softmax cross-entropy", "[kernel]") {
   check_softmax_xent(*be, 1, 2, 0.3f, 2.f);
 }
 
+TEST_CASE("cpu backend: softmax_xent_sums, queued copies and timing marks (the step's read-back)", "[kernel]") {
+  auto be = make_cpu_backend();
+  check_softmax_xent_sums_all(*be);
+  check_queued_copies(*be);
+  check_timing_marks(*be);
+}
+
 TEST_CASE("cpu backend: Adam and SGD steps", "[kernel]") {
   auto be = make_cpu_backend();
   for (size_t count : {size_t{1}, size_t{37}, size_t{1000}}) {

@@ -283,6 +283,15 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
   }
 }
 
+TEST_CASE("cuda backend: softmax_xent_sums on the device equals softmax_xent; queued copies; timing marks", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    check_softmax_xent_sums_all(*g.backend);
+    check_queued_copies(*g.backend);
+    check_timing_marks(*g.backend);
+  }
+}
+
 TEST_CASE("cuda backend: fused unscale + inf/nan check and accuracy count", "[gpu]") {
   skip_without_gpu();
   cuda::CudaBackend be(BackendOptions{});

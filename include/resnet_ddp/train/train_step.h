@@ -62,14 +62,22 @@ class TrainStep {
   double forward(const Tensor& input, const int32_t* labels, int micro = 0, int group = 1,
                  int32_t* predictions = nullptr, const MixedTargets* mixed = nullptr);
   const Tensor& logits() const { return *logits_; }
+  // As forward, without a host wait: the loss sum, the rows whose arg-max equals
+  // accuracy_targets[i] and a non-finite flag are added into `sums` (3 doubles in the
+  // backend's memory, Backend::softmax_xent_sums), which the caller reads when it chooses.
+  void forward_sums(const Tensor& input, const int32_t* labels, const int32_t* accuracy_targets, double* sums,
+                    int micro = 0, int group = 1, const MixedTargets* mixed = nullptr);
 
   // Backward of the last forward. On the group's last micro-batch the gradient
   // buckets are all-reduced as they fill. Returns the seconds spent in backward and
-  // waiting for communication afterwards (exposed, not overlapped).
+  // waiting for communication afterwards (exposed, not overlapped), measured on the host
+  // after a synchronize. With `backward_mark` (>= 0) the host does not wait: the backend's
+  // timing mark of that index notes where backward ended on the device (Backend::
+  // timing_mark), and only the host's wait for the buckets comes back (comm).
   struct Seconds {
     double backward = 0, comm = 0;
   };
-  Seconds backward_and_reduce();
+  Seconds backward_and_reduce(int backward_mark = -1);
   // The data ran out inside a group: the all-reduce its last micro-batch would have done.
   void reduce_partial_group();
 
@@ -92,6 +100,9 @@ class TrainStep {
   dist::GradientReducer* reducer_;
   float label_smoothing_;
   LossScaler scaler_;
+  // forward's and forward_sums' common start: the model's forward; returns the loss gradient's scale.
+  float begin_forward(const Tensor& input, int micro, int group);
+  void after_loss(int micro);
   const Tensor* logits_ = nullptr;
   Tensor dlogits_;
   int micro_ = 0, group_ = 1;

@@ -527,6 +527,38 @@ double CpuBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* 
                            });
 }
 
+// Host memory is this backend's device memory: the same loss, added into `sums` at once.
+void CpuBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
+                                        float lam, float smoothing, float grad_scale, Tensor* dlogits,
+                                        const int32_t* accuracy_targets, double* sums) {
+  const size_t n = static_cast<size_t>(logits.shape[0]);
+  sum_predictions_.resize(n);
+  const double loss =
+      partner_labels ? softmax_xent_mixed_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits,
+                                               sum_predictions_.data())
+                     : softmax_xent_impl(logits, labels, smoothing, grad_scale, dlogits, sum_predictions_.data());
+  int64_t correct = 0;
+  for (size_t i = 0; i < n; ++i) correct += sum_predictions_[i] == accuracy_targets[i];
+  sums[0] += loss;
+  sums[1] += static_cast<double>(correct);
+  sums[2] += std::isfinite(loss) ? 0.0 : 1.0;
+}
+
+void CpuBackend::timing_mark(int index) {
+  RD_CHECK(index >= 0, "timing_mark: index " << index << " is negative");
+  const size_t i = static_cast<size_t>(index);
+  if (marks_.size() <= i) marks_.resize(i + 1), marked_.resize(i + 1, false);
+  marks_[i] = std::chrono::steady_clock::now();
+  marked_[i] = true;
+}
+
+double CpuBackend::timing_seconds(int from, int to) {
+  for (int m : {from, to})
+    RD_CHECK(m >= 0 && static_cast<size_t>(m) < marked_.size() && marked_[static_cast<size_t>(m)],
+             "timing_seconds: mark " << m << " was never recorded");
+  return std::chrono::duration<double>(marks_[static_cast<size_t>(to)] - marks_[static_cast<size_t>(from)]).count();
+}
+
 // ---- optimizers -------------------------------------------------------------------------
 
 void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,

@@ -10,6 +10,7 @@
 
 #include <dnnl.hpp>
 #include <map>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ class CpuBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void fill(float* dst, float value, size_t count) override;
   void synchronize() override {}
+  // Host memory: the copy is done at once and there is nothing to wait for.
+  void copy_to_host_queued(void* dst, const void* src, size_t bytes) override { copy_to_host(dst, src, bytes); }
+  void wait_queued_copies() override {}
+  void timing_mark(int index) override;
+  double timing_seconds(int from, int to) override;
   size_t maxpool_workspace_bytes(const Tensor& y) override;
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
@@ -110,6 +116,9 @@ class CpuBackend final : public Backend {
   size_t scratch_bytes_ = 0;
   std::vector<double> bn_scratch_;
   std::vector<float> bn_scratch_f_;
+  std::vector<int32_t> sum_predictions_;  // softmax_xent_sums' arg-maxes
+  std::vector<std::chrono::steady_clock::time_point> marks_;  // timing_mark
+  std::vector<bool> marked_;
 };
 
 }  // namespace rd::cpu

@@ -404,7 +404,9 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
   return {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_, &nchw_scratch_,
           &fallback_in_, &fallback_out_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
           &argmax_device_, &loss_host_, &flag_device_, &flag_host_, &norm_table_device_, &norm_table_host_,
-          &step_table_device_, &step_table_host_, &partials_device_, &partials_host_, &erase_boxes_};
+          &step_table_device_, &step_table_host_, &partials_device_, &partials_host_, &erase_boxes_,
+          &sum_labels_device_, &label_slots_[0].pinned, &label_slots_[1].pinned, &label_slots_[2].pinned,
+          &label_slots_[3].pinned, &queued_pinned_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -428,6 +430,11 @@ CudaBackend::~CudaBackend() {
   if (cudnn_) cudnnDestroy(cudnn_);
   if (images_ready_) cudaEventDestroy(images_ready_);
   if (images_consumed_) cudaEventDestroy(images_consumed_);
+  if (queued_done_) cudaEventDestroy(queued_done_);
+  for (cudaEvent_t ev : timing_marks_)
+    if (ev) cudaEventDestroy(ev);
+  for (LabelSlot& slot : label_slots_)
+    if (slot.uploaded) cudaEventDestroy(slot.uploaded);
   if (copy_) cudaStreamDestroy(copy_);
   if (compute_) cudaStreamDestroy(compute_);
 }
@@ -570,6 +577,57 @@ void CudaBackend::erase_rectangles_impl(Tensor& x, const int32_t* boxes) {
 void CudaBackend::synchronize() {
   RD_CUDA(cudaStreamSynchronize(copy_));
   RD_CUDA(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::copy_to_host_queued(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  // The pinned area may grow only while no copy into it is in flight.
+  if (queued_bytes_ + bytes > queued_pinned_.capacity() && !queued_copies_.empty()) wait_queued_copies();
+  auto* pinned = static_cast<unsigned char*>(queued_pinned_.get(std::max(queued_bytes_ + bytes, size_t{256}), "pinned read-back"));
+  RD_CUDA(cudaMemcpyAsync(pinned + queued_bytes_, src, bytes, cudaMemcpyDeviceToHost, compute_));
+  if (!queued_done_) RD_CUDA(cudaEventCreateWithFlags(&queued_done_, cudaEventDisableTiming));
+  RD_CUDA(cudaEventRecord(queued_done_, compute_));
+  queued_copies_.push_back({dst, queued_bytes_, bytes});
+  queued_bytes_ += bytes;
+}
+
+void CudaBackend::wait_queued_copies() {
+  if (queued_copies_.empty()) return;
+  // A query first: a copy already done costs no wait.
+  const cudaError_t e = cudaEventQuery(queued_done_);
+  if (e == cudaErrorNotReady)
+    RD_CUDA(cudaEventSynchronize(queued_done_));
+  else
+    RD_CUDA(e);
+  const auto* pinned = static_cast<const unsigned char*>(queued_pinned_.get(queued_bytes_, "pinned read-back"));
+  for (const QueuedCopy& c : queued_copies_) std::memcpy(c.dst, pinned + c.offset, c.bytes);
+  queued_copies_.clear();
+  queued_bytes_ = 0;
+}
+
+void CudaBackend::timing_mark(int index) {
+  RD_CHECK(index >= 0, "timing_mark: index " << index << " is negative");
+  const size_t i = static_cast<size_t>(index);
+  if (timing_marks_.size() <= i) timing_marks_.resize(i + 1, nullptr);
+  if (!timing_marks_[i]) RD_CUDA(cudaEventCreate(&timing_marks_[i]));
+  RD_CUDA(cudaEventRecord(timing_marks_[i], compute_));
+}
+
+double CudaBackend::timing_seconds(int from, int to) {
+  for (int m : {from, to})
+    RD_CHECK(m >= 0 && static_cast<size_t>(m) < timing_marks_.size() && timing_marks_[static_cast<size_t>(m)],
+             "timing_seconds: mark " << m << " was never recorded");
+  float ms = 0.f;
+  cudaEvent_t a = timing_marks_[static_cast<size_t>(from)], b = timing_marks_[static_cast<size_t>(to)];
+  cudaError_t e = cudaEventElapsedTime(&ms, a, b);
+  if (e == cudaErrorNotReady) {
+    // The caller asked before the device passed the mark: wait rather than guess.
+    cudaGetLastError();
+    RD_CUDA(cudaEventSynchronize(b));
+    e = cudaEventElapsedTime(&ms, a, b);
+  }
+  RD_CUDA(e);
+  return ms / 1e3;
 }
 
 // ---- convolution -------------------------------------------------------------------------------
@@ -1053,6 +1111,59 @@ double CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* label
   for (size_t i = 0; i < N; ++i) total += row[i];
   if (predictions) std::memcpy(predictions, host + N * 8, N * 4);
   return total;
+}
+
+// The host arrays `parts` (n ints each) copied into the next pinned slot and uploaded on the
+// compute stream; returns their device copy. Waits only when that slot's previous upload
+// is still queued (the device is kLabelSlots losses behind the host).
+int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, size_t n) {
+  LabelSlot& slot = label_slots_[next_label_slot_];
+  next_label_slot_ = (next_label_slot_ + 1) % kLabelSlots;
+  if (!slot.uploaded) RD_CUDA(cudaEventCreateWithFlags(&slot.uploaded, cudaEventDisableTiming));
+  if (slot.pending) {
+    const cudaError_t e = cudaEventQuery(slot.uploaded);
+    if (e == cudaErrorNotReady)
+      RD_CUDA(cudaEventSynchronize(slot.uploaded));
+    else
+      RD_CUDA(e);
+  }
+  if (slot.pinned.capacity() < ints * 4)
+    // All slots grow together, so the ring allocates only while the batch grows, never
+    // as it first comes round to a slot.
+    for (LabelSlot& other : label_slots_) {
+      if (other.pending) RD_CUDA(cudaEventSynchronize(other.uploaded));
+      other.pending = false;
+      other.pinned.get(ints * 4, "pinned labels");
+    }
+  auto* host = slot.pinned.as<int32_t>(ints, "pinned labels");
+  for (size_t p = 0; p * n < ints; ++p) std::memcpy(host + p * n, parts[p], n * 4);
+  int32_t* dev = sum_labels_device_.as<int32_t>(ints, "labels");
+  RD_CUDA(cudaMemcpyAsync(dev, host, ints * 4, cudaMemcpyHostToDevice, compute_));
+  RD_CUDA(cudaEventRecord(slot.uploaded, compute_));
+  slot.pending = true;
+  return dev;
+}
+
+void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
+                                         float lam, float smoothing, float grad_scale, Tensor* dlogits,
+                                         const int32_t* accuracy_targets, double* sums) {
+  check_matrix(logits, -1, -1, "softmax_xent_sums", "logits");
+  const int64_t n = logits.shape[0], k = logits.shape[1];
+  if (n == 0) return;
+  const size_t N = static_cast<size_t>(n);
+  // Device labels as the kernels read them: labels, then partners (mixed), then targets.
+  const int32_t* plain[2] = {labels, accuracy_targets};
+  const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
+  const int32_t* lab = partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+  float* loss = row_loss_device_.as<float>(N, "row losses");
+  int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");
+  float* dz = dlogits ? dlogits->f32() : nullptr;
+  const float row_scale = grad_scale / static_cast<float>(n);
+  if (partner_labels)
+    kern::softmax_xent_mixed(logits.f32(), lab, n, k, lam, smoothing, row_scale, dz, loss, amax, compute_);
+  else
+    kern::softmax_xent(logits.f32(), lab, n, k, smoothing, row_scale, dz, loss, amax, compute_);
+  kern::loss_sums(loss, amax, lab + (partner_labels ? 2 : 1) * N, n, sums, compute_);
 }
 
 int64_t CudaBackend::count_correct(const Tensor& logits, const int32_t* labels) {

@@ -98,6 +98,10 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void fill(float* dst, float value, size_t count) override;
   void synchronize() override;
+  void copy_to_host_queued(void* dst, const void* src, size_t bytes) override;
+  void wait_queued_copies() override;
+  void timing_mark(int index) override;
+  double timing_seconds(int from, int to) override;
   size_t maxpool_workspace_bytes(const Tensor& y) override;
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
@@ -204,6 +208,30 @@ class CudaBackend final : public Backend {
   Scratch images_device_, images_pinned_{true};
   Scratch labels_device_, row_loss_device_, argmax_device_, loss_host_{true};
   Scratch flag_device_, flag_host_{true};
+  // softmax_xent_sums' host labels (labels, partners, accuracy targets) in pinned slots used
+  // in turn: a slot is rewritten only after its upload finished (its event), so the host
+  // never waits while the device is less than kLabelSlots losses behind.
+  static constexpr size_t kLabelSlots = 4;
+  struct LabelSlot {
+    Scratch pinned{true};
+    cudaEvent_t uploaded = nullptr;
+    bool pending = false;
+  };
+  LabelSlot label_slots_[kLabelSlots];
+  size_t next_label_slot_ = 0;
+  Scratch sum_labels_device_;
+  int32_t* stage_labels(size_t ints, const int32_t* const* parts, size_t n);
+  // copy_to_host_queued: the copies land in pinned memory (one event after the last), and
+  // wait_queued_copies moves them to their destinations.
+  struct QueuedCopy {
+    void* dst;
+    size_t offset, bytes;
+  };
+  Scratch queued_pinned_{true};
+  std::vector<QueuedCopy> queued_copies_;
+  size_t queued_bytes_ = 0;
+  cudaEvent_t queued_done_ = nullptr;
+  std::vector<cudaEvent_t> timing_marks_;  // timing_mark's events (with timing), created on first use
   // Per-segment optimizer ops: the segment tables on the device (re-uploaded only when
   // their content changed: the norms' ranges; the step's ranges + decay + scale) and the
   // norms' per-block partial sums.

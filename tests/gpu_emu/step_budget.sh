@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The steady-state step's budget on the emulated device: resnet_ddp --device cuda runs N and
+# 2N steps of the same epoch (ResNet-18 at 32 px, batch 4) with RD_EMU_STATS, and the
+# difference of the two runs' counters, divided by N, is what one steady-state step asks of
+# the device (warm-up, validation and shut-down are the same in both runs and cancel).
+# Asserted per step and rank: host waits <= the case's bound, no allocation or free, no
+# cuDNN Find, NCCL calls = SyncBatchNorm's + the gradient buckets' (0 with one rank).
+#   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = mpiexec
+set -euo pipefail
+EMU_BIN=$1
+CPU_BIN=$2
+RD_MPIEXEC=$3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
+export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-60}
+export RD_EMU_DEVICE_COUNT=2
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_step_budget.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+N=3
+# 2N steps x 2 ranks x batch 4 x 2 micro-batches: 96 images.
+"$CPU_BIN" synth --out "$WORK/data" --train 96 --val 8 --size 32x32 --format png --threads 1 >/dev/null
+COMMON=(--data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4 --augment none
+  --epochs 1 --log-every 0 --progress none --tensorboard off --lr 1e-3 --seed 3 --device cuda)
+
+# counter FILE NAME: the value of NAME in an RD_EMU_STATS file.
+counter() { awk -v n="$2" '$1 == n { print $2; found = 1 } END { if (!found) print "missing" }' "$1"; }
+
+# budget NAME NP MAX_HOST_WAITS NCCL_PER_STEP ALLOCS_PER_STEP ARGS...: one case.
+budget() {
+  local name=$1 np=$2 max_waits=$3 nccl_expected=$4 allocs_expected=$5
+  shift 5
+  local steps
+  for steps in $N $((2 * N)); do
+    rm -rf "$WORK/out"
+    RD_EMU_STATS="$WORK/$name.$steps" "$RD_MPIEXEC" --oversubscribe --bind-to none -np "$np" "$EMU_BIN" \
+      "${COMMON[@]}" --max-steps "$steps" --output-dir "$WORK/out" "$@" >"$WORK/log" 2>&1 ||
+      { cat "$WORK/log"; fail "$name: resnet_ddp --max-steps $steps exited non-zero"; }
+    grep -q "cuda:0 (Emulated" "$WORK/log" || { cat "$WORK/log"; fail "$name: the run did not use the emulated GPU"; }
+  done
+  local rank what short long per
+  for ((rank = 0; rank < np; ++rank)); do
+    local line="$name rank $rank per step:"
+    declare -A got=()
+    for what in host_waits allocs frees cudnn_find nccl kernel_launches host_waits.stream_sync \
+      host_waits.event_sync host_waits.blocking_copy host_waits.pageable_copy host_waits.query_not_ready; do
+      short=$(counter "$WORK/$name.$N.rank$rank" "$what")
+      long=$(counter "$WORK/$name.$((2 * N)).rank$rank" "$what")
+      [ "$short" != missing ] && [ "$long" != missing ] || fail "$name: no counter $what in the stats files"
+      per=$(awk -v a="$short" -v b="$long" -v n="$N" 'BEGIN { printf "%g", (b - a) / n }')
+      got[$what]=$per
+      line+=" $what $per"
+    done
+    echo "$line"
+    # Several ranks: the NCCL communicator's and the bucket waits' host polls (queries that
+    # found the collective still running) depend on the other rank's timing; they are
+    # printed, and the blocking waits are held to the budget.
+    local waits=${got[host_waits]}
+    [ "$np" = 1 ] || waits=$(awk -v a="$waits" -v q="${got[host_waits.query_not_ready]}" 'BEGIN { printf "%g", a - q }')
+    awk -v p="$waits" -v m="$max_waits" 'BEGIN { exit !(p <= m) }' ||
+      fail "$name: $waits host waits per step, the budget is $max_waits"
+    for what in allocs frees; do
+      [ "${got[$what]}" = "$allocs_expected" ] || fail "$name: ${got[$what]} $what per step, expected $allocs_expected"
+    done
+    [ "${got[cudnn_find]}" = 0 ] || fail "$name: ${got[cudnn_find]} cuDNN Finds per step, expected 0"
+    [ "${got[nccl]}" = "$nccl_expected" ] || fail "$name: ${got[nccl]} NCCL calls per step, expected $nccl_expected"
+    unset got
+  done
+}
+
+# NCCL per step: the gradient buckets all-reduce once per step (ResNet-18's 44.7 MB in
+# 25 MB buckets: BUCKETS), SyncBatchNorm twice per batch norm and micro-batch (20 batch
+# norms: statistics forward, gradient sums backward). One rank still runs the buckets
+# through NCCL (a communicator of one); that is to become 0.
+BUCKETS=3
+SYNC_BN=40
+export RD_EMU_DEVICE=a100  # bf16 needs compute capability 8.0
+# Host waits per step: one (on the emulated device the upload's event wait for the input
+# buffer runs the queue, so the previous step's sums are already there); fp16: one more,
+# the overflow flag's read. Allocations: none, but --model-ema re-stages (frees and
+# allocates) every staged weight at each EMA step: 20 convolutions; that is to become 0.
+budget fp32_1rank 1 1 "$BUCKETS" 0 --precision fp32
+budget bf16_1rank 1 1 "$BUCKETS" 0 --precision bf16
+budget fp16_1rank 1 2 "$BUCKETS" 0 --precision fp16
+budget ema_1rank 1 1 "$BUCKETS" 20 --precision fp32 --model-ema --model-ema-steps 1
+# With --accum-steps 2 each micro-batch's upload waits for the input buffer once.
+budget syncbn_accum_2ranks 2 2 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2
+budget fp16_2ranks 2 2 $((BUCKETS + SYNC_BN)) 0 --precision fp16 --sync-bn
+echo "step budget: every case within its bounds"
