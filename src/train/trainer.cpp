@@ -190,8 +190,10 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   while (step < steps_total && !loader_done) {
     const auto t_step = Clock::now();
     // Several ranks see a stop signal at their next agreement (agree_on_steps).
-    const int64_t stop_after =
-        env_.world > 1 ? std::min(steps_total, step + agree_every_ - steps_since_agree_) : step + 1;
+    // (1-based: the step after which they agree next; a periodic save agrees too.)
+    int64_t stop_after = env_.world > 1 ? std::min(steps_total, step + agree_every_ - steps_since_agree_) : step + 1;
+    if (o_.checkpoint_every > 0)
+      stop_after = std::min(stop_after, step + o_.checkpoint_every - state_.global_step % o_.checkpoint_every);
     stop_notice_at("epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step + 1) + " of " +
                        std::to_string(steps_total),
                    stop_after <= step + 1 ? std::string("saving last.h5 when this step ends")

@@ -48,6 +48,11 @@ grep -q -E '^\(Epoch 1/3\) Throughput: .* img/s total, .* img/s per rank' "$WORK
 grep -q -E '^\(Epoch 1/3\) Step time: .*data wait .*forward .*backward .*exposed comm .*optimizer' "$WORK/log" ||
   fail "step time breakdown"
 grep -q -F "has been saved to $OUT/best_model.h5" "$WORK/log" || fail "best model path"
+# The run's first step (planning, first allocations) on its own line in its epoch only,
+# left out of the throughput; the other epochs have none.
+grep -q -E '^\(Epoch 1/3\) Warm-up: first step [0-9.]+ s \(planning, first allocations\), left out of the throughput$' \
+  "$WORK/log" || fail "warm-up line"
+[ "$(grep -c 'Warm-up: first step' "$WORK/log")" = 1 ] || fail "a warm-up line in a later epoch"
 
 loss1=$(grep -F '(Epoch 1/3) Average train loss:' <<<"$LOG" | sed 's/.*loss: \([^,]*\),.*/\1/')
 loss3=$(grep -F '(Epoch 3/3) Average train loss:' <<<"$LOG" | sed 's/.*loss: \([^,]*\),.*/\1/')
