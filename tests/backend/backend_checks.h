@@ -725,7 +725,7 @@ inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothin
                     check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 13, 1e-2)));
 }
 
-// ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------
+// ---- MixUp / CutMix (torchvision's reference recipe) -------------------------------------------------------------------
 
 // mix_images against the formula on the host: partner of image i is i-1 (0's is the
 // last); MixUp rounds both products to float before the sum, as torch does, so F32

@@ -274,7 +274,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
     if (g.exact_copies) {
       check_images_u8(be, Dims{2, 3, 5, 7}, false);
       check_images_u8(be, Dims{1, 3, 4, 4}, true);
-      check_mixing_ops(be);  // MixUp / CutMix (issue #27): exact in F32 storage
+      check_mixing_ops(be);  // MixUp / CutMix: exact in F32 storage
     } else {
       // 16-bit storage: input and result each rounded once (|x| <= 2.5: 2^-8 relative for bf16).
       check_mixing_ops(be, Tol{8e-3, 8e-3});
@@ -341,7 +341,7 @@ TEST_CASE("cuda backend: bad arguments are clear errors", "[gpu]") {
   CHECK(threw);
 }
 
-// ---- review defects (cuda_review.md, "New defects") that the emulated device shows ------------
+// ---- misuse a real GPU would hide (wrong workspace, late frees) that the emulated device shows -
 
 namespace {
 bool emulated_device() {
