@@ -13,8 +13,9 @@ NCCL on CUDA, gloo on the CPU; there fp32 and bf16 autocast run, SyncBatchNorm i
 Each training step is timed: data wait (blocked on the loader), forward (with the loss and
 the batch's copy to the device), backward (with the all-reduce DDP did not hide) and
 optimizer; on CUDA the three compute parts are CUDA events read after the step's
-loss.item(). Step 1 (the wait for the first batch, cuDNN autotuning, NCCL's first all-reduce) is
-reported apart from the median of the later steps. Rank 0 prints one line `RESULT_JSON {...}` at the end.
+loss.item(). Step 1 (the wait for the first batch, cuDNN autotuning, NCCL's first
+all-reduce) is reported apart from the median of the later steps. Rank 0 prints one line
+`RESULT_JSON {...}` at the end.
 
 Ranks come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK), Open MPI's mpirun
 (OMPI_COMM_WORLD_*), Slurm's srun (SLURM_PROCID, ...) or --launch N (local processes);
@@ -158,119 +159,142 @@ class StepClock:
         return dict(zip(("total",) + PARTS, [total, data] + compute))
 
 
+class Recipe:
+    """One rank's share of the recipe: device, loaders, DDP model, optimizer and loss scaler."""
+
+    def __init__(self, args, torch, torchvision, rank, world, local_rank):
+        import torch.distributed as dist
+        import torch.nn as nn
+        self.args, self.torch, self.rank, self.world = args, torch, rank, world
+        if args.device == "cuda" and not torch.cuda.is_available():
+            sys.exit(f"{TOOL}: --device cuda: torch {torch.__version__} sees no CUDA device")
+        self.cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        if self.cuda:
+            torch.cuda.set_device(local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+            check_cpu_precision(torch, args.precision)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        self.threads = args.threads or max(1, (os.cpu_count() or 1) // world)
+        torch.set_num_threads(self.threads)
+        self.backend = "nccl" if self.cuda else "gloo"
+        dist.init_process_group(self.backend, rank=rank, world_size=world)
+        self.math_mode = set_math_mode(torch, self.cuda, args.precision)
+
+        train_set, val_set = recipe_datasets(torchvision, args.data, args.image_size)
+        self.train_sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True)
+        val_sampler = torch.utils.data.distributed.DistributedSampler(val_set, shuffle=False)
+        loader_args = dict(batch_size=args.batch_size, num_workers=args.workers, pin_memory=self.cuda)
+        self.train_loader = torch.utils.data.DataLoader(train_set, sampler=self.train_sampler, **loader_args)
+        self.val_loader = torch.utils.data.DataLoader(val_set, sampler=val_sampler, **loader_args)
+
+        model = build_model(torch, torchvision, args.arch, "mlp", len(train_set.classes), seed=None)
+        self.sync_bn = args.sync_bn and self.cuda  # SyncBatchNorm refuses CPU modules
+        if self.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+        model = model.to(self.device, memory_format=self.fmt)
+        self.model = nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None)
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+        fp16 = args.precision == "fp16"  # torch >= 2.3 names the device; 1.13 has only torch.cuda.amp's
+        self.scaler = torch.amp.GradScaler("cuda", enabled=fp16) if hasattr(torch.amp, "GradScaler") else \
+            torch.cuda.amp.GradScaler(enabled=fp16)
+        self.clock = StepClock(torch, self.cuda)
+        self.steps = []  # every training step's split_ms(), in order
+
+    def autocast(self):  # torch 1.13 refuses a float32 autocast on the CPU even when disabled
+        return self.torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype \
+            else contextlib.nullcontext()
+
+    def to_device(self, x, y):
+        return x.to(self.device, non_blocking=True, memory_format=self.fmt), y.to(self.device, non_blocking=True)
+
+    def train_epoch(self, epoch):
+        """(summed loss, correct, images) of this rank's training steps, each timed into self.steps."""
+        self.train_sampler.set_epoch(epoch)
+        self.model.train()
+        loss_sum, correct, seen = 0.0, 0, 0
+        batches = iter(self.train_loader)  # starts the workers: in the epoch's time, not step 1's
+        clock = self.clock
+        clock.start()
+        for step, (x, y) in enumerate(batches):
+            if self.args.max_steps and step >= self.args.max_steps:
+                break
+            clock.got_batch()
+            x, y = self.to_device(x, y)
+            self.opt.zero_grad(set_to_none=True)
+            with self.autocast():
+                out = self.model(x)
+                loss = self.loss_fn(out, y)
+            clock.mark(1)
+            self.scaler.scale(loss).backward()
+            clock.mark(2)
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            clock.mark(3)
+            loss_sum += loss.item() * len(y)  # the recipe's running loss and accuracy: wait for the step
+            correct += (out.argmax(1) == y).sum().item()
+            seen += len(y)
+            self.steps.append(clock.split_ms())
+            clock.start()
+        return loss_sum, correct, seen
+
+    def validate(self):
+        """(summed loss, correct, images) over this rank's shard of the validation set."""
+        self.model.eval()
+        v_loss, v_correct, v_seen = 0.0, 0, 0
+        with self.torch.no_grad(), self.autocast():
+            for x, y in self.val_loader:
+                x, y = self.to_device(x, y)
+                out = self.model(x)
+                v_loss += self.loss_fn(out, y).item() * len(y)
+                v_correct += (out.argmax(1) == y).sum().item()
+                v_seen += len(y)
+        return v_loss, v_correct, v_seen
+
+    def summary(self, epochs):
+        a, steady = self.args, self.steps[1:]
+        median = {k: statistics.median(s[k] for s in steady) if steady else math.nan for k in ("total",) + PARTS}
+        return {
+            "framework": "pytorch", "torch": self.torch.__version__,
+            "device": self.torch.cuda.get_device_name() if self.cuda else "cpu", "backend": self.backend,
+            "arch": a.arch, "image_size": a.image_size, "ranks": self.world, "batch_per_rank": a.batch_size,
+            "workers": a.workers, "pin_memory": self.cuda, "threads_per_rank": self.threads,
+            "precision": a.precision, "channels_last": a.channels_last, "sync_bn": self.sync_bn,
+            "math": self.math_mode, "steps": len(self.steps), "step1_ms": self.steps[0] if self.steps else None,
+            "steady_ms": median,
+            "steady_img_per_s": a.batch_size * self.world * 1e3 / median["total"] if steady else math.nan,
+            "epochs": epochs}
+
+
 def main():
     args = parse()
     if args.launch:
         return launch_local_ranks(__file__, args.launch, args.port)
     torch, torchvision = import_deps(TOOL)
     import torch.distributed as dist
-    import torch.nn as nn
 
-    rank, world, local_rank = rank_env()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit(f"{TOOL}: --device cuda: torch {torch.__version__} sees no CUDA device")
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if cuda:
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
-        check_cpu_precision(torch, args.precision)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    threads = args.threads or max(1, (os.cpu_count() or 1) // world)
-    torch.set_num_threads(threads)
-    backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    math_mode = set_math_mode(torch, cuda, args.precision)
-
-    train_set, val_set = recipe_datasets(torchvision, args.data, args.image_size)
-    train_sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True)
-    val_sampler = torch.utils.data.distributed.DistributedSampler(val_set, shuffle=False)
-    loader_args = dict(batch_size=args.batch_size, num_workers=args.workers, pin_memory=cuda)
-    train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, **loader_args)
-    val_loader = torch.utils.data.DataLoader(val_set, sampler=val_sampler, **loader_args)
-
-    model = build_model(torch, torchvision, args.arch, "mlp", len(train_set.classes), seed=None)
-    sync_bn = args.sync_bn and cuda  # SyncBatchNorm refuses CPU modules
-    if sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = model.to(device, memory_format=fmt)
-    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
-    fp16 = args.precision == "fp16"  # torch >= 2.3 names the device; 1.13 has only torch.cuda.amp's
-    scaler = torch.amp.GradScaler("cuda", enabled=fp16) if hasattr(torch.amp, "GradScaler") else \
-        torch.cuda.amp.GradScaler(enabled=fp16)
-
-    def autocast():  # torch 1.13 refuses a float32 autocast on the CPU even when disabled
-        return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-
-    def to_device(x, y):
-        return x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
-
-    clock = StepClock(torch, cuda)
-    steps, epochs = [], []
+    recipe = Recipe(args, torch, torchvision, *rank_env())
+    epochs = []
     for epoch in range(args.epochs):
-        train_sampler.set_epoch(epoch)
-        model.train()
         t_epoch = time.perf_counter()
-        loss_sum, correct, seen = 0.0, 0, 0
-        batches = iter(train_loader)  # starts the workers: in the epoch's time, not step 1's
-        clock.start()
-        for step, (x, y) in enumerate(batches):
-            if args.max_steps and step >= args.max_steps:
-                break
-            clock.got_batch()
-            x, y = to_device(x, y)
-            opt.zero_grad(set_to_none=True)
-            with autocast():
-                out = model(x)
-                loss = loss_fn(out, y)
-            clock.mark(1)
-            scaler.scale(loss).backward()
-            clock.mark(2)
-            scaler.step(opt)
-            scaler.update()
-            clock.mark(3)
-            loss_sum += loss.item() * len(y)  # the recipe's running loss: waits for the step
-            correct += (out.argmax(1) == y).sum().item()
-            seen += len(y)
-            steps.append(clock.split_ms())
-            clock.start()
-        train_s = time.perf_counter() - t_epoch
+        loss_sum, correct, seen = recipe.train_epoch(epoch)
         t_val = time.perf_counter()
-        model.eval()
-        v_loss, v_correct, v_seen = 0.0, 0, 0
-        with torch.no_grad(), autocast():
-            for x, y in val_loader:
-                x, y = to_device(x, y)
-                out = model(x)
-                v_loss += loss_fn(out, y).item() * len(y)
-                v_correct += (out.argmax(1) == y).sum().item()
-                v_seen += len(y)
-        val_s = time.perf_counter() - t_val
-        epochs.append({"epoch_s": time.perf_counter() - t_epoch, "train_s": train_s, "val_s": val_s,
+        v_loss, v_correct, v_seen = recipe.validate()
+        end = time.perf_counter()
+        epochs.append({"epoch_s": end - t_epoch, "train_s": t_val - t_epoch, "val_s": end - t_val,
                        "train_images": seen, "train_loss": loss_sum / max(seen, 1),
-                       "val_images": v_seen, "val_loss": v_loss / max(v_seen, 1)})
-        if rank == 0:
+                       "train_acc": correct / max(seen, 1), "val_images": v_seen,
+                       "val_loss": v_loss / max(v_seen, 1), "val_acc": v_correct / max(v_seen, 1)})
+        if recipe.rank == 0:
             print(f"(Epoch {epoch + 1}/{args.epochs}) Time: {epochs[-1]['epoch_s']:.1f}s, "
                   f"train loss {epochs[-1]['train_loss']:.4f}, val loss {epochs[-1]['val_loss']:.4f}", flush=True)
-
-    if rank == 0:
-        steady = steps[1:]
-        median = {k: statistics.median(s[k] for s in steady) if steady else math.nan for k in ("total",) + PARTS}
-        summary = {
-            "framework": "pytorch", "torch": torch.__version__, "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "backend": backend, "arch": args.arch, "image_size": args.image_size, "ranks": world,
-            "batch_per_rank": args.batch_size, "workers": args.workers, "pin_memory": cuda, "threads_per_rank": threads,
-            "precision": args.precision, "channels_last": args.channels_last, "sync_bn": sync_bn, "math": math_mode,
-            "steps": len(steps), "step1_ms": steps[0] if steps else None, "steady_ms": median,
-            "steady_img_per_s": args.batch_size * world * 1e3 / median["total"] if steady else math.nan,
-            "epochs": epochs}
-        print("RESULT_JSON " + json.dumps(summary), flush=True)
+    if recipe.rank == 0:
+        print("RESULT_JSON " + json.dumps(recipe.summary(epochs)), flush=True)
     dist.destroy_process_group()
     return 0
 
