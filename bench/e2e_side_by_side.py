@@ -160,9 +160,9 @@ def main():
         ratio = b / a if a and math.isfinite(a) and math.isfinite(b) else math.nan
         print(f"{label:24} {a:12.2f} {b:12.2f} {ratio:10.2f}x")
         table[label] = {"resnet_ddp": a, "pytorch": b}
-    print("(backward includes the all-reduce time it did not hide; forward includes the batch's copy to the device;"
-          " pytorch/rd > 1 for times and < 1 for img/s means resnet_ddp is ahead)")
-    if pt.get("math"):
+    print("(backward includes the all-reduce time it did not hide; pytorch/rd > 1 for times and < 1 for img/s means"
+          " resnet_ddp is ahead; what each row counts: docs/performance.md)")
+    if pt.get("math") and pt.get("device") != "cpu":  # TF32 settings mean nothing to a CPU run
         print(f"pytorch {pt.get('torch')} on {pt.get('device')}: {json.dumps(pt['math'])}")
     print("SIDE_BY_SIDE_JSON " + json.dumps({"rows": table, "resnet_ddp_steps": rd.get("steps", 0),
                                              "pytorch_steps": pt.get("steps", 0), "problems": problems}))
