@@ -130,4 +130,4 @@ pt_bn=()
 run pytorch "$python" "$here/pytorch_gpu_ddp_recipe.py" --launch "$ranks" --port $((29500 + RANDOM % 400)) \
   --data "$data" --arch "$arch" --image-size "$size" --batch-size "$batch" --epochs 1 --max-steps "$steps" \
   --workers "$workers" --threads "$threads" --device "$device" --precision "$precision" "${pt_bn[@]}"
-python3 "$here/e2e_side_by_side.py" "$work/resnet_ddp_out" "$work/pytorch.log" $((ranks * batch))
+"$python" "$here/e2e_side_by_side.py" "$work/resnet_ddp_out" "$work/pytorch.log" $((ranks * batch))

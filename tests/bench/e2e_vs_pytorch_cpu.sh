@@ -16,6 +16,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_bench_e2e.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 build=(--build-dir "$(dirname "$RD_BIN")")
+command -v python3 >/dev/null || { echo "SKIP: no python3 (the driver's table is a Python script)"; exit 77; }
 
 # expect_error RC TEXT ARGS...: the driver exits RC and its output contains TEXT.
 expect_error() {
