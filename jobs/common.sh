@@ -238,7 +238,7 @@ rd_node_cores() {
     [[ -n ${seen[$socket.$core]:-} ]] || { seen[$socket.$core]=1; n=$((n + 1)); }
   done < <(lscpu -p=CPU,CORE,SOCKET 2>/dev/null)
   ((n >= 1)) || n=${#mine[@]}
-  ((n >= 1)) || n=$(nproc)
+  ((n >= 1)) || n=$(env -u OMP_NUM_THREADS nproc)
   echo "$n"
 }
 

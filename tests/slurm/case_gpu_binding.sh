@@ -33,11 +33,11 @@ echo "rd_mpirun_gpu_binding: 7 node shapes as expected"
 # Cores, not hardware threads (PE counts cores): 4 CPUs on 2 cores of one socket.
 lscpu() { printf '# CPU,Core,Socket\n0,0,0\n1,1,0\n2,0,0\n3,1,0\n'; }
 allowed=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
-if [[ $allowed == 0-* ]] && (($(nproc) >= 4)); then
+if [[ $allowed == 0-* ]] && (($(env -u OMP_NUM_THREADS nproc) >= 4)); then
   [[ $(rd_node_cores) == 2 ]] || fail "rd_node_cores counted $(rd_node_cores) cores for 4 hardware threads on 2 cores"
 fi
 lscpu() { return 1; }
-[[ $(rd_node_cores) == "$(nproc)" ]] || fail "rd_node_cores without lscpu: $(rd_node_cores), expected the $(nproc) allowed CPUs"
+[[ $(rd_node_cores) == "$(env -u OMP_NUM_THREADS nproc)" ]] || fail "rd_node_cores without lscpu: $(rd_node_cores), expected the allowed CPUs"
 unset -f lscpu
 echo "rd_node_cores: $(rd_node_cores) here"
 
