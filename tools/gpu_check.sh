@@ -602,13 +602,14 @@ if [[ -n $BUNDLE ]]; then
   NP=$((GPUS < 4 ? GPUS : 4))
   step nccl_np1 "${RUN[@]}" mpirun -np 1 nccl_collective_test
   step mpi_coll "${RUN[@]}" mpirun -np 2 --oversubscribe collective_test
-  step msg_passing "${RUN[@]}" mpirun -np "$NP" message_passing --device cuda --verbose
+  # Each rank on its own cores near its GPU (mpirun's default gives <= 2 ranks one core each).
+  read -r -a PLACED <<<"$(corrected_binding "$NP")"
+  step msg_passing "${RUN[@]}" mpirun -np "$NP" "${PLACED[@]}" message_passing --device cuda --verbose
   step synth "${RUN[@]}" resnet_ddp synth --out "$WORK/synth"
-  WORKERS=$(( JOBS / NP - 1 )); ((WORKERS >= 1)) || WORKERS=1
-  step train_fp32 "${RUN[@]}" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
-    --max-steps 20 --workers "$WORKERS" --progress lines --log-every 5 --resume none --output-dir "$WORK/out_fp32"
-  step train_fp16 "${RUN[@]}" mpirun -np "$NP" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
-    --max-steps 20 --precision fp16 --workers "$WORKERS" --progress lines --log-every 5 --resume none \
+  step train_fp32 "${RUN[@]}" mpirun -np "$NP" "${PLACED[@]}" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
+    --max-steps 20 --progress lines --log-every 5 --resume none --output-dir "$WORK/out_fp32"
+  step train_fp16 "${RUN[@]}" mpirun -np "$NP" "${PLACED[@]}" resnet_ddp --device cuda --data "$WORK/synth" --epochs 1 \
+    --max-steps 20 --precision fp16 --progress lines --log-every 5 --resume none \
     --output-dir "$WORK/out_fp16"
 fi
 

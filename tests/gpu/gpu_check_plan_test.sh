@@ -24,6 +24,13 @@ grep -qF 'tools/gpu_check.sh --e2e --out OUT_DIR' <<<"$out" || fail "the --e2e c
 if grep -qiE 'give_back|lease|session|run\(command' <<<"$out"; then
   fail "the dry run speaks of the machinery that lends GPUs, not of the software"
 fi
+# GPU ranks start with their own cores (the corrected binding), never mpirun's default of
+# one core for <= 2 ranks; only --e2e's *_default runs keep it on purpose, for comparison.
+if grep -nE 'mpirun -np "\$NP" (resnet_ddp|message_passing)' "$repo/tools/gpu_check.sh"; then
+  fail "a GPU run above starts under mpirun's default binding"
+fi
+grep -q 'mpirun -np "$NP" "${PLACED\[@\]}" resnet_ddp' "$repo/tools/gpu_check.sh" ||
+  fail "the bundle plan's trainer runs do not use the corrected binding"
 e2e_err=$("$repo/tools/gpu_check.sh" --e2e --out "$(mktemp -d)" 2>&1) && fail "--e2e without a bundle ran"
 grep -q -- "--e2e runs resnet_ddp under mpirun: use a bundle" <<<"$e2e_err" || fail "--e2e without a bundle: $e2e_err"
 grep -q 'This copy would use the standalone plan' <<<"$out" || fail "the repository copy should use the standalone plan"
