@@ -4,6 +4,7 @@
 // order. At most `prefetch` batches are in flight or ready at any time.
 #include "resnet_ddp/data/loader.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,10 +32,20 @@ struct Loader::Slot {
 
 static_assert(sizeof(CropBox) == 4 * sizeof(int32_t), "the loader copies a CropBox as four int32");
 
-int default_loader_workers(int ranks_per_node) {
-  const unsigned hw = std::thread::hardware_concurrency();
-  const int cores = hw ? static_cast<int>(hw) : 1;
-  return std::max(1, cores / std::max(1, ranks_per_node) - 1);
+int loader_workers_for_cores(int allowed_cores, int sharers) {
+  return std::max(1, std::max(1, allowed_cores) / std::max(1, sharers) - 1);
+}
+
+int default_loader_workers(int ranks_sharing_mask) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cores = 0;
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) cores = CPU_COUNT(&mask);
+  if (cores < 1) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    cores = hw ? static_cast<int>(hw) : 1;
+  }
+  return loader_workers_for_cores(cores, ranks_sharing_mask);
 }
 
 namespace {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "resnet_ddp/backend/nccl_comm.h"
 #include "train/dataset_warnings.h"
@@ -23,6 +25,41 @@ void set_optim_config(OptimizerConfig& oc, const TrainOptions& o) {
   if (o.optimizer == OptimizerKind::RmsProp) oc.momentum = o.momentum, oc.eps = 0.0316, oc.alpha = 0.9;
   if (o.optimizer == OptimizerKind::Lars) oc.momentum = o.momentum, oc.nesterov = o.nesterov, oc.eps = 1e-8;
   if (o.optimizer == OptimizerKind::Lamb) oc.eps = 1e-6, oc.max_grad_norm = 1.0;
+}
+
+// Loader threads per rank. On the GPU the loader is the rank's CPU work: by default it
+// takes the cores the rank may use (its affinity, split among ranks bound to the same
+// cores) less the one the launching thread keeps. On the CPU the compute threads hold
+// the cores, so --workers' default stands there. A GPU rank whose loader and launching
+// thread need more cores than it may use time-slices them and the GPU waits for data:
+// one warning for the job, naming both numbers and the fix (all ranks call this).
+int loader_workers(const TrainOptions& o, const dist::ProcessEnv& env, dist::Comm& ctrl, bool cuda) {
+  if (!cuda) return o.workers;
+  const bool given = o.was_given("--workers");
+  const int workers = given ? o.workers : data::loader_workers_for_cores(env.cpus_available, env.mask_sharers);
+  // Per rank: threads needed, cores allowed (summed: each rank fills its slot).
+  std::vector<int64_t> all(static_cast<size_t>(env.world) * 2, 0);
+  all[static_cast<size_t>(env.rank) * 2] = workers + 1;
+  all[static_cast<size_t>(env.rank) * 2 + 1] = env.cpus_per_rank;
+  ctrl.allreduce(all.data(), all.size(), dist::ReduceOp::Sum);
+  if (env.rank != 0) return workers;
+  int short_ranks = 0, first = -1;
+  for (int r = 0; r < env.world; ++r)
+    if (all[static_cast<size_t>(r) * 2] > all[static_cast<size_t>(r) * 2 + 1] && short_ranks++ == 0) first = r;
+  if (short_ranks) {
+    const long long need = all[static_cast<size_t>(first) * 2], cores = all[static_cast<size_t>(first) * 2 + 1];
+    const std::string what = given ? "--workers " + std::to_string(workers)
+                                   : "the default of " + std::to_string(workers) + " loader thread(s)";
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %s + the launching thread need %lld cores, but rank %d may use %lld (its CPU "
+                 "affinity)%s: they time-slice and the GPU waits for data; give each rank its own cores (mpirun "
+                 "--map-by ppr:RANKS:socket:PE=CORES, or --bind-to none; srun --cpus-per-task=CORES)%s\n",
+                 what.c_str(), need, first, cores,
+                 short_ranks > 1 ? (" (and " + std::to_string(short_ranks - 1) + " more rank(s))").c_str() : "",
+                 given && cores >= 2 ? (" or use --workers " + std::to_string(cores - 1)).c_str() : "");
+    std::fflush(stderr);
+  }
+  return workers;
 }
 }  // namespace
 
@@ -224,7 +261,12 @@ void Trainer::setup_data() {
   norm_ = normalization(name_of(normalize_names(), o_.normalize));
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
-  lo.workers = o_.workers;
+  lo.workers = loader_workers(o_, env_, *ctrl_, backend_->device() == DeviceKind::CUDA);
+  if (backend_->device() == DeviceKind::CUDA)
+    say("Data loader: " + std::to_string(lo.workers) + " thread(s) per rank" +
+        (o_.was_given("--workers") ? std::string(" (--workers)")
+                                   : " (the rank's " + std::to_string(env_.cpus_per_rank) +
+                                         " allowed core(s) less one for the launching thread)"));
   lo.seed = static_cast<uint64_t>(o_.seed);
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
@@ -250,7 +292,6 @@ void Trainer::setup_data() {
   }
   data::LoaderOptions vo = lo;
   vo.batch_size = o_.effective_val_batch();
-  vo.workers = o_.workers;
   val_loader_ = std::make_unique<data::Loader>(*val_set_, *val_tf_, vo, std::vector<int64_t>{}, 0);
 }
 

@@ -3,10 +3,12 @@
 #include <stb/stb_image_write.h>
 
 #include <hdf5.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstdio>
@@ -447,6 +449,29 @@ EpochResult run_epoch(Loader& loader) {
   return r;
 }
 }  // namespace
+
+TEST_CASE("default loader workers: the rank's allowed cores, one kept for the launching thread", "[data][loader]") {
+  CHECK(loader_workers_for_cores(16, 1) == 15);  // a rank bound to 16 cores of its own
+  CHECK(loader_workers_for_cores(16, 4) == 3);   // 4 ranks sharing one 16-core mask
+  CHECK(loader_workers_for_cores(2, 1) == 1);
+  CHECK(loader_workers_for_cores(1, 1) == 1);    // at least one, even on one core
+  CHECK(loader_workers_for_cores(0, 0) == 1);    // an unreadable mask
+  cpu_set_t saved;
+  REQUIRE(sched_getaffinity(0, sizeof saved, &saved) == 0);
+  const int allowed = CPU_COUNT(&saved);
+  CHECK(default_loader_workers(1) == std::max(1, allowed - 1));
+  CHECK(default_loader_workers(2) == std::max(1, allowed / 2 - 1));
+  // Bound to one core (mpirun's default for <= 2 ranks), whatever the machine has.
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  const int on_one_core = default_loader_workers(1);
+  REQUIRE(sched_setaffinity(0, sizeof saved, &saved) == 0);
+  CHECK(on_one_core == 1);
+}
 
 TEST_CASE("loader output is identical for any number of workers", "[data][loader]") {
   PatternDataset ds(23);

@@ -64,8 +64,13 @@ struct LoaderOptions {
   LogFn log;                // decode failures (null = silent)
 };
 
-// Cores per rank minus one (at least one): ranks_per_node ranks share this machine.
-int default_loader_workers(int ranks_per_node);
+// Loader threads for a rank that may use `allowed_cores` cores (its CPU affinity), shared
+// with `sharers` ranks bound to the same cores: its share minus the core the launching
+// thread keeps, at least one.
+int loader_workers_for_cores(int allowed_cores, int sharers);
+// The same for this process's affinity mask (sched_getaffinity: what mpirun's binding or
+// Slurm granted, not the machine's core count), shared by `ranks_sharing_mask` ranks.
+int default_loader_workers(int ranks_sharing_mask);
 
 class Loader {
  public:
