@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU call's GPU-less parts, run as CI runs them (issue 24, section 4), so the call
-# cannot rot between GPU leases:
+# The GPU check's GPU-less parts, run as CI runs them, so the check cannot rot between
+# runs on a GPU host:
 #  1. the standalone plan: the host step, the build (tools/gpu_check.sh --internal-build:
 #     nvcc + g++ without MPI or CMake, sm_90 only), then every step that needs a GPU
 #     reports "no device" (never a tooling error); overall exit 77;
