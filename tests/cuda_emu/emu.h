@@ -73,7 +73,9 @@ std::string describe_pointer(const void* p);
 // Work queued on a stream runs later, on the host, in stream order, interleaved with
 // other streams only as events and cudaStreamWaitEvent allow (docs/cuda.md).
 // `what` names the work in fault messages ("cublasSgemm", "kernel relu_fwd_kernel").
-// Faults when `s` was destroyed or never created. s == 0 is the legacy stream.
+// Faults when `s` was destroyed or never created. s == 0 is the legacy stream. On a
+// capturing stream the work is recorded into the graph instead, and runs (again) at
+// each cudaGraphLaunch: `run` must read its inputs when it runs, not when queued.
 void enqueue(cudaStream_t s, std::string what, std::function<void()> run);
 // Work that completes later (a collective): start() runs in stream order; the stream
 // stays blocked until done() returns true (polled; other streams progress meanwhile).
@@ -107,6 +109,7 @@ enum class Counter {
   CudnnFind,      // cudnnFind*Algorithm, cudnnGet*Algorithm_v7
   NcclAllReduce, NcclBroadcast, NcclReduce, NcclAllGather, NcclReduceScatter, NcclSend, NcclRecv,
   KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
+  GraphLaunches,   // cudaGraphLaunch
   kCount
 };
 void count(Counter c);

@@ -45,6 +45,7 @@ const char* name_of(Counter c) {
     case Counter::NcclSend: return "nccl.send";
     case Counter::NcclRecv: return "nccl.recv";
     case Counter::KernelLaunches: return "kernel_launches";
+    case Counter::GraphLaunches: return "graph_launches";
     case Counter::kCount: break;
   }
   return "?";

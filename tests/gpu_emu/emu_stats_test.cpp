@@ -320,7 +320,8 @@ TEST_CASE("emu stats: RD_EMU_STATS writes PATH.rank<R> when any thread calls exi
   for (const char* name : {"host_waits", "host_waits.stream_sync", "host_waits.event_sync", "host_waits.device_sync",
                            "host_waits.blocking_copy", "host_waits.pageable_copy", "host_waits.query_not_ready",
                            "allocs", "frees", "cudnn_find", "nccl", "nccl.allreduce", "nccl.broadcast", "nccl.reduce",
-                           "nccl.allgather", "nccl.reducescatter", "nccl.send", "nccl.recv", "kernel_launches"})
+                           "nccl.allgather", "nccl.reducescatter", "nccl.send", "nccl.recv", "kernel_launches",
+                           "graph_launches"})
     CHECK(file.count(name) == 1);
   std::remove((base + ".rank3").c_str());
   rmdir(dir.c_str());
