@@ -107,7 +107,13 @@ enum class Counter {
   Allocs,         // cudaMalloc, cudaMallocHost, cudaHostAlloc (every call)
   Frees,          // cudaFree, cudaFreeHost (every call)
   CudnnFind,      // cudnnFind*Algorithm, cudnnGet*Algorithm_v7
-  NcclAllReduce, NcclBroadcast, NcclReduce, NcclAllGather, NcclReduceScatter, NcclSend, NcclRecv,
+  NcclAllReduce,
+  NcclBroadcast,
+  NcclReduce,
+  NcclAllGather,
+  NcclReduceScatter,
+  NcclSend,
+  NcclRecv,
   KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
   GraphLaunches,   // cudaGraphLaunch
   kCount

@@ -488,10 +488,10 @@ struct Capture {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::thread::id thread;
   std::vector<CUstream_st*> branches;
-  std::vector<size_t> work;                    // per branch: work operations recorded
-  std::vector<std::vector<size_t>> clocks;     // per branch: how much of each branch's work precedes its tail
+  std::vector<size_t> work;                      // per branch: work operations recorded
+  std::vector<std::vector<size_t>> clocks;       // per branch: how much of each branch's work precedes its tail
   std::vector<std::vector<size_t>> slot_clocks;  // per record slot: the recording branch's clock then
-  std::vector<CUevent_st*> events;             // recorded in this capture
+  std::vector<CUevent_st*> events;               // recorded in this capture
   std::vector<GraphOp> ops;
   bool invalidated = false;
 
@@ -884,9 +884,9 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
     case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureImplicit: return "the legacy stream would depend on a capturing blocking stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorStreamCaptureWrongThread: return "a thread-local capture ended from another thread";
     default: return "error (emulated device)";
   }
 }
@@ -1335,7 +1335,8 @@ CUgraphExec_st* exec_of(cudaGraphExec_t g, const char* call) {
   if (!g || std::find(all.begin(), all.end(), g) == all.end())
     fault(std::string(call) + ": executable graph handle was never created by cudaGraphInstantiate");
   if (g->destroyed)
-    fault(std::string(call) + ": executable graph #" + std::to_string(g->id) + " was destroyed by cudaGraphExecDestroy");
+    fault(std::string(call) + ": executable graph #" + std::to_string(g->id) +
+          " was destroyed by cudaGraphExecDestroy");
   return g;
 }
 
@@ -1379,7 +1380,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
   Lock lock(api_lock());
   CUstream_st* st = stream_of(s, "cudaStreamIsCapturing");
   if (!status) return set_error(cudaErrorInvalidValue);
-  *status = !st->capture              ? cudaStreamCaptureStatusNone
+  *status = !st->capture               ? cudaStreamCaptureStatusNone
             : st->capture->invalidated ? cudaStreamCaptureStatusInvalidated
                                        : cudaStreamCaptureStatusActive;
   return cudaSuccess;

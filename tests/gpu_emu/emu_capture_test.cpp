@@ -440,7 +440,8 @@ const std::vector<IllegalCall>& illegal_calls() {
 TEST_CASE("capture: each call that conflicts with a capture invalidates it and is named", "[gpu_emu][capture]") {
   World w = make_world();
   for (const IllegalCall& ill : illegal_calls()) {
-    const Child c = in_child([&] { return capture_with(w, cudaStreamCaptureModeGlobal, ill, cudaErrorStreamCaptureInvalidated); });
+    const Child c =
+        in_child([&] { return capture_with(w, cudaStreamCaptureModeGlobal, ill, cudaErrorStreamCaptureInvalidated); });
     INFO(ill.named << ": child stderr: " << c.err);
     CHECK(c.exit_code == 0);
     CHECK(occurrences(c.err, std::string("cuda-emu: capture invalidated by ") + ill.named + "\n") == 1);
@@ -470,7 +471,8 @@ TEST_CASE("capture: relaxed mode allows unsafe calls but not the conflicting one
   // every mode.
   for (size_t i : {0u, 3u}) {
     const IllegalCall& ill = illegal_calls()[i];
-    const Child c = in_child([&] { return capture_with(w, cudaStreamCaptureModeRelaxed, ill, cudaErrorStreamCaptureInvalidated); });
+    const Child c =
+        in_child([&] { return capture_with(w, cudaStreamCaptureModeRelaxed, ill, cudaErrorStreamCaptureInvalidated); });
     INFO(ill.named << ": child stderr: " << c.err);
     CHECK(c.exit_code == 0);
     CHECK(occurrences(c.err, std::string("cuda-emu: capture invalidated by ") + ill.named + "\n") == 1);
@@ -488,9 +490,8 @@ TEST_CASE("capture: another thread's cudaMalloc invalidates a global capture, no
                                   }).join();
                                   return e == cudaErrorStreamCaptureUnsupported ? cudaSuccess : e;
                                 }};
-  const Child global = in_child([&] {
-    return capture_with(w, cudaStreamCaptureModeGlobal, from_thread, cudaErrorStreamCaptureInvalidated);
-  });
+  const Child global = in_child(
+      [&] { return capture_with(w, cudaStreamCaptureModeGlobal, from_thread, cudaErrorStreamCaptureInvalidated); });
   INFO("global: " << global.err);
   CHECK(global.exit_code == 0);
   CHECK(occurrences(global.err, "cuda-emu: capture invalidated by cudaMalloc\n") == 1);
@@ -502,8 +503,8 @@ TEST_CASE("capture: another thread's cudaMalloc invalidates a global capture, no
                                           }).join();
                                           return e;
                                         }};
-  const Child local = in_child(
-      [&] { return capture_with(w, cudaStreamCaptureModeThreadLocal, allowed_from_thread, cudaSuccess); });
+  const Child local =
+      in_child([&] { return capture_with(w, cudaStreamCaptureModeThreadLocal, allowed_from_thread, cudaSuccess); });
   INFO("thread-local: " << local.err);
   CHECK(local.exit_code == 0);
   CHECK(local.err.find("capture invalidated") == std::string::npos);
