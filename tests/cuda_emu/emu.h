@@ -81,6 +81,10 @@ void enqueue(cudaStream_t s, std::string what, std::function<void()> run);
 // stays blocked until done() returns true (polled; other streams progress meanwhile).
 void enqueue_async(cudaStream_t s, std::string what, std::function<void()> start,
                    std::function<bool()> done);
+// True when a stream capture forbids a potentially unsafe call (an allocation, a
+// synchronisation) made now from this thread; those captures are then invalidated,
+// naming `call` (docs/cuda.md, "Stream capture and graphs").
+bool capture_forbids(const std::string& call);
 // Faults unless `s` is 0 or a live stream; `call` names the API call for the message.
 void require_stream(cudaStream_t s, const char* call);
 // Runs queued work until everything enqueued on `s` so far has completed.

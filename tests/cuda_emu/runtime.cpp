@@ -708,6 +708,11 @@ void sync_stream(CUstream_st* s, const char* call) {
 
 }  // namespace
 
+bool capture_forbids(const std::string& call) {
+  std::lock_guard<std::recursive_mutex> lock(api_lock());
+  return forbidden_during_capture(call);
+}
+
 void enqueue(cudaStream_t s, std::string what, std::function<void()> run) {
   std::lock_guard<std::recursive_mutex> lock(api_lock());
   Op op;

@@ -546,6 +546,32 @@ TEST_CASE("capture: a fork not joined back, and the host-side checks of the libr
   CUDA_REQUIRE(cudaStreamEndCapture(w.s, &g));
   CHECK(cudaStreamEndCapture(w.s, &g) == cudaErrorIllegalState);
   cublasDestroy(blas);
+  // cuDNN's Find allocates its test buffers (cudaMalloc): not during a capture. The
+  // heuristics (_v7) are host-side only and fine.
+  const Child find = in_child([&] {
+    cudnnHandle_t dnn;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    if (cudnnCreate(&dnn) || cudnnCreateTensorDescriptor(&xd) || cudnnCreateTensorDescriptor(&yd) ||
+        cudnnCreateFilterDescriptor(&wd) || cudnnCreateConvolutionDescriptor(&cd) ||
+        cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, 4, 4) ||
+        cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 1, 4, 4) ||
+        cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 1, 1, 3, 3) ||
+        cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT))
+      return 4;
+    if (cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal) != cudaSuccess) return 4;
+    int got = 0;
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    if (cudnnGetConvolutionForwardAlgorithm_v7(dnn, xd, wd, cd, yd, 8, &got, perf) != CUDNN_STATUS_SUCCESS) return 2;
+    if (cudnnFindConvolutionForwardAlgorithm(dnn, xd, wd, cd, yd, 8, &got, perf) == CUDNN_STATUS_SUCCESS) return 2;
+    cudaGraph_t none = nullptr;
+    return cudaStreamEndCapture(w.s, &none) == cudaErrorStreamCaptureInvalidated ? 0 : 3;
+  });
+  INFO("cudnnFind: " << find.err);
+  CHECK(find.exit_code == 0);
+  CHECK(occurrences(find.err,
+                    "cuda-emu: capture invalidated by cudnnFindConvolutionForwardAlgorithm (its cudaMalloc)\n") == 1);
   // A kernel given a host pointer during capture faults at the call, as outside it.
   const Child c = in_child([&] {
     CUDA_REQUIRE(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal));
