@@ -8,3 +8,14 @@ if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
     set_tests_properties(gpu_emu_train_${case} PROPERTIES LABELS "gpu_emu;e2e" TIMEOUT 900)
   endforeach()
 endif()
+
+# The epoch's convolution plans, made in setup and reported by RD_CONV_REPORT=1
+# (tests/gpu_emu/conv_plans_emu.sh).
+if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
+  foreach(precision fp32 fp16)
+    add_test(NAME gpu_emu_conv_plans_${precision}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/conv_plans_emu.sh $<TARGET_FILE:resnet_ddp_emu>
+                     $<TARGET_FILE:resnet_ddp> ${precision})
+    set_tests_properties(gpu_emu_conv_plans_${precision} PROPERTIES LABELS "gpu_emu;e2e" TIMEOUT 600)
+  endforeach()
+endif()

@@ -33,6 +33,53 @@ Clock::time_point deadline_after(double seconds) {
 
 class NcclComm;
 
+// Note [One rank, no NCCL]
+// With one rank every collective is the identity: a sum or average over one rank is
+// its own data, a broadcast from rank 0 has nothing to send, an all-gather is a copy.
+// So a one-rank job makes no NCCL calls at all (no communicator, no comm stream, no
+// host waits on collectives); the copy runs on the compute stream, ordered as NcclComm's
+// collectives are.
+class DoneRequest final : public dist::Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+class SingleRankComm final : public dist::Comm {
+ public:
+  explicit SingleRankComm(cudaStream_t compute) : compute_(compute) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  DeviceKind device() const override { return DeviceKind::CUDA; }
+  std::string name() const override { return "nccl"; }
+  void allreduce(float*, size_t, dist::ReduceOp) override {}
+  void allreduce(double*, size_t, dist::ReduceOp) override {}
+  void allreduce(int64_t*, size_t, dist::ReduceOp) override {}
+  void allreduce_stream_ordered(double*, size_t, dist::ReduceOp) override {}
+  std::unique_ptr<dist::Request> iallreduce(float*, size_t, dist::ReduceOp) override {
+    return std::make_unique<DoneRequest>();
+  }
+  void broadcast(void*, size_t, int root) override { check_peer(root, "broadcast"); }
+  void broadcast_stream_ordered(void*, size_t, int root) override { check_peer(root, "broadcast"); }
+  void send(const void*, size_t, int peer, int) override { no_peer(peer, "send"); }
+  void recv(void*, size_t, int peer, int) override { no_peer(peer, "recv"); }
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override {
+    if (bytes_per_rank && send != recv)
+      RD_CUDA(cudaMemcpyAsync(recv, send, bytes_per_rank, cudaMemcpyDeviceToDevice, compute_));
+  }
+  void barrier() override {}
+  void progress() override {}
+
+ private:
+  static void check_peer(int peer, const char* what) {
+    RD_CHECK(peer == 0, "NCCL " << what << ": rank " << peer << " out of range (1 rank)");
+  }
+  [[noreturn]] static void no_peer(int peer, const char* what) {
+    RD_FAIL("NCCL " << what << ": rank " << peer << " is not a peer (a one-rank job has none)");
+  }
+  cudaStream_t compute_;
+};
+
 // One asynchronous all-reduce: its completion event on the comm stream.
 class NcclRequest final : public dist::Request {
  public:
@@ -139,6 +186,19 @@ class NcclComm final : public dist::Comm {
     check_peer(root, "broadcast");
     run("broadcast", [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
   }
+  void broadcast_stream_ordered(void* data, size_t bytes, int root) override {
+    // DDP's per-step buffer broadcast (no SyncBatchNorm): ordered on events like the
+    // SyncBN sums (Note [SyncBN without a host wait]), so the step does not stall.
+    check_peer(root, "broadcast");
+    after_compute();
+    enqueue("broadcast (stream-ordered)",
+            [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
+    cudaEvent_t done = take_event();
+    RD_CUDA(cudaEventRecord(done, stream_));
+    order_compute_after(done);
+    give_back(done);
+  }
+
   void send(const void* data, size_t bytes, int peer, int) override {
     check_peer(peer, "send");
     run("send", [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
@@ -394,6 +454,9 @@ namespace rd {
 std::unique_ptr<dist::Comm> make_nccl_comm(MPI_Comm base, Backend& compute) {
   auto* cuda = dynamic_cast<cuda::CudaBackend*>(&compute);
   RD_CHECK(cuda, "NCCL communicator: needs the CUDA backend, got " << compute.name());
+  int size = 0;
+  RD_CHECK(MPI_Comm_size(base, &size) == MPI_SUCCESS, "NCCL communicator: MPI_Comm_size failed (is MPI initialised?)");
+  if (size == 1) return std::make_unique<cuda::SingleRankComm>(cuda->compute_stream());
   return std::make_unique<cuda::NcclComm>(base, cuda->device_index(), cuda->compute_stream(),
                                           cuda->collective_timeout_s());
 }
