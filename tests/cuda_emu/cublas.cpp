@@ -170,6 +170,7 @@ cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperatio
                                            const float* beta, float* C, int ldc) {
   static const char* call = "cublasSgemm";
   std::lock_guard<std::recursive_mutex> lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   rd::emu::require_handle(handle, kHandleKind, call);
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;

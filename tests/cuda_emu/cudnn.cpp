@@ -476,6 +476,10 @@ cudnnStatus_t search(const char* call, Dir dir, cudnnHandle_t h, cudnnTensorDesc
   // fail the call with ALLOC_FAILED, a workspace that does not fit beside them
   // fails that entry (ALLOC_FAILED in its status, as the perf struct documents).
   // Uncertain: whether cuDNN allocates all three buffers at once.
+  // Those cudaMalloc calls are unsafe during a stream capture: plan before capturing.
+  if (measured && rd::emu::capture_forbids(std::string(call) + " (its cudaMalloc)"))
+    return fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+                std::string(call) + ": cudaMalloc of its test buffers failed: a stream capture is in progress");
   size_t free_b = ~size_t{0}, total_b = 0;
   if (measured && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     const size_t buffers = (p.x_elems() + p.w_elems() + p.y_elems()) * elem_size(p.dt);
@@ -1133,6 +1137,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionForwardAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t y, const int requested, int* returned,
     cudnnConvolutionFwdAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
       "cudnnFindConvolutionForwardAlgorithm", Dir::Fwd, h, x, w, c, y, requested, returned, perf, true);
 }
@@ -1142,6 +1147,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionForwardAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t y, const int requested, int* returned,
     cudnnConvolutionFwdAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
       "cudnnGetConvolutionForwardAlgorithm_v7", Dir::Fwd, h, x, w, c, y, requested, returned, perf, false);
 }
@@ -1152,6 +1158,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionBackwardDataAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dx, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
       "cudnnFindConvolutionBackwardDataAlgorithm", Dir::BwdData, h, dx, w, c, dy, requested, returned, perf,
       true);
@@ -1162,6 +1169,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dx, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
       "cudnnGetConvolutionBackwardDataAlgorithm_v7", Dir::BwdData, h, dx, w, c, dy, requested, returned, perf,
       false);
@@ -1172,6 +1180,7 @@ cudnnStatus_t CUDNNWINAPI cudnnFindConvolutionBackwardFilterAlgorithm(
     const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dw, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
       "cudnnFindConvolutionBackwardFilterAlgorithm", Dir::BwdFilter, h, x, dw, c, dy, requested, returned,
       perf, true);
@@ -1182,6 +1191,7 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dw, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::CudnnFind);
   return search<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
       "cudnnGetConvolutionBackwardFilterAlgorithm_v7", Dir::BwdFilter, h, x, dw, c, dy, requested, returned,
       perf, false);
@@ -1225,6 +1235,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionForward(cudnnHandle_t h, const void* a
                                                   size_t workSpaceSizeInBytes, const void* beta,
                                                   const cudnnTensorDescriptor_t yd, void* y) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::Fwd, h, alpha, xd, x, wd, w, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, yd, y);
 }
@@ -1237,6 +1248,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardData(cudnnHandle_t h, const vo
                                                        size_t workSpaceSizeInBytes, const void* beta,
                                                        const cudnnTensorDescriptor_t dxd, void* dx) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::BwdData, h, alpha, dxd, dx, wd, w, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, dyd, dy);
 }
@@ -1247,6 +1259,7 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardFilter(
     cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* beta,
     const cudnnFilterDescriptor_t dwd, void* dw) {
   Lock lock(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::KernelLaunches);
   return convolve(Dir::BwdFilter, h, alpha, xd, x, dwd, dw, cd, static_cast<int>(algo), workSpace,
                   workSpaceSizeInBytes, beta, dyd, dy);
 }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -72,12 +73,18 @@ std::string describe_pointer(const void* p);
 // Work queued on a stream runs later, on the host, in stream order, interleaved with
 // other streams only as events and cudaStreamWaitEvent allow (docs/cuda.md).
 // `what` names the work in fault messages ("cublasSgemm", "kernel relu_fwd_kernel").
-// Faults when `s` was destroyed or never created. s == 0 is the legacy stream.
+// Faults when `s` was destroyed or never created. s == 0 is the legacy stream. On a
+// capturing stream the work is recorded into the graph instead, and runs (again) at
+// each cudaGraphLaunch: `run` must read its inputs when it runs, not when queued.
 void enqueue(cudaStream_t s, std::string what, std::function<void()> run);
 // Work that completes later (a collective): start() runs in stream order; the stream
 // stays blocked until done() returns true (polled; other streams progress meanwhile).
 void enqueue_async(cudaStream_t s, std::string what, std::function<void()> start,
                    std::function<bool()> done);
+// True when a stream capture forbids a potentially unsafe call (an allocation, a
+// synchronisation) made now from this thread; those captures are then invalidated,
+// naming `call` (docs/cuda.md, "Stream capture and graphs").
+bool capture_forbids(const std::string& call);
 // Faults unless `s` is 0 or a live stream; `call` names the API call for the message.
 void require_stream(cudaStream_t s, const char* call);
 // Runs queued work until everything enqueued on `s` so far has completed.
@@ -89,6 +96,35 @@ void synchronize_stream(cudaStream_t s);
 void register_handle(const void* h, const char* kind);
 void retire_handle(const void* h, const char* kind, const char* call);  // faults if not live
 void require_handle(const void* h, const char* kind, const char* call);  // faults if not live
+
+// ---- counters (RD_EMU_STATS=PATH; docs/cuda.md) ----------------------------------------------
+// What the host asked of the device, counted at the API entry under api_lock(), so a
+// test can bound a training step's host waits, allocations, plans and collectives.
+// With RD_EMU_STATS set, the process writes them at exit to PATH.rank<R> (stats.cpp).
+enum class Counter {
+  StreamSync,     // cudaStreamSynchronize
+  EventSync,      // cudaEventSynchronize
+  DeviceSync,     // cudaDeviceSynchronize (also the implicit one of cublasDestroy/cudnnDestroy)
+  BlockingCopy,   // cudaMemcpy, cudaMemset
+  PageableCopy,   // cudaMemcpyAsync with a pageable host side
+  QueryNotReady,  // cudaStreamQuery / cudaEventQuery answering cudaErrorNotReady
+  Allocs,         // cudaMalloc, cudaMallocHost, cudaHostAlloc (every call)
+  Frees,          // cudaFree, cudaFreeHost (every call)
+  CudnnFind,      // cudnnFind*Algorithm, cudnnGet*Algorithm_v7
+  NcclAllReduce,
+  NcclBroadcast,
+  NcclReduce,
+  NcclAllGather,
+  NcclReduceScatter,
+  NcclSend,
+  NcclRecv,
+  KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
+  GraphLaunches,   // cudaGraphLaunch
+  kCount
+};
+void count(Counter c);
+// Every counter by its RD_EMU_STATS name, the totals (host_waits, nccl) included.
+std::map<std::string, uint64_t> stats_snapshot();
 
 // Every entry point of the stand-ins holds this lock: programs call CUDA from
 // several threads (the DDP progress thread, the watchdog).

@@ -363,6 +363,7 @@ unsigned warp_ballot(unsigned mask, bool pred, const char* op) {
 void launch_kernel(const char* name, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                    std::vector<const void*> pointers, std::function<void()> body) {
   std::lock_guard<std::recursive_mutex> lock(api_lock());
+  count(Counter::KernelLaunches);
   const DeviceSpec& s = device_spec();
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
   const bool ok = block.x >= 1 && block.y >= 1 && block.z >= 1 && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 &&

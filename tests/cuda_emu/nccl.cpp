@@ -475,7 +475,25 @@ struct Batch {
     op.comm->release_mpi();
   }
 
+  // A CUDA graph that captured this batch runs it again at each launch: a finished
+  // batch starts over with fresh staging (launches of one graph never overlap).
+  void rearm() {
+    for (auto& op : ops) {
+      if (op->comm->destroyed && !op->comm->aborted)
+        rd::emu::fault(std::string(op->call) + ": a CUDA graph ran it after ncclCommDestroy of its communicator");
+      op->in.clear();
+      op->out.clear();
+      op->req = MPI_REQUEST_NULL;
+      op->posted = op->complete = op->failed = false;
+      op->comm->outstanding++;
+    }
+    arrived = 0;
+    posted = finished = false;
+  }
+
   void arrive() {
+    // (An abort can finish a batch before all its streams arrived: those stay finished.)
+    if (finished && arrived == streams) rearm();
     if (finished || ++arrived < streams) return;
     posted = true;
     for (auto& op : ops) {
@@ -900,18 +918,21 @@ const char* ncclGetLastError(ncclComm_t) {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclAllReduce);
   return submit(make_op(Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0), comm, stream);
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclReduce);
   return submit(make_op(Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root), comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclBroadcast);
   return submit(make_op(Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff, count, datatype, ncclSum, root), comm,
                 stream);
 }
@@ -919,12 +940,14 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclBroadcast);
   return submit(make_op(Kind::Broadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root), comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclAllGather);
   return submit(make_op(Kind::AllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0), comm,
                 stream);
 }
@@ -932,6 +955,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclReduceScatter);
   return submit(make_op(Kind::ReduceScatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0),
                 comm, stream);
 }
@@ -939,12 +963,14 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclSend);
   return submit(make_op(Kind::Send, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer), comm, stream);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lk(rd::emu::api_lock());
+  rd::emu::count(rd::emu::Counter::NcclRecv);
   return submit(make_op(Kind::Recv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer), comm, stream);
 }
 
