@@ -571,3 +571,36 @@ TEST_CASE("cuda backend: plan_convolution searches ahead and the convolutions th
                       Catch::Contains("plan_convolution: weight [8, 4, 3, 3] does not match input channels 8"));
   }
 }
+
+// Staged (NHWC / 16-bit) conv weights are converted again only when a weight may have
+// changed: evaluation's batches share one conversion per weight; a write through the
+// backend (here a host copy) or a collective makes the next forward convert again.
+TEST_CASE("cuda backend: staged conv weights are converted once per change and not per forward", "[gpu]") {
+  skip_without_gpu();
+  BackendOptions o;
+  o.layout = Layout::NHWC;  // fp32 NHWC stages OHWI weights
+  cuda::CudaBackend be(o);
+  const ConvGeometry geo{3, 1, 1, 1};
+  std::vector<float> wh(8 * 4 * 9);
+  for (size_t i = 0; i < wh.size(); ++i) wh[i] = 0.02f * static_cast<float>(i % 11) - 0.1f;
+  Tensor w = upload_rowmajor(be, wh, Shape{8, 4, 3, 3});
+  Tensor x = upload_activation(be, filled(2 * 4 * 5 * 5, 0.25f), 2, 4, 5, 5);
+  Tensor y1 = be.activation(2, 8, 5, 5), y2 = be.activation(2, 8, 5, 5), dx = be.activation(2, 4, 5, 5);
+  const size_t before = be.weight_stagings();
+  be.conv2d_forward(x, w, y1, geo);
+  be.conv2d_forward(x, w, y2, geo);
+  be.conv2d_backward_data(y2, w, dx, geo);
+  CHECK(be.weight_stagings() == before + 1);
+  CHECK(download_activation(be, y1) == download_activation(be, y2));
+  // A changed weight is converted again, and the result follows it.
+  for (float& v : wh) v = -v;
+  be.copy_from_host(w.data, wh.data(), wh.size() * sizeof(float));
+  be.conv2d_forward(x, w, y2, geo);
+  CHECK(be.weight_stagings() == before + 2);
+  const std::vector<float> a = download_activation(be, y1), b = download_activation(be, y2);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(-a[i]).margin(1e-6));
+  // A collective that may write weights (NcclComm's broadcast) marks them changed.
+  be.device_memory_written_elsewhere();
+  be.conv2d_forward(x, w, y2, geo);
+  CHECK(be.weight_stagings() == before + 3);
+}

@@ -329,20 +329,20 @@ bool CudaBackend::stages_weights() const {
   return layout_ == Layout::NHWC || act_dtype_ != DType::F32;
 }
 
-// One staged copy per weight buffer. The forward stages it; backward-data reuses
-// that copy unless something may have written weights since (weights_version_:
-// optimizer steps, host copies, fills, new allocations), so a training step
-// converts each weight once, not twice. Copies unused for a whole
+// One staged copy per weight buffer, re-staged only when something may have written
+// weights since (weights_version_: optimizer steps, EMA copies, host copies, fills, new
+// allocations, collectives that write device memory), so a training step converts each
+// weight once, not twice, and evaluation converts it once for all its batches. Copies unused for a whole
 // optimizer step are released (prune_staged_weights), so reloaded models and
 // finite-difference tests do not keep stale device copies.
-const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
+const void* CudaBackend::staged_weight(const Tensor& w) {
   if (!stages_weights()) return w.data;
   // Without optimizer steps (inference, tests) nothing is pruned: bound the count
   // instead, far above any ResNet's conv layers (ResNet-152: 155).
   if (staged_weights_.size() >= 1024 && !staged_weights_.count(w.data)) staged_weights_.clear();
   StagedWeight& slot = staged_weights_[w.data];
   const size_t bytes = static_cast<size_t>(w.numel()) * dtype_size(act_dtype_);
-  const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes && !from_forward;
+  const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes;
   slot.last_used_step = optimizer_steps_;
   convs_since_step_ = true;
   if (fresh) return slot.buffer->get(bytes, "staged conv weight");
@@ -353,6 +353,7 @@ const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
   }
   if (slot.buffer->capacity() < bytes) ++staged_weight_allocations_;
   void* dst = slot.buffer->get(bytes, "staged conv weight");
+  ++weight_stagings_;
   kern::stage_conv_weight(w.f32(), w.shape[0], w.shape[1], w.shape[2], w.shape[3],
                           layout_ == Layout::NHWC, act_dtype_, dst, compute_);
   slot.version = weights_version_;
@@ -990,7 +991,7 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& 
            "conv2d_forward: y is " << dims(yd) << ", expected [" << xd.n << ", " << w.shape[0] << ", "
                                    << p.yh << ", " << p.yw << "]");
   if (!p.dir[kFwd].nchw_f32) {
-    const void* wp = staged_weight(w, /*from_forward=*/true);
+    const void* wp = staged_weight(w);
     if (run_conv(p, kFwd, x.data, wp, y.data, 0.f, op)) return;
     note_fallback(p, kFwd, xd, w.shape, op);
   }
@@ -1014,7 +1015,7 @@ void CudaBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, T
            "conv2d_backward_data: dy is " << dims(dyd) << ", expected [" << dxd.n << ", "
                                           << w.shape[0] << ", " << p.yh << ", " << p.yw << "]");
   if (!p.dir[kBwdData].nchw_f32) {
-    const void* wp = staged_weight(w, /*from_forward=*/false);
+    const void* wp = staged_weight(w);
     if (run_conv(p, kBwdData, wp, dy.data, dx.data, 0.f, op)) return;
     note_fallback(p, kBwdData, dxd, w.shape, op);
   }

@@ -140,6 +140,11 @@ class CudaBackend final : public Backend {
   size_t staged_weight_allocations() const { return staged_weight_allocations_; }
   // Algorithm searches (cudnnFind, or the heuristics) so far, one per plan and direction.
   size_t conv_searches() const { return conv_searches_; }
+  // Weight conversions (NHWC / 16-bit staged copies) so far: one per weight and change.
+  size_t weight_stagings() const { return weight_stagings_; }
+  // Something outside this backend's ops (a collective) wrote device memory that may hold
+  // weights: their staged copies are stale.
+  void device_memory_written_elsewhere() { ++weights_version_; }
 
   struct ConvKey {
     int64_t n, c, h, w, o, kh, kw;
@@ -172,7 +177,7 @@ class CudaBackend final : public Backend {
                     const char* role) const;
   ConvPlan& plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g, const char* op);
   bool stages_weights() const;
-  const void* staged_weight(const Tensor& w, bool from_forward);
+  const void* staged_weight(const Tensor& w);
   void prune_staged_weights();
   void weights_changed_by_optimizer();
   // The fastest of `list` whose workspace can be allocated now (dropping those that cannot).
@@ -234,6 +239,7 @@ class CudaBackend final : public Backend {
   bool convs_since_step_ = false;  // a staged weight was used since the last counted step
   size_t staged_weight_allocations_ = 0;
   size_t conv_searches_ = 0;
+  size_t weight_stagings_ = 0;
   Scratch workspace_;
   Scratch staged_grad_;
   Scratch bn_sums_, bn_packed_, bn_scale_shift_, bn_means_;
