@@ -117,6 +117,10 @@ void Loader::reset_epoch_locked(std::vector<int64_t> indices, int64_t epoch) {
 }
 
 void Loader::restart(std::vector<int64_t> indices, int64_t epoch) {
+  // The batch last handed out is the only slot an upload may still read (the
+  // consumer's slot, which this thread owns); every slot is refilled from here on.
+  if (consumer_slot_ >= 0 && opts_.before_reuse)
+    opts_.before_reuse(slots_[static_cast<size_t>(consumer_slot_)]->storage.get());
   {
     std::unique_lock<std::mutex> lock(mu_);
     ++generation_;  // in-flight samples of the old epoch are dropped on completion
@@ -218,9 +222,15 @@ std::vector<std::pair<int64_t, std::string>> Loader::failures() const {
 bool Loader::next(Batch& batch) {
   std::unique_lock<std::mutex> lock(mu_);
   if (consumer_slot_ >= 0) {
-    slots_[static_cast<size_t>(consumer_slot_)]->ready = false;
-    free_slots_.push_back(consumer_slot_);
+    const int done = consumer_slot_;
     consumer_slot_ = -1;
+    if (opts_.before_reuse) {  // workers never touch the consumer's slot: wait unlocked
+      lock.unlock();
+      opts_.before_reuse(slots_[static_cast<size_t>(done)]->storage.get());
+      lock.lock();
+    }
+    slots_[static_cast<size_t>(done)]->ready = false;
+    free_slots_.push_back(done);
     work_cv_.notify_all();
   }
   batch.n = 0;

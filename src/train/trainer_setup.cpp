@@ -269,6 +269,13 @@ void Trainer::setup_data() {
                                          " allowed core(s) less one for the launching thread)"));
   lo.seed = static_cast<uint64_t>(o_.seed);
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
+  if (backend_->device() == DeviceKind::CUDA) {
+    // Workers decode into pinned slots the upload copies from directly; a slot is
+    // refilled only once its copy is done (a host wait only when the GPU is behind).
+    Backend* b = backend_.get();
+    lo.allocator = [b](size_t bytes) { return b->allocate_upload_source(bytes); };
+    lo.before_reuse = [b](const void* slot) { b->wait_upload_source(slot); };
+  }
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   if (train_set_) {
     agree([&] {  // RASampler refuses a training set too small for it (every rank alike)
@@ -331,7 +338,8 @@ void Trainer::setup_model() {
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
-  bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
+  // One rank: its gradients are already the sum, so no reducer and no collective per step.
+  if (env_.world > 1) bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
                                       o_.precision == Precision::FP16, o_.loss_scale);
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
@@ -342,6 +350,19 @@ void Trainer::setup_model() {
   // A step longer by this many milliseconds on every rank: the Ctrl-C tests need steps
   // longer than Open MPI's kill grace on any machine (tests/e2e/stop_mpirun_long_step.sh).
   if (const char* ms = std::getenv("RD_INJECT_STEP_DELAY_MS"); ms && *ms) inject_step_delay_ms_ = std::atoi(ms);
+  // Every convolution shape of an epoch planned now, before any timer: the full and the
+  // short last training batch (forward and backward), and validation's (forward).
+  auto plan_batches = [&](size_t count, int64_t batch, int64_t size, bool training) {
+    if (count >= static_cast<size_t>(batch)) model_->plan_convolutions(batch, size, size, training);
+    if (count % static_cast<size_t>(batch))
+      model_->plan_convolutions(static_cast<int64_t>(count % static_cast<size_t>(batch)), size, size, training);
+  };
+  agree([&] {
+    if (train_set_ && !o_.eval_only)
+      plan_batches(sampler_->indices().size(), o_.batch_size, train_tf_->output_size(), true);
+    plan_batches(data::shard_exact(val_set_->size(), env_.world, env_.rank).size(), o_.effective_val_batch(),
+                 val_tf_->output_size(), false);
+  });
 }
 
 void Trainer::check_output_space() {

@@ -539,6 +539,39 @@ TEST_CASE("loader: validation transform, allocator hook, clean shutdown mid-epoc
   CHECK(default_loader_workers(1000) == 1);
 }
 
+// LoaderOptions::before_reuse: a slot handed out is given back (for refilling) only after
+// the hook returned for it (a GPU upload may still read it), at the next next() and at
+// restart(), never while the consumer holds it.
+TEST_CASE("loader: before_reuse runs for a slot before the loader refills it", "[data][loader]") {
+  PatternDataset ds(24);
+  TransformPipeline val({8, TransformConfig::Augment::None}, false);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.prefetch = 1;  // two slots: each is refilled while the epoch goes on
+  std::vector<const void*> released;
+  o.before_reuse = [&](const void* slot) { released.push_back(slot); };
+  Loader loader(ds, val, o, shard_exact(ds.size(), 1, 0), 0);
+  Batch b;
+  std::vector<const void*> handed;
+  while (loader.next(b)) {
+    // The slot handed out before this one was released first; this one is not yet.
+    CHECK(released.size() == handed.size());
+    if (!handed.empty()) CHECK(released.back() == handed.back());
+    handed.push_back(b.images);
+  }
+  CHECK(handed.size() == 6);
+  CHECK(released.size() == handed.size());  // the last next() (end of epoch) released the last batch
+  REQUIRE(loader.next(b) == false);
+  loader.restart(shard_exact(ds.size(), 1, 0), 1);
+  REQUIRE(loader.next(b));
+  const void* held = b.images;
+  const size_t before = released.size();
+  loader.restart(shard_exact(ds.size(), 1, 0), 2);  // the held slot is refilled from here on
+  REQUIRE(released.size() == before + 1);
+  CHECK(released.back() == held);
+}
+
 TEST_CASE("presets: the tutorial default is unchanged, sizes, errors naming the flag", "[data][loader]") {
   PatternDataset ds(1);
   Image src, expect, work, scratch;

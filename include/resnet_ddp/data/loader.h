@@ -56,6 +56,9 @@ struct LoaderOptions {
   bool drop_last = false;
   uint64_t seed = 0;
   HostAllocator allocator;  // null = aligned host memory
+  // Called with a slot's memory (from `allocator`) before the loader refills it; returns
+  // once nothing reads it any more (a GPU upload still copying from it). Null: no wait.
+  std::function<void(const void* slot)> before_reuse;
   // Scheduling priority of the worker threads (Linux nice, 0..19; best effort). The
   // CPU trainer lowers it: workers there share the cores with compute threads that
   // meet at every SyncBatchNorm, so a worker preempting one rank stalls them all,
