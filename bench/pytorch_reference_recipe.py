@@ -38,6 +38,17 @@ def parse():
     return p.parse_args()
 
 
+def recipe_datasets(torchvision, data, image_size):
+    """The tutorial's ImageFolder pair: Train/ with AutoAugment -> Resize((S, S)) -> ToTensor,
+    Validation/ with Resize -> ToTensor (bench/pytorch_gpu_ddp_recipe.py uses it too)."""
+    from torchvision import transforms
+    size = (image_size, image_size)
+    train_tf = transforms.Compose([transforms.AutoAugment(), transforms.Resize(size), transforms.ToTensor()])
+    val_tf = transforms.Compose([transforms.Resize(size), transforms.ToTensor()])
+    return (torchvision.datasets.ImageFolder(os.path.join(data, "Train"), train_tf),
+            torchvision.datasets.ImageFolder(os.path.join(data, "Validation"), val_tf))
+
+
 def evaluate(model, loader, loss_fn):
     """This rank's summed validation loss, correct count and images (the tutorial's)."""
     import torch
@@ -59,7 +70,6 @@ def main():
     torch, torchvision = import_deps("pytorch_reference_recipe.py")
     import torch.distributed as dist
     import torch.nn as nn
-    from torchvision import transforms
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -68,11 +78,7 @@ def main():
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
-    size = (args.image_size, args.image_size)
-    train_tf = transforms.Compose([transforms.AutoAugment(), transforms.Resize(size), transforms.ToTensor()])
-    val_tf = transforms.Compose([transforms.Resize(size), transforms.ToTensor()])
-    train_set = torchvision.datasets.ImageFolder(os.path.join(args.data, "Train"), train_tf)
-    val_set = torchvision.datasets.ImageFolder(os.path.join(args.data, "Validation"), val_tf)
+    train_set, val_set = recipe_datasets(torchvision, args.data, args.image_size)
     if rank == 0:
         print(f"Train set size: {len(train_set)}, Validation set size: {len(val_set)}", flush=True)
     train_sampler = torch.utils.data.distributed.DistributedSampler(train_set, shuffle=True)

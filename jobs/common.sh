@@ -184,12 +184,62 @@ rd_set_threads() {
   if [[ -z ${RESNET_DDP_LAUNCHER:-} ]] && rd_is_open_mpi "${RD_LAUNCH[0]}"; then
     local sockets binding
     sockets=$(rd_node_sockets)
-    read -r -a binding <<<"$(rd_mpirun_binding "$per_node" "$SLURM_NNODES" "$SLURM_NTASKS" "$threads" "$sockets")"
-    if ((${#binding[@]} > 0)); then
+    if [[ ${RD_DEVICE:-} == cuda ]]; then
+      local cores
+      cores=$(rd_node_cores)
+      read -r -a binding <<<"$(rd_mpirun_gpu_binding "$per_node" "$SLURM_NNODES" "$SLURM_NTASKS" "$cores" "$sockets")"
       RD_LAUNCH+=("${binding[@]}")
-      rd_note "binding for $threads thread(s) per rank on $sockets socket(s) per node: ${binding[*]}"
+      rd_note "GPU ranks: each on its own cores near its GPU ($cores core(s), $sockets socket(s) per node): ${binding[*]}"
+    else
+      read -r -a binding <<<"$(rd_mpirun_binding "$per_node" "$SLURM_NNODES" "$SLURM_NTASKS" "$threads" "$sockets")"
+      if ((${#binding[@]} > 0)); then
+        RD_LAUNCH+=("${binding[@]}")
+        rd_note "binding for $threads thread(s) per rank on $sockets socket(s) per node: ${binding[*]}"
+      fi
     fi
   fi
+  # srun (Slurm >= 22.05) no longer passes the job's --cpus-per-task to its tasks: each
+  # would get one core. SRUN_CPUS_PER_TASK is what srun reads instead; one set wins.
+  if [[ ${RD_DEVICE:-} == cuda && ${RD_LAUNCH[0]} == srun && -z ${SRUN_CPUS_PER_TASK:-} ]]; then
+    export SRUN_CPUS_PER_TASK=$threads
+  fi
+}
+
+# A GPU rank's CPU work is its loader threads plus the thread that launches the kernels;
+# sharing one core (mpirun's default binding for <= 2 ranks) starves the GPU. As NVIDIA's
+# DeepLearningExamples do, each rank gets its own cores on the socket of its GPU (local
+# rank i takes GPU i, and GPUs are numbered socket by socket):
+# rd_mpirun_gpu_binding PER_NODE NODES NTASKS CORES SOCKETS prints
+# "--map-by ppr:R:socket:PE=K --bind-to core" (R ranks per socket, K cores each) when the
+# ranks split evenly over the sockets and each gets at least 2 cores; otherwise
+# "--bind-to none" (the layout is unknown, and one core per rank is never right).
+rd_mpirun_gpu_binding() {
+  local per_node=$1 nodes=$2 ntasks=$3 cores=$4 sockets=$5
+  if ((sockets >= 1 && per_node >= 1 && per_node % sockets == 0 && ntasks == per_node * nodes &&
+    cores / per_node >= 2)); then
+    echo "--map-by ppr:$((per_node / sockets)):socket:PE=$((cores / per_node)) --bind-to core"
+  else
+    echo "--bind-to none"
+  fi
+}
+
+# Physical cores (not hardware threads: mpirun's PE counts cores) holding the CPUs this
+# job may use on this node; the CPUs allowed when lscpu cannot tell.
+rd_node_cores() {
+  local allowed range cpu core socket n=0
+  local -A mine=() seen=()
+  allowed=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status 2>/dev/null) || allowed=""
+  for range in ${allowed//,/ }; do
+    for ((cpu = ${range%-*}; cpu <= ${range#*-}; cpu++)); do mine[$cpu]=1; done
+  done
+  while IFS=, read -r cpu core socket; do
+    [[ $cpu == \#* || -z $core ]] && continue
+    [[ -z $allowed || -n ${mine[$cpu]:-} ]] || continue
+    [[ -n ${seen[$socket.$core]:-} ]] || { seen[$socket.$core]=1; n=$((n + 1)); }
+  done < <(lscpu -p=CPU,CORE,SOCKET 2>/dev/null)
+  ((n >= 1)) || n=${#mine[@]}
+  ((n >= 1)) || n=$(env -u OMP_NUM_THREADS nproc)
+  echo "$n"
 }
 
 # Open MPI's mpirun binds each rank to one core when it starts <= 2 ranks and to one

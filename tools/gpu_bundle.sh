@@ -16,7 +16,8 @@
 #     six programs share their CUDA kernels, which a solid archive stores about once)
 #  3. writes the launcher `run` next to it (unpacks the payload once into a cache folder,
 #     finds the host's CUDA libraries, relocates Open MPI, runs a command), a copy of
-#     tools/gpu_check.sh, bench/torch_gpu_bench.py (+ tools/torch_reference.py), and MANIFEST.txt
+#     tools/gpu_check.sh, bench/torch_gpu_bench.py (+ tools/torch_reference.py), PyTorch's GPU DDP
+#     recipe (bench/pytorch_gpu_ddp_recipe.py, where present), and MANIFEST.txt
 #  4. checks the result: size limit, and every program starting under `env -i` through
 #     `run` with only the bundle's libraries, glibc and the CUDA libraries.
 #
@@ -192,6 +193,14 @@ chmod +x "$OUT/run"
 cp "$ROOT/tools/gpu_check.sh" "$OUT/tools/gpu_check.sh"
 cp "$ROOT/bench/torch_gpu_bench.py" "$OUT/tools/torch_gpu_bench.py"
 cp "$ROOT/tools/torch_reference.py" "$OUT/tools/torch_reference.py"  # torch_gpu_bench.py imports it
+# PyTorch's DDP recipe on the GPU, for gpu_check.sh --e2e (it and the recipe module it
+# imports find torch_reference.py in ../tools, as in the repository).
+for f in pytorch_gpu_ddp_recipe.py pytorch_reference_recipe.py; do
+  if [[ -f $ROOT/bench/$f ]]; then
+    mkdir -p "$OUT/bench"
+    cp "$ROOT/bench/$f" "$OUT/bench/$f"
+  fi
+done
 {
   echo "resnet_ddp GPU bundle"
   echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname) from commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"

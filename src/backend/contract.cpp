@@ -371,7 +371,7 @@ double Backend::softmax_xent(const Tensor& logits, const int32_t* labels, float 
   return softmax_xent_impl(logits, labels, smoothing, grad_scale, dlogits, predictions);
 }
 
-// ---- MixUp / CutMix (issue #27) --------------------------------------------------------------
+// ---- MixUp / CutMix (torchvision's reference recipe) --------------------------------------------------------------
 
 void Backend::mix_images(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
   const char* op = "mix_images";

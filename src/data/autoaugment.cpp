@@ -2,7 +2,7 @@
 // AutoAugment has on PIL images: the enhance ops are PIL's ImageEnhance blends,
 // the LUT ops are PIL's ImageOps, and the geometric ops are PIL's affine
 // transform with nearest-neighbour sampling (16.16 fixed point) and fill 0.
-#include "data/exact_fp.h"
+#include "resnet_ddp/exact_fp.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,12 +5,17 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "resnet_ddp/data/dataset.h"
 
 namespace rd::data {
+
+// The HDF5 library build is not thread-safe: every HDF5 call of the pack reader and
+// writer holds this one process-wide mutex (packed.cpp).
+std::mutex& hdf5_mutex();
 
 struct ImageHeader {
   int width = 0, height = 0, channels = 0;

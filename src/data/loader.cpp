@@ -4,6 +4,7 @@
 // order. At most `prefetch` batches are in flight or ready at any time.
 #include "resnet_ddp/data/loader.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,10 +32,20 @@ struct Loader::Slot {
 
 static_assert(sizeof(CropBox) == 4 * sizeof(int32_t), "the loader copies a CropBox as four int32");
 
-int default_loader_workers(int ranks_per_node) {
-  const unsigned hw = std::thread::hardware_concurrency();
-  const int cores = hw ? static_cast<int>(hw) : 1;
-  return std::max(1, cores / std::max(1, ranks_per_node) - 1);
+int loader_workers_for_cores(int allowed_cores, int sharers) {
+  return std::max(1, std::max(1, allowed_cores) / std::max(1, sharers) - 1);
+}
+
+int default_loader_workers(int ranks_sharing_mask) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cores = 0;
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) cores = CPU_COUNT(&mask);
+  if (cores < 1) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    cores = hw ? static_cast<int>(hw) : 1;
+  }
+  return loader_workers_for_cores(cores, ranks_sharing_mask);
 }
 
 namespace {
@@ -106,6 +117,10 @@ void Loader::reset_epoch_locked(std::vector<int64_t> indices, int64_t epoch) {
 }
 
 void Loader::restart(std::vector<int64_t> indices, int64_t epoch) {
+  // The batch last handed out is the only slot an upload may still read (the
+  // consumer's slot, which this thread owns); every slot is refilled from here on.
+  if (consumer_slot_ >= 0 && opts_.before_reuse)
+    opts_.before_reuse(slots_[static_cast<size_t>(consumer_slot_)]->storage.get());
   {
     std::unique_lock<std::mutex> lock(mu_);
     ++generation_;  // in-flight samples of the old epoch are dropped on completion
@@ -207,9 +222,15 @@ std::vector<std::pair<int64_t, std::string>> Loader::failures() const {
 bool Loader::next(Batch& batch) {
   std::unique_lock<std::mutex> lock(mu_);
   if (consumer_slot_ >= 0) {
-    slots_[static_cast<size_t>(consumer_slot_)]->ready = false;
-    free_slots_.push_back(consumer_slot_);
+    const int done = consumer_slot_;
     consumer_slot_ = -1;
+    if (opts_.before_reuse) {  // workers never touch the consumer's slot: wait unlocked
+      lock.unlock();
+      opts_.before_reuse(slots_[static_cast<size_t>(done)]->storage.get());
+      lock.lock();
+    }
+    slots_[static_cast<size_t>(done)]->ready = false;
+    free_slots_.push_back(done);
     work_cv_.notify_all();
   }
   batch.n = 0;

@@ -3,7 +3,7 @@
 // CenterCrop, and RandomErasing's rectangle. The random draws follow torchvision's
 // order and float32 arithmetic; the pixels follow PIL's (crop is a copy, Resize is
 // resize_bilinear).
-#include "data/exact_fp.h"
+#include "resnet_ddp/exact_fp.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // RandAugment and TrivialAugmentWide with torchvision's op space, magnitude tables
 // and order of random draws; the ops themselves are AutoAugment's (autoaugment.cpp),
 // which reproduce PIL's.
-#include "data/exact_fp.h"
+#include "resnet_ddp/exact_fp.h"
 
 #include <array>
 #include <cmath>

@@ -4,7 +4,7 @@
 // normalised per output pixel and applied in 22-bit fixed point with rounding.
 // Matching PIL's integer arithmetic makes the output bit-exact with torchvision's
 // Resize on PIL images.
-#include "data/exact_fp.h"
+#include "resnet_ddp/exact_fp.h"
 
 #include <cmath>
 #include <cstring>

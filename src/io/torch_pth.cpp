@@ -564,8 +564,7 @@ Archive Archive::from_bytes(std::string bytes, const std::string& name, Select s
   return a;
 }
 
-// Long because: one pass from the zip's entries through the unpickled object to the
-// checked tensor list; split, it would pass the unpickler's arena around.
+// One pass from the zip's entries through the unpickled object to the checked tensor list.
 void Archive::parse(Select select) {
   if (bytes_.size() >= 2 && static_cast<unsigned char>(bytes_[0]) == 0x80 && bytes_[1] >= 2 && bytes_[1] <= 5)
     bad(legacy_format_problem(path_));

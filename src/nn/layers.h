@@ -52,6 +52,14 @@ class Conv2d {
   const Tensor& backward(LayerContext& ctx, const Tensor& dy, bool need_dx = true,
                          Tensor* into = nullptr);
   void init(Backend& be, Arena& params, uint64_t seed);
+  // Plans this convolution for an (n, in_ch, h, w) input (Backend::plan_convolution);
+  // h and w become the output's.
+  void plan(Backend& be, int64_t n, int64_t& h, int64_t& w, bool training, bool need_dx) const {
+    be.plan_convolution(Shape{n, in_ch, h, w}, Shape{out_ch, in_ch / geom.groups, geom.kernel, geom.kernel}, geom,
+                        training && need_dx, training);
+    h = conv_out_size(h, geom.kernel, geom.stride, geom.pad);
+    w = conv_out_size(w, geom.kernel, geom.stride, geom.pad);
+  }
 
   ParamRefs refs;
   int in_ch, out_ch;
@@ -90,6 +98,7 @@ class MaxPool2d {
   MaxPool2d(int kernel, int stride, int pad) : kernel_(kernel), stride_(stride), pad_(pad) {}
   const Tensor& forward(LayerContext& ctx, const Tensor& x);
   const Tensor& backward(LayerContext& ctx, const Tensor& dy, Tensor* into = nullptr);
+  int64_t out_size(int64_t in) const { return conv_out_size(in, kernel_, stride_, pad_); }
 
  private:
   int kernel_, stride_, pad_;

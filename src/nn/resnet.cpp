@@ -148,6 +148,13 @@ class Block {
     return dx;
   }
 
+  // Plans the block's convolutions for an (n, in_ch, h, w) input; h and w become the output's.
+  void plan(Backend& be, int64_t n, int64_t& h, int64_t& w, bool training) const {
+    int64_t dh = h, dw = w;
+    for (const Conv2d& c : convs_) c.plan(be, n, h, w, training, true);
+    if (down_conv_) down_conv_->plan(be, n, dh, dw, training, true);
+  }
+
   int out_channels = 0;
 
  private:
@@ -288,6 +295,15 @@ const Tensor& ResNet::forward(const Tensor& x) {
   }
   m.logits = h;
   return *h;
+}
+
+void ResNet::plan_convolutions(int64_t n, int64_t h, int64_t w, bool training) {
+  Impl& m = *impl_;
+  // The stem's input gradient is computed only when kept (gradient checks).
+  m.conv1->plan(*m.backend, n, h, w, training, m.keep_input_grad);
+  h = m.maxpool.out_size(h);
+  w = m.maxpool.out_size(w);
+  for (const auto& blk : m.blocks) blk->plan(*m.backend, n, h, w, training);
 }
 
 void ResNet::backward(const Tensor& dlogits, bool accumulate, BackwardHooks* hooks) {

@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/dataset.h"
+#include "resnet_ddp/data/loader.h"
 #include "resnet_ddp/data/sampler.h"
 #include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/dist/launcher.h"
@@ -197,6 +200,48 @@ void check_data(const TrainOptions& o, const std::vector<std::string>& classes, 
   if (train) check_sampler(o, train->size(), say);
 }
 
+
+// An integer from the first of `names` set in the environment; `fallback` if none is.
+int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v && *v) return std::atoi(v);
+  return fallback;
+}
+
+// This task's CPU placement, printed by every task (not only rank 0: each has its own):
+// the cores its affinity allows (what mpirun's binding or Slurm granted) and, on the GPU,
+// the device it would take and whether its loader threads fit beside the launching one.
+void check_placement(const TrainOptions& o, bool cuda) {
+  std::string allowed = "?";
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+      allowed = line.substr(line.find_first_not_of(" \t", 18));
+      break;
+    }
+  const int cores = dist::affinity_cpus();
+  std::string line = "rank " + std::to_string(dist::launcher_rank()) + ": " + std::to_string(cores) +
+                     " allowed core(s) (" + allowed + ")";
+  if (cuda) {
+    const int local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"}, 0);
+    const int local_world =
+        env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}, 1);
+    const int visible = cuda_device_count();
+    const int gpu = cuda_device_for_rank(local_rank, local_world, visible);
+    line += gpu >= 0 ? ", GPU cuda:" + std::to_string(gpu) + " of " + std::to_string(visible) + " visible"
+                     : ", GPU: none visible here (local rank " + std::to_string(local_rank) + ")";
+    const int workers = o.was_given("--workers") ? o.workers : data::default_loader_workers(1);
+    line += ", " + std::to_string(workers) + " loader thread(s)";
+    if (workers + 1 > cores)
+      std::fprintf(stderr,
+                   "resnet_ddp: warning: rank %d: %d loader thread(s) + the launching thread need %d cores, but it may "
+                   "use %d (its CPU affinity): give each rank its own cores (mpirun --map-by "
+                   "ppr:RANKS:socket:PE=CORES, or --bind-to none; srun --cpus-per-task=CORES)\n",
+                   dist::launcher_rank(), workers, workers + 1, cores);
+  }
+  std::printf("check: %-10s %s\n", "placement:", line.c_str());
+  std::fflush(stdout);
+}
 }  // namespace
 
 int check_main(const TrainOptions& opts) {
@@ -215,6 +260,7 @@ int check_main(const TrainOptions& opts) {
     check_train_paths(o, false);
     if (!o.eval_only) say("output", check_output_dir(o.output_dir));
     const bool cuda = check_device(o, say);
+    check_placement(o, cuda);
     check_lr(o, say);
     const std::vector<std::string> classes = check_start(o, cuda, say);
     check_data(o, classes, say);

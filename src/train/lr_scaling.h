@@ -1,4 +1,4 @@
-// The learning rate and the global batch (issue #39): timm's --lr-base rule, which
+// The learning rate and the global batch: timm's --lr-base rule, which
 // derives the lr from the global batch, and the warning for a recipe's lr used at a
 // global batch far from the one the recipe was published for.
 #pragma once

@@ -1,10 +1,6 @@
 // torch rounds each multiply and the add of ema_avg on its own; GCC must not fuse the
 // host-side num_batches_tracked arithmetic into an FMA.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "resnet_ddp/exact_fp.h"  // first: no FMA contraction in this file
 
 #include "resnet_ddp/train/model_ema.h"
 

@@ -1,10 +1,6 @@
 // torch computes each LR as Python does, one rounding per operation; -march=native
 // would let GCC fuse a * b + c into an FMA and drift from it in the last bits.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "resnet_ddp/exact_fp.h"  // first: no FMA contraction in this file
 
 #include "resnet_ddp/train/scheduler.h"
 

@@ -475,7 +475,7 @@ void Trainer::step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, Ste
 void Trainer::sync_buffers() {
   // DDP's broadcast_buffers: without SyncBatchNorm each rank's running statistics
   // drift apart; rank 0's are the model (they are what the checkpoint holds).
-  if (env_.world > 1 && !sync_bn_) grad_->broadcast(model_->buffers().data(), model_->buffers().bytes(), 0);
+  if (env_.world > 1 && !sync_bn_) grad_->broadcast_stream_ordered(model_->buffers().data(), model_->buffers().bytes(), 0);
 }
 
 void Trainer::validate(double& val_loss, double& val_acc, double* val_acc5) {

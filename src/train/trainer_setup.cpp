@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "resnet_ddp/backend/nccl_comm.h"
 #include "train/dataset_warnings.h"
@@ -23,6 +25,41 @@ void set_optim_config(OptimizerConfig& oc, const TrainOptions& o) {
   if (o.optimizer == OptimizerKind::RmsProp) oc.momentum = o.momentum, oc.eps = 0.0316, oc.alpha = 0.9;
   if (o.optimizer == OptimizerKind::Lars) oc.momentum = o.momentum, oc.nesterov = o.nesterov, oc.eps = 1e-8;
   if (o.optimizer == OptimizerKind::Lamb) oc.eps = 1e-6, oc.max_grad_norm = 1.0;
+}
+
+// Loader threads per rank. On the GPU the loader is the rank's CPU work: by default it
+// takes the cores the rank may use (its affinity, split among ranks bound to the same
+// cores) less the one the launching thread keeps. On the CPU the compute threads hold
+// the cores, so --workers' default stands there. A GPU rank whose loader and launching
+// thread need more cores than it may use time-slices them and the GPU waits for data:
+// one warning for the job, naming both numbers and the fix (all ranks call this).
+int loader_workers(const TrainOptions& o, const dist::ProcessEnv& env, dist::Comm& ctrl, bool cuda) {
+  if (!cuda) return o.workers;
+  const bool given = o.was_given("--workers");
+  const int workers = given ? o.workers : data::loader_workers_for_cores(env.cpus_available, env.mask_sharers);
+  // Per rank: threads needed, cores allowed (summed: each rank fills its slot).
+  std::vector<int64_t> all(static_cast<size_t>(env.world) * 2, 0);
+  all[static_cast<size_t>(env.rank) * 2] = workers + 1;
+  all[static_cast<size_t>(env.rank) * 2 + 1] = env.cpus_per_rank;
+  ctrl.allreduce(all.data(), all.size(), dist::ReduceOp::Sum);
+  if (env.rank != 0) return workers;
+  int short_ranks = 0, first = -1;
+  for (int r = 0; r < env.world; ++r)
+    if (all[static_cast<size_t>(r) * 2] > all[static_cast<size_t>(r) * 2 + 1] && short_ranks++ == 0) first = r;
+  if (short_ranks) {
+    const long long need = all[static_cast<size_t>(first) * 2], cores = all[static_cast<size_t>(first) * 2 + 1];
+    const std::string what = given ? "--workers " + std::to_string(workers)
+                                   : "the default of " + std::to_string(workers) + " loader thread(s)";
+    std::fprintf(stderr,
+                 "resnet_ddp: warning: %s + the launching thread need %lld cores, but rank %d may use %lld (its CPU "
+                 "affinity)%s: they time-slice and the GPU waits for data; give each rank its own cores (mpirun "
+                 "--map-by ppr:RANKS:socket:PE=CORES, or --bind-to none; srun --cpus-per-task=CORES)%s\n",
+                 what.c_str(), need, first, cores,
+                 short_ranks > 1 ? (" (and " + std::to_string(short_ranks - 1) + " more rank(s))").c_str() : "",
+                 given && cores >= 2 ? (" or use --workers " + std::to_string(cores - 1)).c_str() : "");
+    std::fflush(stderr);
+  }
+  return workers;
 }
 }  // namespace
 
@@ -224,9 +261,21 @@ void Trainer::setup_data() {
   norm_ = normalization(name_of(normalize_names(), o_.normalize));
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
-  lo.workers = o_.workers;
+  lo.workers = loader_workers(o_, env_, *ctrl_, backend_->device() == DeviceKind::CUDA);
+  if (backend_->device() == DeviceKind::CUDA)
+    say("Data loader: " + std::to_string(lo.workers) + " thread(s) per rank" +
+        (o_.was_given("--workers") ? std::string(" (--workers)")
+                                   : " (the rank's " + std::to_string(env_.cpus_per_rank) +
+                                         " allowed core(s) less one for the launching thread)"));
   lo.seed = static_cast<uint64_t>(o_.seed);
   if (backend_->device() == DeviceKind::CPU) lo.nice = 10;
+  if (backend_->device() == DeviceKind::CUDA) {
+    // Workers decode into pinned slots the upload copies from directly; a slot is
+    // refilled only once its copy is done (a host wait only when the GPU is behind).
+    Backend* b = backend_.get();
+    lo.allocator = [b](size_t bytes) { return b->allocate_upload_source(bytes); };
+    lo.before_reuse = [b](const void* slot) { b->wait_upload_source(slot); };
+  }
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
   if (train_set_) {
     agree([&] {  // RASampler refuses a training set too small for it (every rank alike)
@@ -250,7 +299,6 @@ void Trainer::setup_data() {
   }
   data::LoaderOptions vo = lo;
   vo.batch_size = o_.effective_val_batch();
-  vo.workers = o_.workers;
   val_loader_ = std::make_unique<data::Loader>(*val_set_, *val_tf_, vo, std::vector<int64_t>{}, 0);
 }
 
@@ -290,7 +338,8 @@ void Trainer::setup_model() {
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
-  bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
+  // One rank: its gradients are already the sum, so no reducer and no collective per step.
+  if (env_.world > 1) bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
                                       o_.precision == Precision::FP16, o_.loss_scale);
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
@@ -301,6 +350,19 @@ void Trainer::setup_model() {
   // A step longer by this many milliseconds on every rank: the Ctrl-C tests need steps
   // longer than Open MPI's kill grace on any machine (tests/e2e/stop_mpirun_long_step.sh).
   if (const char* ms = std::getenv("RD_INJECT_STEP_DELAY_MS"); ms && *ms) inject_step_delay_ms_ = std::atoi(ms);
+  // Every convolution shape of an epoch planned now, before any timer: the full and the
+  // short last training batch (forward and backward), and validation's (forward).
+  auto plan_batches = [&](size_t count, int64_t batch, int64_t size, bool training) {
+    if (count >= static_cast<size_t>(batch)) model_->plan_convolutions(batch, size, size, training);
+    if (count % static_cast<size_t>(batch))
+      model_->plan_convolutions(static_cast<int64_t>(count % static_cast<size_t>(batch)), size, size, training);
+  };
+  agree([&] {
+    if (train_set_ && !o_.eval_only)
+      plan_batches(sampler_->indices().size(), o_.batch_size, train_tf_->output_size(), true);
+    plan_batches(data::shard_exact(val_set_->size(), env_.world, env_.rank).size(), o_.effective_val_batch(),
+                 val_tf_->output_size(), false);
+  });
 }
 
 void Trainer::check_output_space() {

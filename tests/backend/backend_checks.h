@@ -826,7 +826,7 @@ inline void check_softmax_xent_sums_all(Backend& be) {
   }
 }
 
-// ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------
+// ---- MixUp / CutMix (torchvision's reference recipe) -------------------------------------------------------------------
 
 // mix_images against the formula on the host: partner of image i is i-1 (0's is the
 // last); MixUp rounds both products to float before the sum, as torch does, so F32

@@ -476,6 +476,10 @@ cudnnStatus_t search(const char* call, Dir dir, cudnnHandle_t h, cudnnTensorDesc
   // fail the call with ALLOC_FAILED, a workspace that does not fit beside them
   // fails that entry (ALLOC_FAILED in its status, as the perf struct documents).
   // Uncertain: whether cuDNN allocates all three buffers at once.
+  // Those cudaMalloc calls are unsafe during a stream capture: plan before capturing.
+  if (measured && rd::emu::capture_forbids(std::string(call) + " (its cudaMalloc)"))
+    return fail(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+                std::string(call) + ": cudaMalloc of its test buffers failed: a stream capture is in progress");
   size_t free_b = ~size_t{0}, total_b = 0;
   if (measured && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
     const size_t buffers = (p.x_elems() + p.w_elems() + p.y_elems()) * elem_size(p.dt);

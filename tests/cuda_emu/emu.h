@@ -73,12 +73,18 @@ std::string describe_pointer(const void* p);
 // Work queued on a stream runs later, on the host, in stream order, interleaved with
 // other streams only as events and cudaStreamWaitEvent allow (docs/cuda.md).
 // `what` names the work in fault messages ("cublasSgemm", "kernel relu_fwd_kernel").
-// Faults when `s` was destroyed or never created. s == 0 is the legacy stream.
+// Faults when `s` was destroyed or never created. s == 0 is the legacy stream. On a
+// capturing stream the work is recorded into the graph instead, and runs (again) at
+// each cudaGraphLaunch: `run` must read its inputs when it runs, not when queued.
 void enqueue(cudaStream_t s, std::string what, std::function<void()> run);
 // Work that completes later (a collective): start() runs in stream order; the stream
 // stays blocked until done() returns true (polled; other streams progress meanwhile).
 void enqueue_async(cudaStream_t s, std::string what, std::function<void()> start,
                    std::function<bool()> done);
+// True when a stream capture forbids a potentially unsafe call (an allocation, a
+// synchronisation) made now from this thread; those captures are then invalidated,
+// naming `call` (docs/cuda.md, "Stream capture and graphs").
+bool capture_forbids(const std::string& call);
 // Faults unless `s` is 0 or a live stream; `call` names the API call for the message.
 void require_stream(cudaStream_t s, const char* call);
 // Runs queued work until everything enqueued on `s` so far has completed.
@@ -105,8 +111,15 @@ enum class Counter {
   Allocs,         // cudaMalloc, cudaMallocHost, cudaHostAlloc (every call)
   Frees,          // cudaFree, cudaFreeHost (every call)
   CudnnFind,      // cudnnFind*Algorithm, cudnnGet*Algorithm_v7
-  NcclAllReduce, NcclBroadcast, NcclReduce, NcclAllGather, NcclReduceScatter, NcclSend, NcclRecv,
+  NcclAllReduce,
+  NcclBroadcast,
+  NcclReduce,
+  NcclAllGather,
+  NcclReduceScatter,
+  NcclSend,
+  NcclRecv,
   KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
+  GraphLaunches,   // cudaGraphLaunch
   kCount
 };
 void count(Counter c);

@@ -475,7 +475,25 @@ struct Batch {
     op.comm->release_mpi();
   }
 
+  // A CUDA graph that captured this batch runs it again at each launch: a finished
+  // batch starts over with fresh staging (launches of one graph never overlap).
+  void rearm() {
+    for (auto& op : ops) {
+      if (op->comm->destroyed && !op->comm->aborted)
+        rd::emu::fault(std::string(op->call) + ": a CUDA graph ran it after ncclCommDestroy of its communicator");
+      op->in.clear();
+      op->out.clear();
+      op->req = MPI_REQUEST_NULL;
+      op->posted = op->complete = op->failed = false;
+      op->comm->outstanding++;
+    }
+    arrived = 0;
+    posted = finished = false;
+  }
+
   void arrive() {
+    // (An abort can finish a batch before all its streams arrived: those stay finished.)
+    if (finished && arrived == streams) rearm();
     if (finished || ++arrived < streams) return;
     posted = true;
     for (auto& op : ops) {

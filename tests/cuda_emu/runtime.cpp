@@ -14,6 +14,9 @@
 // just what the awaited work depends on ("lazy", the default: other streams lag as
 // far behind as the events allow), or random runnable streams (RD_EMU_SCHEDULE=
 // random, RD_EMU_SEED). Either way only events order streams, as on the device.
+//
+// Capture: while a stream captures, what is issued to it is recorded into a graph
+// instead of queued; cudaGraphLaunch queues the recorded work again (docs/cuda.md).
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -381,6 +384,8 @@ struct Op {
   uint64_t serial = 0;          // position in the stream (for synchronisation targets)
 };
 
+struct Capture;
+
 }  // namespace
 }  // namespace rd::emu
 
@@ -390,6 +395,8 @@ struct CUstream_st {
   bool destroyed = false;
   std::deque<rd::emu::Op> queue;
   uint64_t enqueued = 0, completed = 0;
+  rd::emu::Capture* capture = nullptr;  // set while the stream captures: work is recorded, not queued
+  size_t branch = 0;                    // its index among the capture's streams
 };
 
 struct CUevent_st {
@@ -397,6 +404,9 @@ struct CUevent_st {
   int id = 0;
   bool destroyed = false;
   uint64_t recorded = 0;  // records enqueued so far (generation of the newest)
+  // Last recorded inside a capture in progress: that capture and the record's slot in it.
+  rd::emu::Capture* captured_in = nullptr;
+  size_t captured_slot = 0;
   // Records complete in any order when they sit on different streams; each wait
   // needs its own record (CUDA: the one most recent at cudaStreamWaitEvent time).
   uint64_t done_upto = 0;              // every generation <= this has completed
@@ -459,7 +469,107 @@ CUevent_st* event_of(cudaEvent_t e, const char* call) {
   return e;
 }
 
+// ---- stream capture --------------------------------------------------------------------------
+// A capture records the work issued to its streams in call order, each operation tagged
+// with its branch (the origin stream is branch 0; a stream joins by waiting on an event
+// recorded in the capture). Records and waits between branches become numbered slots,
+// so a graph launch rebuilds the same fork and join on streams of its own. Call order
+// is a valid order: a wait can only name a record issued before it.
+struct GraphOp {
+  Op::Kind kind = Op::Run;  // Run, Async, or Record/Wait of `slot`
+  std::string what;
+  std::function<void()> run;
+  std::function<bool()> done;
+  size_t branch = 0;
+  size_t slot = 0;
+};
+
+struct Capture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  std::vector<CUstream_st*> branches;
+  std::vector<size_t> work;                      // per branch: work operations recorded
+  std::vector<std::vector<size_t>> clocks;       // per branch: how much of each branch's work precedes its tail
+  std::vector<std::vector<size_t>> slot_clocks;  // per record slot: the recording branch's clock then
+  std::vector<CUevent_st*> events;               // recorded in this capture
+  std::vector<GraphOp> ops;
+  bool invalidated = false;
+
+  std::vector<size_t>& clock(size_t b) {
+    clocks[b].resize(branches.size(), 0);
+    return clocks[b];
+  }
+  void add_branch(CUstream_st* s) {
+    s->capture = this;
+    s->branch = branches.size();
+    branches.push_back(s);
+    work.push_back(0);
+    clocks.emplace_back(branches.size(), 0);
+  }
+};
+
+std::vector<Capture*>& captures() {  // in progress
+  static auto* v = new std::vector<Capture*>;
+  return *v;
+}
+
+// cudaThreadExchangeStreamCaptureMode: how this thread's unsafe calls meet other
+// threads' captures.
+thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
+
+void invalidate(Capture* c, const std::string& call) {
+  if (c->invalidated) return;
+  c->invalidated = true;
+  note("capture invalidated by " + call);
+}
+
+// A potentially unsafe call (allocation, synchronisation, blocking or pageable copy)
+// during captures: NVIDIA's interaction modes say which captures forbid it. Those are
+// invalidated, and the call fails with cudaErrorStreamCaptureUnsupported, doing nothing.
+bool forbidden_during_capture(const std::string& call) {
+  bool forbidden = false;
+  const auto me = std::this_thread::get_id();
+  for (Capture* c : captures()) {
+    const bool mine = c->thread == me;
+    if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && c->mode == cudaStreamCaptureModeGlobal && t_capture_mode == cudaStreamCaptureModeGlobal)) {
+      invalidate(c, call);
+      forbidden = true;
+    }
+  }
+  return forbidden;
+}
+
+void capture_op(CUstream_st* s, Op op) {
+  Capture* c = s->capture;
+  if (c->invalidated) {  // the sequence is dead: its work is dropped (EndCapture reports it)
+    set_error(cudaErrorStreamCaptureInvalidated);
+    return;
+  }
+  GraphOp g;
+  g.kind = op.kind;
+  g.what = std::move(op.what);
+  g.run = std::move(op.run);
+  g.done = std::move(op.done);
+  g.branch = s->branch;
+  c->ops.push_back(std::move(g));
+  c->clock(s->branch)[s->branch] = ++c->work[s->branch];
+}
+
+// Ends the capture on every stream it joined; the caller owns `c` afterwards.
+void end_capture(Capture* c) {
+  for (CUstream_st* t : c->branches) t->capture = nullptr;
+  for (CUevent_st* e : c->events)
+    if (e->captured_in == c) e->captured_in = nullptr;
+  auto& all = captures();
+  all.erase(std::remove(all.begin(), all.end(), c), all.end());
+}
+
 uint64_t push(CUstream_st* s, Op op) {
+  if (s->capture) {
+    capture_op(s, std::move(op));
+    return s->enqueued;
+  }
   op.serial = ++s->enqueued;
   s->queue.push_back(std::move(op));
   return s->enqueued;
@@ -597,6 +707,11 @@ void sync_stream(CUstream_st* s, const char* call) {
 }
 
 }  // namespace
+
+bool capture_forbids(const std::string& call) {
+  std::lock_guard<std::recursive_mutex> lock(api_lock());
+  return forbidden_during_capture(call);
+}
 
 void enqueue(cudaStream_t s, std::string what, std::function<void()> run) {
   std::lock_guard<std::recursive_mutex> lock(api_lock());
@@ -742,6 +857,16 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaError(emulated)";
   }
 }
@@ -757,6 +882,16 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "the legacy stream would depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "a thread-local capture ended from another thread";
     default: return "error (emulated device)";
   }
 }
@@ -764,12 +899,14 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   Lock lock(api_lock());
   count(Counter::Allocs);
+  if (forbidden_during_capture("cudaMalloc")) return set_error(cudaErrorStreamCaptureUnsupported);
   return allocate(p, bytes, MemKind::Device, "cudaMalloc");
 }
 
 cudaError_t cudaFree(void* p) {
   Lock lock(api_lock());
   count(Counter::Frees);
+  if (forbidden_during_capture("cudaFree")) return set_error(cudaErrorStreamCaptureUnsupported);
   // cudaFree synchronises the device first (documented), so queued work using p finishes.
   run_until([] {
     for (CUstream_st* t : sched().streams)
@@ -782,18 +919,21 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   Lock lock(api_lock());
   count(Counter::Allocs);
+  if (forbidden_during_capture("cudaMallocHost")) return set_error(cudaErrorStreamCaptureUnsupported);
   return allocate(p, bytes, MemKind::PinnedHost, "cudaMallocHost");
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   Lock lock(api_lock());
   count(Counter::Allocs);
+  if (forbidden_during_capture("cudaHostAlloc")) return set_error(cudaErrorStreamCaptureUnsupported);
   return allocate(p, bytes, MemKind::PinnedHost, "cudaHostAlloc");
 }
 
 cudaError_t cudaFreeHost(void* p) {
   Lock lock(api_lock());
   count(Counter::Frees);
+  if (forbidden_during_capture("cudaFreeHost")) return set_error(cudaErrorStreamCaptureUnsupported);
   run_until([] {
     for (CUstream_st* t : sched().streams)
       if (!t->queue.empty()) return false;
@@ -814,6 +954,7 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 cudaError_t cudaDeviceSynchronize(void) {
   Lock lock(api_lock());
   count(Counter::DeviceSync);
+  if (forbidden_during_capture("cudaDeviceSynchronize")) return set_error(cudaErrorStreamCaptureUnsupported);
   run_until([] {
     for (CUstream_st* t : sched().streams)
       if (!t->queue.empty()) return false;
@@ -841,6 +982,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   Lock lock(api_lock());
   CUstream_st* st = stream_of(s, "cudaStreamDestroy");
   if (st == &sched().legacy) fault("cudaStreamDestroy: the legacy stream cannot be destroyed");
+  if (st->capture) invalidate(st->capture, "cudaStreamDestroy (of a capturing stream)");
   // Queued work still completes (documented); only new use is an error.
   st->destroyed = true;
   return cudaSuccess;
@@ -849,13 +991,24 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   Lock lock(api_lock());
   count(Counter::StreamSync);
-  sync_stream(stream_of(s, "cudaStreamSynchronize"), "cudaStreamSynchronize");
+  CUstream_st* st = stream_of(s, "cudaStreamSynchronize");
+  if (st->capture) {  // waits for work that does not run: conflicts with capture in every mode
+    invalidate(st->capture, "cudaStreamSynchronize");
+    return set_error(cudaErrorStreamCaptureUnsupported);
+  }
+  if (forbidden_during_capture("cudaStreamSynchronize")) return set_error(cudaErrorStreamCaptureUnsupported);
+  sync_stream(st, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   Lock lock(api_lock());
   CUstream_st* st = stream_of(s, "cudaStreamQuery");
+  if (st->capture) {
+    invalidate(st->capture, "cudaStreamQuery");
+    return set_error(cudaErrorStreamCaptureUnsupported);
+  }
+  if (forbidden_during_capture("cudaStreamQuery")) return set_error(cudaErrorStreamCaptureUnsupported);
   // A query lets the device run whatever the stream needs and can run now; work
   // blocked on a collective in flight stays pending: cudaErrorNotReady.
   const uint64_t target = st->enqueued;
@@ -876,7 +1029,36 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
   CUstream_st* st = stream_of(s, "cudaStreamWaitEvent");
   CUevent_st* ev = event_of(e, "cudaStreamWaitEvent");
   (void)flags;
+  if (Capture* c = ev->captured_in) {
+    // An event recorded in a capture: the waiting stream joins that capture (a fork),
+    // or, already in it, depends on the record (a join).
+    if (st->capture && st->capture != c) {
+      invalidate(st->capture, "cudaStreamWaitEvent (on an event of another capture)");
+      return set_error(cudaErrorStreamCaptureMerge);
+    }
+    if (c->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+    if (st == &sched().legacy) {
+      invalidate(c, "cudaStreamWaitEvent (the legacy stream cannot join a capture)");
+      return set_error(cudaErrorStreamCaptureImplicit);
+    }
+    if (!st->capture) c->add_branch(st);
+    std::vector<size_t>& mine = c->clock(st->branch);
+    const std::vector<size_t>& theirs = c->slot_clocks[ev->captured_slot];
+    for (size_t k = 0; k < theirs.size(); ++k) mine[k] = std::max(mine[k], theirs[k]);
+    GraphOp g;
+    g.kind = Op::Wait;
+    g.what = "cudaStreamWaitEvent(event #" + std::to_string(ev->id) + ")";
+    g.branch = st->branch;
+    g.slot = ev->captured_slot;
+    c->ops.push_back(std::move(g));
+    return cudaSuccess;
+  }
   if (ev->recorded == 0) return cudaSuccess;  // never recorded: nothing to wait for (documented)
+  if (st->capture) {
+    // Only in-stream order may cross into a capture; a graph cannot wait for outside work.
+    invalidate(st->capture, "cudaStreamWaitEvent (on an event recorded outside the capture)");
+    return set_error(cudaErrorStreamCaptureIsolation);
+  }
   Op op;
   op.kind = Op::Wait;
   op.what = "cudaStreamWaitEvent(event #" + std::to_string(ev->id) + ")";
@@ -911,6 +1093,21 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   Lock lock(api_lock());
   CUevent_st* ev = event_of(e, "cudaEventRecord");
   CUstream_st* st = stream_of(s, "cudaEventRecord");
+  if (Capture* c = st->capture) {
+    if (c->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+    ev->captured_in = c;
+    ev->captured_slot = c->slot_clocks.size();
+    c->slot_clocks.push_back(c->clock(st->branch));
+    c->events.push_back(ev);
+    GraphOp g;
+    g.kind = Op::Record;
+    g.what = "cudaEventRecord(event #" + std::to_string(ev->id) + ")";
+    g.branch = st->branch;
+    g.slot = ev->captured_slot;
+    c->ops.push_back(std::move(g));
+    return cudaSuccess;
+  }
+  ev->captured_in = nullptr;  // this record replaces one made in a capture
   Op op;
   op.kind = Op::Record;
   op.what = "cudaEventRecord(event #" + std::to_string(ev->id) + ")";
@@ -923,6 +1120,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   Lock lock(api_lock());
   CUevent_st* ev = event_of(e, "cudaEventQuery");
+  if (ev->captured_in) {  // its work is not scheduled to run: conflicts in every mode
+    invalidate(ev->captured_in, "cudaEventQuery");
+    return set_error(cudaErrorCapturedEvent);
+  }
+  if (forbidden_during_capture("cudaEventQuery")) return set_error(cudaErrorStreamCaptureUnsupported);
   const uint64_t target = ev->recorded;
   while (!ev->done(target)) {
     CUstream_st* holder = nullptr;
@@ -945,6 +1147,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   Lock lock(api_lock());
   count(Counter::EventSync);
   CUevent_st* ev = event_of(e, "cudaEventSynchronize");
+  if (ev->captured_in) {
+    invalidate(ev->captured_in, "cudaEventSynchronize");
+    return set_error(cudaErrorCapturedEvent);
+  }
+  if (forbidden_during_capture("cudaEventSynchronize")) return set_error(cudaErrorStreamCaptureUnsupported);
   const uint64_t target = ev->recorded;
   CUstream_st* holder = nullptr;
   for (CUstream_st* t : sched().streams)
@@ -1005,7 +1212,17 @@ cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   const bool pageable = (kind == cudaMemcpyHostToDevice && !pinned_src) ||
                         (kind == cudaMemcpyDeviceToHost && !pinned_dst) ||
                         (kind == cudaMemcpyHostToHost && !(pinned_src && pinned_dst));
-  if (pageable && !blocking) count(Counter::PageableCopy);
+  if (pageable && !blocking) {
+    count(Counter::PageableCopy);
+    // The host side is read or written at the call (staged, or waited for): a graph
+    // replaying it later could not, so it conflicts with a capture of its stream.
+    if (st->capture) {
+      invalidate(st->capture, "cudaMemcpyAsync (pageable host memory)");
+      return set_error(cudaErrorStreamCaptureUnsupported);
+    }
+    if (forbidden_during_capture("cudaMemcpyAsync (pageable host memory)"))
+      return set_error(cudaErrorStreamCaptureUnsupported);
+  }
   switch (kind) {
     case cudaMemcpyHostToDevice: {
       require_device(dst, bytes, name, "dst");
@@ -1058,6 +1275,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   Lock lock(api_lock());
   count(Counter::BlockingCopy);
+  if (forbidden_during_capture("cudaMemset")) return set_error(cudaErrorStreamCaptureUnsupported);
   memset_on(p, value, bytes, nullptr, "cudaMemset");
   sync_stream(&sched().legacy, "cudaMemset");
   return cudaSuccess;
@@ -1071,9 +1289,233 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   Lock lock(api_lock());
   count(Counter::BlockingCopy);
+  if (forbidden_during_capture("cudaMemcpy")) return set_error(cudaErrorStreamCaptureUnsupported);
   const cudaError_t e = memcpy_on(dst, src, bytes, kind, nullptr, true);
   if (e == cudaSuccess) sync_stream(&sched().legacy, "cudaMemcpy");
   return e;
+}
+
+}  // extern "C"
+
+// ---- stream capture and graphs ------------------------------------------------------------------
+
+struct CUgraph_st {
+  bool destroyed = false;
+  std::shared_ptr<const std::vector<GraphOp>> ops;
+  size_t branches = 1, slots = 0;
+};
+
+// An executable graph owns a stream per side branch and an event per record slot, made
+// once at instantiation (never freed, as all streams); `finished` orders its launches.
+struct CUgraphExec_st {
+  int id = 0;
+  bool destroyed = false;
+  std::shared_ptr<const std::vector<GraphOp>> ops;
+  std::vector<CUstream_st*> side;
+  std::vector<CUevent_st*> slot_events;
+  CUevent_st* finished = nullptr;
+};
+
+namespace {
+
+std::vector<CUgraph_st*>& graphs() {  // every graph ever made: a stale handle stays recognisable
+  static auto* v = new std::vector<CUgraph_st*>;
+  return *v;
+}
+std::vector<CUgraphExec_st*>& graph_execs() {
+  static auto* v = new std::vector<CUgraphExec_st*>;
+  return *v;
+}
+
+CUgraph_st* graph_of(cudaGraph_t g, const char* call) {
+  auto& all = graphs();
+  if (!g || std::find(all.begin(), all.end(), g) == all.end())
+    fault(std::string(call) + ": graph handle was never created by cudaStreamEndCapture");
+  if (g->destroyed) fault(std::string(call) + ": graph was destroyed by cudaGraphDestroy");
+  return g;
+}
+
+CUgraphExec_st* exec_of(cudaGraphExec_t g, const char* call) {
+  auto& all = graph_execs();
+  if (!g || std::find(all.begin(), all.end(), g) == all.end())
+    fault(std::string(call) + ": executable graph handle was never created by cudaGraphInstantiate");
+  if (g->destroyed)
+    fault(std::string(call) + ": executable graph #" + std::to_string(g->id) +
+          " was destroyed by cudaGraphExecDestroy");
+  return g;
+}
+
+CUevent_st* internal_event() {
+  auto* ev = new CUevent_st;
+  ev->id = static_cast<int>(sched().events.size()) + 1;
+  sched().events.push_back(ev);
+  return ev;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  Lock lock(api_lock());
+  if (!mode || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+                *mode != cudaStreamCaptureModeRelaxed))
+    return set_error(cudaErrorInvalidValue);
+  std::swap(*mode, t_capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  Lock lock(api_lock());
+  CUstream_st* st = stream_of(s, "cudaStreamBeginCapture");
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return set_error(cudaErrorInvalidValue);
+  if (st == &sched().legacy) return set_error(cudaErrorStreamCaptureUnsupported);  // documented
+  if (st->capture) return set_error(cudaErrorIllegalState);
+  auto* c = new Capture;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->add_branch(st);
+  captures().push_back(c);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  Lock lock(api_lock());
+  CUstream_st* st = stream_of(s, "cudaStreamIsCapturing");
+  if (!status) return set_error(cudaErrorInvalidValue);
+  *status = !st->capture               ? cudaStreamCaptureStatusNone
+            : st->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                       : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  Lock lock(api_lock());
+  CUstream_st* st = stream_of(s, "cudaStreamEndCapture");
+  if (!graph) return set_error(cudaErrorInvalidValue);
+  *graph = nullptr;
+  Capture* c = st->capture;
+  if (!c) return set_error(cudaErrorIllegalState);
+  if (c->branches[0] != st) {
+    invalidate(c, "cudaStreamEndCapture (on a stream that joined the capture, not the one that began it)");
+    return set_error(cudaErrorStreamCaptureUnmatched);
+  }
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+    return set_error(cudaErrorStreamCaptureWrongThread);  // the capture goes on
+  end_capture(c);
+  std::unique_ptr<Capture> owned(c);
+  if (c->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+  // Every stream that joined must have rejoined: the origin's tail must follow all work.
+  const std::vector<size_t>& origin = c->clock(0);
+  for (size_t b = 1; b < c->branches.size(); ++b)
+    if (origin[b] < c->work[b]) {
+      note("cudaStreamEndCapture: stream #" + std::to_string(c->branches[b]->id) +
+           " joined the capture and its work was not joined back into the origin stream");
+      return set_error(cudaErrorStreamCaptureUnjoined);
+    }
+  auto* g = new CUgraph_st;
+  g->ops = std::make_shared<const std::vector<GraphOp>>(std::move(c->ops));
+  g->branches = c->branches.size();
+  g->slots = c->slot_clocks.size();
+  graphs().push_back(g);
+  *graph = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  Lock lock(api_lock());
+  CUgraph_st* g = graph_of(graph, "cudaGraphInstantiate");
+  if (!exec) return set_error(cudaErrorInvalidValue);
+  (void)flags;  // no memory nodes, uploads or device launches here: nothing depends on them
+  auto* x = new CUgraphExec_st;
+  x->id = static_cast<int>(graph_execs().size()) + 1;
+  x->ops = g->ops;
+  for (size_t b = 1; b < g->branches; ++b) {
+    auto* t = new CUstream_st;
+    t->id = static_cast<int>(sched().streams.size());
+    sched().streams.push_back(t);
+    x->side.push_back(t);
+  }
+  for (size_t k = 0; k < g->slots; ++k) x->slot_events.push_back(internal_event());
+  x->finished = internal_event();
+  graph_execs().push_back(x);
+  *exec = x;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  return cudaGraphInstantiate(exec, graph, flags);
+}
+
+// The recorded work, queued again in call order: branch 0 on `s`, the side branches on
+// the graph's own streams, the records and waits between them on its own events. Work
+// keeps the addresses and host scalars it was captured with, and reads device memory
+// when it runs.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  Lock lock(api_lock());
+  CUgraphExec_st* x = exec_of(exec, "cudaGraphLaunch");
+  CUstream_st* st = stream_of(s, "cudaGraphLaunch");
+  if (st->capture) {
+    invalidate(st->capture, "cudaGraphLaunch (into a capturing stream: child graphs are not emulated)");
+    return set_error(cudaErrorStreamCaptureUnsupported);
+  }
+  count(Counter::GraphLaunches);
+  const std::string tag = "graph #" + std::to_string(x->id) + ": ";
+  auto wait_for = [&](CUstream_st* t, CUevent_st* ev, const std::string& what) {
+    Op op;
+    op.kind = Op::Wait;
+    op.what = tag + what;
+    op.event = ev;
+    op.generation = ev->recorded;
+    push(t, std::move(op));
+  };
+  auto record = [&](CUstream_st* t, CUevent_st* ev, const std::string& what) {
+    Op op;
+    op.kind = Op::Record;
+    op.what = tag + what;
+    op.event = ev;
+    op.generation = ++ev->recorded;
+    push(t, std::move(op));
+  };
+  // One launch of a graph at a time (documented): this one starts after the previous.
+  if (x->finished->recorded) wait_for(st, x->finished, "the previous launch");
+  for (const GraphOp& g : *x->ops) {
+    CUstream_st* t = g.branch == 0 ? st : x->side[g.branch - 1];
+    switch (g.kind) {
+      case Op::Record:
+        record(t, x->slot_events[g.slot], g.what);
+        break;
+      case Op::Wait:
+        wait_for(t, x->slot_events[g.slot], g.what);
+        break;
+      case Op::Run:
+      case Op::Async: {
+        Op op;
+        op.kind = g.kind;
+        op.what = tag + g.what;
+        op.run = g.run;
+        op.done = g.done;
+        push(t, std::move(op));
+        break;
+      }
+    }
+  }
+  record(st, x->finished, "end");
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  Lock lock(api_lock());
+  exec_of(exec, "cudaGraphExecDestroy")->destroyed = true;  // launched work still completes
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  Lock lock(api_lock());
+  graph_of(graph, "cudaGraphDestroy")->destroyed = true;  // its executable graphs stay usable
+  return cudaSuccess;
 }
 
 }  // extern "C"

@@ -22,30 +22,50 @@ namespace {
 // thread blocked in the emulator at exit may hold it) and after static destructors.
 std::atomic<uint64_t> g_counts[static_cast<int>(Counter::kCount)];
 
-constexpr const char* kHostWaitNames[] = {"host_waits.stream_sync",  "host_waits.event_sync",
-                                          "host_waits.device_sync",  "host_waits.blocking_copy",
+constexpr const char* kHostWaitNames[] = {"host_waits.stream_sync",   "host_waits.event_sync",
+                                          "host_waits.device_sync",   "host_waits.blocking_copy",
                                           "host_waits.pageable_copy", "host_waits.query_not_ready"};
 
 const char* name_of(Counter c) {
   switch (c) {
-    case Counter::StreamSync: return kHostWaitNames[0];
-    case Counter::EventSync: return kHostWaitNames[1];
-    case Counter::DeviceSync: return kHostWaitNames[2];
-    case Counter::BlockingCopy: return kHostWaitNames[3];
-    case Counter::PageableCopy: return kHostWaitNames[4];
-    case Counter::QueryNotReady: return kHostWaitNames[5];
-    case Counter::Allocs: return "allocs";
-    case Counter::Frees: return "frees";
-    case Counter::CudnnFind: return "cudnn_find";
-    case Counter::NcclAllReduce: return "nccl.allreduce";
-    case Counter::NcclBroadcast: return "nccl.broadcast";
-    case Counter::NcclReduce: return "nccl.reduce";
-    case Counter::NcclAllGather: return "nccl.allgather";
-    case Counter::NcclReduceScatter: return "nccl.reducescatter";
-    case Counter::NcclSend: return "nccl.send";
-    case Counter::NcclRecv: return "nccl.recv";
-    case Counter::KernelLaunches: return "kernel_launches";
-    case Counter::kCount: break;
+    case Counter::StreamSync:
+      return kHostWaitNames[0];
+    case Counter::EventSync:
+      return kHostWaitNames[1];
+    case Counter::DeviceSync:
+      return kHostWaitNames[2];
+    case Counter::BlockingCopy:
+      return kHostWaitNames[3];
+    case Counter::PageableCopy:
+      return kHostWaitNames[4];
+    case Counter::QueryNotReady:
+      return kHostWaitNames[5];
+    case Counter::Allocs:
+      return "allocs";
+    case Counter::Frees:
+      return "frees";
+    case Counter::CudnnFind:
+      return "cudnn_find";
+    case Counter::NcclAllReduce:
+      return "nccl.allreduce";
+    case Counter::NcclBroadcast:
+      return "nccl.broadcast";
+    case Counter::NcclReduce:
+      return "nccl.reduce";
+    case Counter::NcclAllGather:
+      return "nccl.allgather";
+    case Counter::NcclReduceScatter:
+      return "nccl.reducescatter";
+    case Counter::NcclSend:
+      return "nccl.send";
+    case Counter::NcclRecv:
+      return "nccl.recv";
+    case Counter::KernelLaunches:
+      return "kernel_launches";
+    case Counter::GraphLaunches:
+      return "graph_launches";
+    case Counter::kCount:
+      break;
   }
   return "?";
 }

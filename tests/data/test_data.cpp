@@ -3,10 +3,12 @@
 #include <stb/stb_image_write.h>
 
 #include <hdf5.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstdio>
@@ -448,6 +450,29 @@ EpochResult run_epoch(Loader& loader) {
 }
 }  // namespace
 
+TEST_CASE("default loader workers: the rank's allowed cores, one kept for the launching thread", "[data][loader]") {
+  CHECK(loader_workers_for_cores(16, 1) == 15);  // a rank bound to 16 cores of its own
+  CHECK(loader_workers_for_cores(16, 4) == 3);   // 4 ranks sharing one 16-core mask
+  CHECK(loader_workers_for_cores(2, 1) == 1);
+  CHECK(loader_workers_for_cores(1, 1) == 1);    // at least one, even on one core
+  CHECK(loader_workers_for_cores(0, 0) == 1);    // an unreadable mask
+  cpu_set_t saved;
+  REQUIRE(sched_getaffinity(0, sizeof saved, &saved) == 0);
+  const int allowed = CPU_COUNT(&saved);
+  CHECK(default_loader_workers(1) == std::max(1, allowed - 1));
+  CHECK(default_loader_workers(2) == std::max(1, allowed / 2 - 1));
+  // Bound to one core (mpirun's default for <= 2 ranks), whatever the machine has.
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  const int on_one_core = default_loader_workers(1);
+  REQUIRE(sched_setaffinity(0, sizeof saved, &saved) == 0);
+  CHECK(on_one_core == 1);
+}
+
 TEST_CASE("loader output is identical for any number of workers", "[data][loader]") {
   PatternDataset ds(23);
   TransformPipeline tf({32, TransformConfig::Augment::AutoAugment}, true);
@@ -512,6 +537,39 @@ TEST_CASE("loader: validation transform, allocator hook, clean shutdown mid-epoc
   SUCCEED("loader destroyed mid-epoch");
   CHECK(allocated > 0);
   CHECK(default_loader_workers(1000) == 1);
+}
+
+// LoaderOptions::before_reuse: a slot handed out is given back (for refilling) only after
+// the hook returned for it (a GPU upload may still read it), at the next next() and at
+// restart(), never while the consumer holds it.
+TEST_CASE("loader: before_reuse runs for a slot before the loader refills it", "[data][loader]") {
+  PatternDataset ds(24);
+  TransformPipeline val({8, TransformConfig::Augment::None}, false);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.prefetch = 1;  // two slots: each is refilled while the epoch goes on
+  std::vector<const void*> released;
+  o.before_reuse = [&](const void* slot) { released.push_back(slot); };
+  Loader loader(ds, val, o, shard_exact(ds.size(), 1, 0), 0);
+  Batch b;
+  std::vector<const void*> handed;
+  while (loader.next(b)) {
+    // The slot handed out before this one was released first; this one is not yet.
+    CHECK(released.size() == handed.size());
+    if (!handed.empty()) CHECK(released.back() == handed.back());
+    handed.push_back(b.images);
+  }
+  CHECK(handed.size() == 6);
+  CHECK(released.size() == handed.size());  // the last next() (end of epoch) released the last batch
+  REQUIRE(loader.next(b) == false);
+  loader.restart(shard_exact(ds.size(), 1, 0), 1);
+  REQUIRE(loader.next(b));
+  const void* held = b.images;
+  const size_t before = released.size();
+  loader.restart(shard_exact(ds.size(), 1, 0), 2);  // the held slot is refilled from here on
+  REQUIRE(released.size() == before + 1);
+  CHECK(released.back() == held);
 }
 
 TEST_CASE("presets: the tutorial default is unchanged, sizes, errors naming the flag", "[data][loader]") {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The weight EMA leaves the program (issue #39 item 3): a ResNet-18 --model-ema run's
+# The weight EMA leaves the program: a ResNet-18 --model-ema run's
 # last.h5 gives `export --ema` (the /model_ema tensors bit for bit, unlike `export`),
 # `predict --ema` (equal to predict on the exported EMA file, different from the model's),
 # `--init FILE --init-ema` from the .h5, from the exported file and from torchvision's

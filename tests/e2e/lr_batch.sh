@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The learning rate and the global batch (issue #39 item 5): --lr-base derives the lr
+# The learning rate and the global batch: --lr-base derives the lr
 # from the global batch as timm does (an --lr given wins); a recipe's lr at a global
 # batch more than 2x from the recipe's own warns once with the linearly scaled value; a
 # training loss that becomes NaN or Inf stops every rank with a message and exit 1.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MixUp / CutMix and RASampler in a real 2-rank run (issue #27):
+# MixUp / CutMix and RASampler in a real 2-rank run:
 #  - --mixup-alpha 0.2 --cutmix-alpha 1.0 trains: finite losses, the mixing is on
 #    (announced, and the training loss differs from the same seeded run without it);
 #  - its draws come from (seed, epoch, step, rank): 1 epoch + resume, and a run killed

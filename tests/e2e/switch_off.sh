@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A recipe's switches turned off (issue #39): torchvision-resnet-v2 turns on RASampler,
+# A recipe's switches turned off: torchvision-resnet-v2 turns on RASampler,
 # which needs 256 training images, and the weight EMA. On 8 images the recipe is refused;
 # --no-ra-sampler makes it run, and --no-model-ema / `model_ema: false` in YAML /
 # `model-ema = false` in a .conf file leave the EMA out (no "EMA Acc@1" line).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A timm args.yaml (tests/train/timm_args.yaml, written by hand in timm's format) trains
-# as it is (issue #39): the mapped keys become flags (recorded in the checkpoint), the
+# as it is: the mapped keys become flags (recorded in the checkpoint), the
 # keys that change nothing here are listed once, and a switch the file turns on can be
 # turned off on the command line (--no-ra-sampler: RASampler needs 256 images).
 # tests/e2e/timm_args_real.sh does the same with a file timm's own train.py writes.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# timm's args.yaml as timm's train.py writes it (issue #39): with timm's defaults, every
+# timm's args.yaml as timm's train.py writes it: with timm's defaults, every
 # key that cannot be honoured here is named in one error (exit 2); with those keys set
 # to what this program does, the file trains as it is, its data path included, with the
 # keys that change nothing listed once. Needs timm and its train.py (tools/timm_venv.sh

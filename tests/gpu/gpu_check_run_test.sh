@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU call's GPU-less parts, run as CI runs them (issue 24, section 4), so the call
-# cannot rot between GPU leases:
+# The GPU check's GPU-less parts, run as CI runs them, so the check cannot rot between
+# runs on a GPU host:
 #  1. the standalone plan: the host step, the build (tools/gpu_check.sh --internal-build:
 #     nvcc + g++ without MPI or CMake, sm_90 only), then every step that needs a GPU
 #     reports "no device" (never a tooling error); overall exit 77;
 #  2. the bundle plan, with this CMake build folder standing in for the bundle's programs:
 #     host, bundle_env, mpi_coll (mpirun -np 2 collective_test) and synth run and pass,
 #     the device steps report "no device";
+#  2b. the same with --e2e: host, bundle_env, synth and placement (each rank's allowed CPUs
+#     under mpirun's default and the corrected binding, train --check's placement line) pass;
 #  3. the bundle plan with programs that hang: the run still ends by its deadline
 #     (RD_GPU_CHECK_DEADLINE_S), the hung step is TIMEOUT, later ones "no time".
 # Each run leaves ONE archive under --out holding every step's log.
@@ -84,6 +86,21 @@ else
   echo "-- bundle plan: exit $rc in $(( $(date +%s) - t ))s"
   check_run bundle "$rc" "$work/bundle_out" "$work/bundle" host bundle_env mpi_coll synth
   ran=1
+fi
+
+echo "== 2b. --e2e (the trainer end to end), this build folder's programs, no device"
+if [[ -z $missing ]]; then
+  t=$(date +%s)
+  RD_GPU_CHECK_DIR=$work/e2e RD_GPU_CHECK_BUILD_DIR=$build "$repo/tools/gpu_check.sh" --e2e --out "$work/e2e_out"
+  rc=$?
+  echo "-- e2e plan: exit $rc in $(( $(date +%s) - t ))s"
+  check_run e2e "$rc" "$work/e2e_out" "$work/e2e" host bundle_env synth placement
+  # Each rank's allowed CPUs under both bindings, and the trainer's own view of them.
+  for want in "mpirun -np 1 (the default binding): each rank's allowed CPUs" "rank 0: Cpus_allowed_list:" \
+    "== nvidia-smi topo -m" "== nsys: " "check: placement: rank 0: "; do
+    grep -qF -- "$want" "$work/e2e/steps/placement.log" 2>/dev/null || fail "e2e: the placement step lacks '$want'"
+  done
+  grep -q "median 20-120 ms" "$work/e2e/summary.txt" 2>/dev/null || fail "e2e: the summary has no step-time table"
 fi
 
 echo "== 3. a hanging program: the deadline holds and the archive keeps what ran"

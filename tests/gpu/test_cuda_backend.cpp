@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -274,7 +275,7 @@ TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "
     if (g.exact_copies) {
       check_images_u8(be, Dims{2, 3, 5, 7}, false);
       check_images_u8(be, Dims{1, 3, 4, 4}, true);
-      check_mixing_ops(be);  // MixUp / CutMix (issue #27): exact in F32 storage
+      check_mixing_ops(be);  // MixUp / CutMix: exact in F32 storage
     } else {
       // 16-bit storage: input and result each rounded once (|x| <= 2.5: 2^-8 relative for bf16).
       check_mixing_ops(be, Tol{8e-3, 8e-3});
@@ -350,7 +351,7 @@ TEST_CASE("cuda backend: bad arguments are clear errors", "[gpu]") {
   CHECK(threw);
 }
 
-// ---- review defects (cuda_review.md, "New defects") that the emulated device shows ------------
+// ---- misuse a real GPU would hide (wrong workspace, late frees) that the emulated device shows -
 
 namespace {
 bool emulated_device() {
@@ -456,4 +457,159 @@ TEST_CASE("cuda backend: a buffer that does not fit next to the workspace takes 
   REQUIRE(cudaFree(filler) == cudaSuccess);
   // Convolutions still run: the workspace grows again.
   check_conv2d(be, ConvCase{4, 64, 32, 32, 64, 3, 1, 1}, Tol{1e-3, 1e-4}, false);
+}
+
+namespace {
+// u8 NHWC batch -> the f32 NCHW values images_u8_to_activation makes (no normalisation).
+std::vector<double> u8_nchw(const uint8_t* img, int64_t n, int64_t h, int64_t w) {
+  std::vector<double> out(static_cast<size_t>(n * 3 * h * w));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x)
+          out[static_cast<size_t>(((i * 3 + c) * h + y) * w + x)] = img[((i * h + y) * w + x) * 3 + c] / 255.0;
+  return out;
+}
+void fill_pattern(uint8_t* img, size_t bytes, unsigned seed) {
+  for (size_t i = 0; i < bytes; ++i) img[i] = static_cast<uint8_t>((i * 37 + seed * 101 + 7) % 256);
+}
+}  // namespace
+
+// Batches upload straight from the loader's pinned slots (allocate_upload_source), in
+// turn into two device buffers, with no host wait between uploads. A slot may be
+// refilled once wait_upload_source returned: the emulated device copies only when a
+// stream runs, so a slot overwritten before its copy ran would show in the result.
+TEST_CASE("cuda backend: uploads read pinned loader slots in place with two buffers in flight", "[gpu]") {
+  skip_without_gpu();
+  for (auto& g : gpu_configs()) {
+    if (!g.exact_copies) continue;
+    INFO(g.label);
+    Backend& be = *g.backend;
+    const int64_t n = 2, h = 5, w = 4;
+    const size_t bytes = static_cast<size_t>(n * h * w * 3);
+    std::shared_ptr<void> slot_a = be.allocate_upload_source(bytes), slot_b = be.allocate_upload_source(bytes);
+    REQUIRE(slot_a);
+    REQUIRE(slot_b);
+    auto* a = static_cast<uint8_t*>(slot_a.get());
+    auto* b = static_cast<uint8_t*>(slot_b.get());
+    std::vector<uint8_t> first(bytes), second(bytes), third(bytes);
+    fill_pattern(first.data(), bytes, 1), fill_pattern(second.data(), bytes, 2), fill_pattern(third.data(), bytes, 3);
+    Tensor x1 = be.activation(n, 3, h, w), x2 = be.activation(n, 3, h, w), x3 = be.activation(n, 3, h, w);
+    std::memcpy(a, first.data(), bytes);
+    std::memcpy(b, second.data(), bytes);
+    be.images_u8_to_activation(a, x1, nullptr, nullptr);
+    be.images_u8_to_activation(b, x2, nullptr, nullptr);
+    be.wait_upload_source(a);  // as the loader does before refilling slot a
+    std::memcpy(a, third.data(), bytes);
+    be.images_u8_to_activation(a, x3, nullptr, nullptr);  // buffer 0 again: after x1's conversion
+    be.wait_upload_source(b);
+    std::memset(b, 0, bytes);
+    RD_CHECK_CLOSE("first batch", download_activation(be, x1), u8_nchw(first.data(), n, h, w), (Tol{1e-6, 1e-6}));
+    RD_CHECK_CLOSE("second batch", download_activation(be, x2), u8_nchw(second.data(), n, h, w), (Tol{1e-6, 1e-6}));
+    RD_CHECK_CLOSE("third batch", download_activation(be, x3), u8_nchw(third.data(), n, h, w), (Tol{1e-6, 1e-6}));
+  }
+}
+
+// --model-ema's updates and copies call weights_changed_by_optimizer() too; the staged
+// weights' prune rule counted those calls as steps and freed every staged weight at each
+// EMA step (36 cudaFree + 36 cudaMalloc on ResNet-34). Steps are counted once per update
+// after convolutions, so the staged buffers are allocated once.
+TEST_CASE("cuda backend: --model-ema steps do not re-allocate staged conv weights", "[gpu]") {
+  skip_without_gpu();
+  BackendOptions o;
+  o.layout = Layout::NHWC;  // fp32 NHWC stages OHWI weights
+  cuda::CudaBackend be(o);
+  const ConvGeometry geo{3, 1, 1, 1};
+  const int64_t n = 2, c = 4, hw = 6;
+  const Shape wshape{c, c, 3, 3};
+  std::vector<float> wh(static_cast<size_t>(c * c * 9));
+  for (size_t i = 0; i < wh.size(); ++i) wh[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  Tensor w1 = upload_rowmajor(be, wh, wshape), w2 = upload_rowmajor(be, wh, wshape);
+  Tensor dw = upload_rowmajor(be, filled(wh.size(), 0.f), wshape);
+  DeviceVector m(be, filled(wh.size(), 0.f)), v(be, filled(wh.size(), 0.f)), ema(be, wh);
+  Tensor x = upload_activation(be, filled(static_cast<size_t>(n * c * hw * hw), 0.5f), n, c, hw, hw);
+  Tensor y = be.activation(n, c, hw, hw), dx = be.activation(n, c, hw, hw);
+  size_t after_first = 0;
+  for (int step = 1; step <= 4; ++step) {
+    be.conv2d_forward(x, w1, y, geo);
+    be.conv2d_forward(y, w2, dx, geo);
+    be.conv2d_backward_data(dx, w2, y, geo);
+    be.conv2d_backward_weights(x, y, dw, geo, false);
+    math::AdamArgs args;
+    args.step = step;
+    be.adam_step(w1.f32(), dw.f32(), m.ptr(), v.ptr(), wh.size(), args);
+    // ModelEma::update: parameters, then buffers.
+    be.ema_update(ema.ptr(), w1.f32(), wh.size(), 0.9f, 0.1f, false);
+    be.ema_update(ema.ptr(), w2.f32(), wh.size(), 0.9f, 0.1f, false);
+    if (step == 1) after_first = be.staged_weight_allocations();
+  }
+  CHECK(after_first == 2);
+  CHECK(be.staged_weight_allocations() == after_first);
+}
+
+// Backend::plan_convolution searches every direction asked for ahead of the first
+// convolution (the trainer plans the epoch's shapes before its timer starts); the
+// convolutions then run on those plans, with no search of their own.
+TEST_CASE("cuda backend: plan_convolution searches ahead and the convolutions then search nothing", "[gpu]") {
+  for (auto& g : gpu_configs()) {
+    INFO(g.label);
+    auto& be = dynamic_cast<cuda::CudaBackend&>(*g.backend);
+    for (const ConvCase& c : {ConvCase{2, 3, 12, 12, 8, 7, 2, 3}, ConvCase{2, 16, 9, 9, 16, 3, 1, 1},
+                              ConvCase{2, 16, 9, 9, 32, 1, 2, 0}, ConvCase{1, 16, 8, 8, 16, 3, 1, 1, 4}}) {
+      INFO(c.str());
+      const ConvGeometry geo{c.kernel, c.stride, c.pad, c.groups};
+      const Shape xs{c.n, c.in_c, c.h, c.w}, ws{c.out_c, c.in_c / c.groups, c.kernel, c.kernel};
+      const size_t before = be.conv_searches();
+      be.plan_convolution(xs, ws, geo, /*backward_data=*/true, /*backward_weights=*/true);
+      const size_t planned = be.conv_searches();
+      CHECK(planned >= before + 3);  // one per direction (a fallback searches its f32 NCHW plan too)
+      be.plan_convolution(xs, ws, geo, true, true);  // planned once
+      CHECK(be.conv_searches() == planned);
+      check_conv2d(be, c, g.tol, false);  // forward, backward data and weights, against the reference
+      CHECK(be.conv_searches() == planned);
+    }
+    // A direction not asked for is searched when it first runs.
+    const ConvCase c{2, 8, 6, 6, 8, 3, 1, 1};
+    const ConvGeometry geo{3, 1, 1, 1};
+    const size_t before = be.conv_searches();
+    be.plan_convolution(Shape{2, 8, 6, 6}, Shape{8, 8, 3, 3}, geo, false, false);
+    CHECK(be.conv_searches() == before + 1);
+    check_conv2d(be, c, g.tol, false);
+    CHECK(be.conv_searches() == before + 3);
+    CHECK_THROWS_WITH(be.plan_convolution(Shape{2, 8, 6, 6}, Shape{8, 4, 3, 3}, geo, false, false),
+                      Catch::Contains("plan_convolution: weight [8, 4, 3, 3] does not match input channels 8"));
+  }
+}
+
+// Staged (NHWC / 16-bit) conv weights are converted again only when a weight may have
+// changed: evaluation's batches share one conversion per weight; a write through the
+// backend (here a host copy) or a collective makes the next forward convert again.
+TEST_CASE("cuda backend: staged conv weights are converted once per change and not per forward", "[gpu]") {
+  skip_without_gpu();
+  BackendOptions o;
+  o.layout = Layout::NHWC;  // fp32 NHWC stages OHWI weights
+  cuda::CudaBackend be(o);
+  const ConvGeometry geo{3, 1, 1, 1};
+  std::vector<float> wh(8 * 4 * 9);
+  for (size_t i = 0; i < wh.size(); ++i) wh[i] = 0.02f * static_cast<float>(i % 11) - 0.1f;
+  Tensor w = upload_rowmajor(be, wh, Shape{8, 4, 3, 3});
+  Tensor x = upload_activation(be, filled(2 * 4 * 5 * 5, 0.25f), 2, 4, 5, 5);
+  Tensor y1 = be.activation(2, 8, 5, 5), y2 = be.activation(2, 8, 5, 5), dx = be.activation(2, 4, 5, 5);
+  const size_t before = be.weight_stagings();
+  be.conv2d_forward(x, w, y1, geo);
+  be.conv2d_forward(x, w, y2, geo);
+  be.conv2d_backward_data(y2, w, dx, geo);
+  CHECK(be.weight_stagings() == before + 1);
+  CHECK(download_activation(be, y1) == download_activation(be, y2));
+  // A changed weight is converted again, and the result follows it.
+  for (float& v : wh) v = -v;
+  be.copy_from_host(w.data, wh.data(), wh.size() * sizeof(float));
+  be.conv2d_forward(x, w, y2, geo);
+  CHECK(be.weight_stagings() == before + 2);
+  const std::vector<float> a = download_activation(be, y1), b = download_activation(be, y2);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == Approx(-a[i]).margin(1e-6));
+  // A collective that may write weights (NcclComm's broadcast) marks them changed.
+  be.device_memory_written_elsewhere();
+  be.conv2d_forward(x, w, y2, geo);
+  CHECK(be.weight_stagings() == before + 3);
 }

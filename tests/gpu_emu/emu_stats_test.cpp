@@ -146,9 +146,8 @@ TEST_CASE("emu stats: blocking and pageable copies, pinned ones are free", "[gpu
   CHECK(moved_by([&] {
           REQUIRE(cudaMemcpyAsync(pageable.data(), d, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
         }) == host_wait("pageable_copy"));
-  CHECK(moved_by([&] {
-          REQUIRE(cudaMemcpyAsync(d, pageable.data(), bytes, cudaMemcpyDefault, s) == cudaSuccess);
-        }) == host_wait("pageable_copy"));
+  CHECK(moved_by([&] { REQUIRE(cudaMemcpyAsync(d, pageable.data(), bytes, cudaMemcpyDefault, s) == cudaSuccess); }) ==
+        host_wait("pageable_copy"));
   // Pinned host memory and device-to-device: queued, no wait.
   CHECK(moved_by([&] { REQUIRE(cudaMemcpyAsync(d, pinned, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess); }) ==
         kNothing);
@@ -179,8 +178,7 @@ TEST_CASE("emu stats: NCCL calls by kind, and queries that answered not ready", 
         nccl_call("allreduce"));
   CHECK(moved_by([&] { REQUIRE(ncclBroadcast(x, y, 8, ncclFloat32, 0, comm, a) == ncclSuccess); }) ==
         nccl_call("broadcast"));
-  CHECK(moved_by([&] { REQUIRE(ncclBcast(y, 8, ncclFloat32, 0, comm, a) == ncclSuccess); }) ==
-        nccl_call("broadcast"));
+  CHECK(moved_by([&] { REQUIRE(ncclBcast(y, 8, ncclFloat32, 0, comm, a) == ncclSuccess); }) == nccl_call("broadcast"));
   CHECK(moved_by([&] { REQUIRE(ncclReduce(x, y, 8, ncclFloat32, ncclSum, 0, comm, a) == ncclSuccess); }) ==
         nccl_call("reduce"));
   CHECK(moved_by([&] { REQUIRE(ncclAllGather(x, y, 8, ncclFloat32, comm, a) == ncclSuccess); }) ==
@@ -196,8 +194,7 @@ TEST_CASE("emu stats: NCCL calls by kind, and queries that answered not ready", 
   REQUIRE(cudaEventCreateWithFlags(&after_recv, cudaEventDisableTiming) == cudaSuccess);
   REQUIRE(cudaEventRecord(after_recv, a) == cudaSuccess);
   CHECK(moved_by([&] { REQUIRE(cudaStreamQuery(a) == cudaErrorNotReady); }) == host_wait("query_not_ready"));
-  CHECK(moved_by([&] { REQUIRE(cudaEventQuery(after_recv) == cudaErrorNotReady); }) ==
-        host_wait("query_not_ready"));
+  CHECK(moved_by([&] { REQUIRE(cudaEventQuery(after_recv) == cudaErrorNotReady); }) == host_wait("query_not_ready"));
   CHECK(moved_by([&] { REQUIRE(ncclSend(x, 8, ncclFloat32, 0, comm, b) == ncclSuccess); }) == nccl_call("send"));
   REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
@@ -235,8 +232,7 @@ TEST_CASE("emu stats: cuDNN plans and cuBLAS/cuDNN compute calls", "[gpu_emu][st
   cudnnConvolutionFwdAlgoPerf_t perf[8];
   const Counts plan{{"cudnn_find", 1}};
   CHECK(moved_by([&] {
-          REQUIRE(cudnnGetConvolutionForwardAlgorithm_v7(dnn, xd, wd, cd, yd, 8, &got, perf) ==
-                  CUDNN_STATUS_SUCCESS);
+          REQUIRE(cudnnGetConvolutionForwardAlgorithm_v7(dnn, xd, wd, cd, yd, 8, &got, perf) == CUDNN_STATUS_SUCCESS);
         }) == plan);
   CHECK(moved_by([&] {
           REQUIRE(cudnnFindConvolutionForwardAlgorithm(dnn, xd, wd, cd, yd, 8, &got, perf) == CUDNN_STATUS_SUCCESS);
@@ -317,10 +313,26 @@ TEST_CASE("emu stats: RD_EMU_STATS writes PATH.rank<R> when any thread calls exi
   expected["host_waits"] += 1;
   expected["host_waits.device_sync"] += 1;
   CHECK(file == expected);
-  for (const char* name : {"host_waits", "host_waits.stream_sync", "host_waits.event_sync", "host_waits.device_sync",
-                           "host_waits.blocking_copy", "host_waits.pageable_copy", "host_waits.query_not_ready",
-                           "allocs", "frees", "cudnn_find", "nccl", "nccl.allreduce", "nccl.broadcast", "nccl.reduce",
-                           "nccl.allgather", "nccl.reducescatter", "nccl.send", "nccl.recv", "kernel_launches"})
+  for (const char* name : {"host_waits",
+                           "host_waits.stream_sync",
+                           "host_waits.event_sync",
+                           "host_waits.device_sync",
+                           "host_waits.blocking_copy",
+                           "host_waits.pageable_copy",
+                           "host_waits.query_not_ready",
+                           "allocs",
+                           "frees",
+                           "cudnn_find",
+                           "nccl",
+                           "nccl.allreduce",
+                           "nccl.broadcast",
+                           "nccl.reduce",
+                           "nccl.allgather",
+                           "nccl.reducescatter",
+                           "nccl.send",
+                           "nccl.recv",
+                           "kernel_launches",
+                           "graph_launches"})
     CHECK(file.count(name) == 1);
   std::remove((base + ".rank3").c_str());
   rmdir(dir.c_str());
@@ -338,8 +350,14 @@ TEST_CASE("emu stats: the rank comes from PMI_RANK, then SLURM_PROCID, else 0", 
     const Child c = in_child([&] {
       setenv("RD_EMU_STATS", base.c_str(), 1);
       unsetenv("OMPI_COMM_WORLD_RANK");
-      if (k.pmi) setenv("PMI_RANK", k.pmi, 1); else unsetenv("PMI_RANK");
-      if (k.slurm) setenv("SLURM_PROCID", k.slurm, 1); else unsetenv("SLURM_PROCID");
+      if (k.pmi)
+        setenv("PMI_RANK", k.pmi, 1);
+      else
+        unsetenv("PMI_RANK");
+      if (k.slurm)
+        setenv("SLURM_PROCID", k.slurm, 1);
+      else
+        unsetenv("SLURM_PROCID");
       std::exit(0);
     });
     INFO("child stderr: " << c.err);

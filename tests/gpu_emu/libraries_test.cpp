@@ -2,7 +2,7 @@
 // cublas.cpp, cudnn.cpp) against float64 references: Sgemm's transposes, leading
 // dimensions and beta; the three convolutions in NCHW/NHWC, fp32/fp16/bf16, with
 // strides, padding, 1x1/3x3/7x7 filters, odd channel counts and alpha/beta; Find's
-// entries and workspace rule (review defect 7), NOT_SUPPORTED and BAD_PARAM, TF32
+// entries and workspace rule (a TF32 entry's workspace is not the FMA kernel's), NOT_SUPPORTED and BAD_PARAM, TF32
 // against FMA, and that work runs on the stream with the values of the call.
 //
 // The emulated device is an H200 unless RD_EMU_DEVICE says otherwise (main below);
@@ -477,7 +477,7 @@ struct Choice {
 };
 
 // Find for one direction with `math` on the descriptor: the fastest success that
-// uses that math type (Find also offers DEFAULT_MATH entries, review defect 7).
+// uses that math type (Find also offers DEFAULT_MATH entries, whose workspace is the TF32 kernel's).
 Choice find(const Dnn& d, const Conv& c, Op op, cudnnMathType_t math) {
   DNN_OK(cudnnSetConvolutionMathType(c.conv, math));
   Choice ch;
@@ -910,7 +910,7 @@ TEST_CASE("cuDNN: too small a workspace or a NULL one is BAD_PARAM", "[cudnn]") 
   d.st.sync();
 }
 
-TEST_CASE("cuDNN: a TF32 Find entry relabelled FMA keeps too small a workspace (review defect 7)",
+TEST_CASE("cuDNN: a TF32 Find entry relabelled FMA keeps too small a workspace",
           "[cudnn][device]") {
   Dnn d;
   Conv c({2, 8, 8, 8, 8, 3, 1, 1}, DT::F32, true);

@@ -9,6 +9,28 @@ if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
   endforeach()
 endif()
 
+# The epoch's convolution plans, made in setup and reported by RD_CONV_REPORT=1
+# (tests/gpu_emu/conv_plans_emu.sh).
+if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
+  foreach(precision fp32 fp16)
+    add_test(NAME gpu_emu_conv_plans_${precision}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/conv_plans_emu.sh $<TARGET_FILE:resnet_ddp_emu>
+                     $<TARGET_FILE:resnet_ddp> ${precision})
+    set_tests_properties(gpu_emu_conv_plans_${precision} PROPERTIES LABELS "gpu_emu;e2e" TIMEOUT 600)
+  endforeach()
+endif()
+
+# The CUDA backend's per-step costs on the emulator's counters (RD_EMU_STATS):
+# tests/gpu_emu/backend_budget_emu.sh.
+if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
+  foreach(case model_ema one_rank planned)
+    add_test(NAME gpu_emu_backend_budget_${case}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/backend_budget_emu.sh $<TARGET_FILE:resnet_ddp_emu>
+                     $<TARGET_FILE:resnet_ddp> ${case})
+    set_tests_properties(gpu_emu_backend_budget_${case} PROPERTIES LABELS "gpu_emu;e2e" TIMEOUT 600)
+  endforeach()
+endif()
+
 # What one steady-state training step asks of the device (RD_EMU_STATS): host waits,
 # allocations, cuDNN Finds, NCCL calls per step, 1 and 2 ranks (tests/gpu_emu/step_budget.sh).
 if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)

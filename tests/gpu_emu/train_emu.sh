@@ -101,7 +101,7 @@ case "$CASE" in
     same_val_loss 2e-3
     ;;
   mixup_cutmix)
-    # MixUp / CutMix (issue #27): the draws depend on (seed, epoch, step, rank) alone, so
+    # MixUp / CutMix: the draws depend on (seed, epoch, step, rank) alone, so
     # the emulated GPU's mix_images + softmax_xent_mixed must follow the CPU run's steps.
     gpu_then_cpu "fp32, MixUp + CutMix" --arch resnet_tiny --epochs 1 --mixup-alpha 0.2 --cutmix-alpha 1.0
     grep -q "Batch mixing: MixUp or CutMix" "$WORK/gpu.log" || { cat "$WORK/gpu.log"; fail "mixing not on"; }

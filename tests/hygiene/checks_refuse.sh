@@ -60,4 +60,9 @@ python3 "$repo/tools/check_function_length.py" --root "$tmp" > "$tmp/out" && fai
 grep -q "src/core/long.cpp:2: too_long is 91 lines" "$tmp/out" || fail "long function not named: $(cat "$tmp/out")"
 { echo "namespace rd {"; long_fn explained "// Long because: a test."; echo "}  // namespace rd"; } > "$tmp/src/core/long.cpp"
 python3 "$repo/tools/check_function_length.py" --root "$tmp" > "$tmp/out" || fail "a function with a reason failed: $(cat "$tmp/out")"
+# A reason above a function that has since become short is stale.
+printf 'namespace rd {\n// Long because: it was.\nint short_now(int a) {\n  return a;\n}\n}  // namespace rd\n' > "$tmp/src/core/long.cpp"
+python3 "$repo/tools/check_function_length.py" --root "$tmp" > "$tmp/out" && fail "a stale 'Long because:' passed"
+grep -q "src/core/long.cpp:3: short_now is 3 lines, within the limit (80): remove its stale 'Long because:' comment" "$tmp/out" \
+  || fail "stale reason not named: $(cat "$tmp/out")"
 echo "checks refuse what they must"

@@ -3,7 +3,7 @@
 # refused with the difference listed, started by `srun --mpi=pmix` (another job step) as by
 # `mpirun` (the job scripts' default launcher). Then the job requeues itself, and its
 # restart continues the run with other flags unasked: only a requeue of the job that
-# wrote the checkpoint may (issue #39 item 1).
+# wrote the checkpoint may .
 set -euo pipefail
 # shellcheck source=tests/slurm/harness.sh
 source "$(dirname "$0")/harness.sh"

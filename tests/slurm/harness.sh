@@ -125,6 +125,9 @@ EOF
     if ((RD_SLURM_GPUS > 0)); then
       node_extra="CPUs=$RD_SLURM_GPUS Gres=gpu:$RD_SLURM_GPUS"
       echo "GresTypes=gpu"
+      # A node shape with more CPUs than this machine has (4 GPUs, 4 CPUs on 2 cores):
+      # slurmd takes the configured counts instead of marking the node invalid.
+      echo "SlurmdParameters=config_overrides"
     fi
     cat <<EOF
 NodeName=$nodes NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port_lo-$((node_port_lo + 1)) $node_extra State=UNKNOWN
@@ -137,7 +140,7 @@ EOF
     # CUDA_VISIBLE_DEVICES from it; it wants a character device: links to /dev/null.
     mkdir -p "$dir/dev"
     local i
-    for ((i = 0; i < RD_SLURM_GPUS; i++)); do ln -s /dev/null "$dir/dev/nvidia$i"; done
+    for ((i = 0; i < RD_SLURM_GPUS; i++)); do ln -sf /dev/null "$dir/dev/nvidia$i"; done
     echo "NodeName=$nodes Name=gpu File=$dir/dev/nvidia[0-$((RD_SLURM_GPUS - 1))]" >"$dir/gres.conf"
   fi
 }

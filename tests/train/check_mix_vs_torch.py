@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""MixUp / CutMix, the mixed-target loss and RASampler against torch (issue #27).
+"""MixUp / CutMix, the mixed-target loss and RASampler against torch.
 
 Run by ctest (mix_vs_torch): mix_probe (C++) computes ours, this script the
 reference with torch 1.13, and compares:

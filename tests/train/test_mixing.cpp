@@ -1,4 +1,4 @@
-// MixUp / CutMix draws, the accuracy rule, RASampler's rules and the flags (issue #27).
+// MixUp / CutMix draws, the accuracy rule, RASampler's rules and the flags (torchvision's reference recipe).
 // Equality with torch / torchvision is mix_vs_torch's; these are the invariants.
 #include <catch2/catch.hpp>
 

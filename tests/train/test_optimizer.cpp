@@ -87,7 +87,7 @@ TEST_CASE("Adam and SGD over the flat arena follow PyTorch's update", "[train]")
   }
 }
 
-// ---- issue #27: AdamW, RMSprop, LARS, LAMB, param-group decays, gradient clipping --------------
+// ---- torchvision's and timm's recipes: AdamW, RMSprop, LARS, LAMB, param-group decays, gradient clipping --------------
 // (their trajectories against torch / timm: tests/train/check_optimizers_vs_torch.py)
 
 TEST_CASE("torchvision's norm and bias weight-decay groups by parameter name", "[train]") {

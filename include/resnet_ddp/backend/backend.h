@@ -127,6 +127,27 @@ class Backend {
   }
   Tensor matrix(int64_t rows, int64_t cols) { return tensor(Shape{rows, cols}, Layout::RowMajor); }
 
+  // Host memory for batches that images_u8_to_activation will read (the loader's
+  // slots). CUDA: pinned, so the upload copies straight from it on the copy stream
+  // while earlier work computes; nullptr where plain host memory serves as well (CPU).
+  virtual std::shared_ptr<void> allocate_upload_source(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
+  // Returns once no queued upload reads `host` any more, so it may be overwritten
+  // (the loader calls it before refilling a slot). A host wait only when the device
+  // is still behind; nothing to wait for on the CPU.
+  virtual void wait_upload_source(const void* host) { (void)host; }
+  // Prepares the convolution of an input `x` (N, C, H, W) with a weight of shape `w`
+  // (O, C / groups, k, k) and geometry `g` ahead of its first run: the forward, and the
+  // backward directions asked for. Reads and writes no tensor (weights and BN statistics
+  // stay as they are). CUDA: chooses the cuDNN algorithms (cudnnFind), which otherwise
+  // runs inside the first step that meets the shape; the CPU has nothing to prepare.
+  virtual void plan_convolution(const Shape& x, const Shape& w, const ConvGeometry& g, bool backward_data,
+                                bool backward_weights) {
+    (void)x, (void)w, (void)g, (void)backward_data, (void)backward_weights;
+  }
+
   // ---- the operations (include/resnet_ddp/backend/ops.def, with their documentation) ----
 #define RD_BACKEND_OP(name, ret, params, args, kind) ret name params;
 #define RD_BACKEND_VIRTUAL(name, ret, params, args, kind) virtual ret name params = 0;

@@ -56,6 +56,9 @@ struct LoaderOptions {
   bool drop_last = false;
   uint64_t seed = 0;
   HostAllocator allocator;  // null = aligned host memory
+  // Called with a slot's memory (from `allocator`) before the loader refills it; returns
+  // once nothing reads it any more (a GPU upload still copying from it). Null: no wait.
+  std::function<void(const void* slot)> before_reuse;
   // Scheduling priority of the worker threads (Linux nice, 0..19; best effort). The
   // CPU trainer lowers it: workers there share the cores with compute threads that
   // meet at every SyncBatchNorm, so a worker preempting one rank stalls them all,
@@ -64,8 +67,13 @@ struct LoaderOptions {
   LogFn log;                // decode failures (null = silent)
 };
 
-// Cores per rank minus one (at least one): ranks_per_node ranks share this machine.
-int default_loader_workers(int ranks_per_node);
+// Loader threads for a rank that may use `allowed_cores` cores (its CPU affinity), shared
+// with `sharers` ranks bound to the same cores: its share minus the core the launching
+// thread keeps, at least one.
+int loader_workers_for_cores(int allowed_cores, int sharers);
+// The same for this process's affinity mask (sched_getaffinity: what mpirun's binding or
+// Slurm granted, not the machine's core count), shared by `ranks_sharing_mask` ranks.
+int default_loader_workers(int ranks_sharing_mask);
 
 class Loader {
  public:

@@ -147,6 +147,9 @@ class Comm {
   virtual std::unique_ptr<Request> iallreduce(float* data, size_t count, ReduceOp op) = 0;
 
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // As allreduce_stream_ordered for broadcast: a device communicator returns at once,
+  // the device's compute stream sees the data; host communicators simply block.
+  virtual void broadcast_stream_ordered(void* data, size_t bytes, int root) { broadcast(data, bytes, root); }
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;
   // recv holds size() * bytes_per_rank bytes, rank r's block at r * bytes_per_rank.

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "resnet_ddp/backend/names.h"
+#include "resnet_ddp/name_table.h"
 
 namespace rd::io {
 
@@ -42,7 +42,7 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
   double momentum = 0.0, dampening = 0.0;         // sgd
   bool nesterov = false;
-  // ---- optim (issue #27): torchvision's param-group decays, RMSprop, timm's LARS / LAMB ----
+  // ---- optim: torchvision's param-group decays, RMSprop, timm's LARS / LAMB ----
   // Decay of batch-norm weights and biases / of every bias; < 0: unset (--weight-decay applies),
   // like torchvision's None. A bias of a norm layer takes bias_weight_decay when both are set.
   double norm_weight_decay = -1.0, bias_weight_decay = -1.0;

@@ -80,6 +80,10 @@ class ResNet {
   void keep_input_grad(bool on);
   const Tensor& input_grad() const;
 
+  // Every convolution of a forward on an (n, 3, h, w) input, and when `training` of its
+  // backward, planned now (Backend::plan_convolution), so no algorithm search runs
+  // inside a timed step. Changes no parameter, buffer or statistic.
+  void plan_convolutions(int64_t n, int64_t h, int64_t w, bool training);
   // Convenience: input activation buffer of the right shape for this backend.
   Tensor& input_buffer(int64_t n, int64_t h, int64_t w);
 

@@ -42,7 +42,7 @@ struct TrainOptions {
   double momentum = 0.9;             // sgd, rmsprop, lars
   bool nesterov = false;             // sgd, lars
   double weight_decay = 0.0;
-  // ---- optim (issue #27): torchvision's param-group decays and gradient clipping ----
+  // ---- optim: torchvision's param-group decays and gradient clipping ----
   double norm_weight_decay = -1.0;   // < 0: unset (batch-norm parameters take --weight-decay)
   double bias_weight_decay = -1.0;   // < 0: unset
   double clip_grad_norm = 0.0;       // 0: off
@@ -85,7 +85,7 @@ struct TrainOptions {
   VerifyData verify_data = VerifyData::Full;  // scan: decode every image, or read headers only
   int64_t checkpoint_every = 0;      // optimizer steps between mid-epoch last.h5 saves, 0 = off
   bool check = false;                // dry run: validate everything, train nothing (check_main)
-  // MixUp / CutMix and repeated augmentation (issue #27, torchvision's reference flags).
+  // MixUp / CutMix and repeated augmentation (torchvision's reference flags).
   double mixup_alpha = 0.0;          // Beta(alpha, alpha) MixUp on the batch, 0 = off
   double cutmix_alpha = 0.0;         // Beta(alpha, alpha) CutMix on the batch, 0 = off
   bool ra_sampler = false;           // RASampler instead of DistributedSampler
@@ -103,7 +103,7 @@ struct TrainOptions {
   int64_t model_ema_steps = 32;      // EMA update every N steps of an epoch
   double model_ema_decay = 0.99998;  // before the reference's adjustment
 
-  // ---- data: torchvision's reference presets (issue #27; cli.cpp add_data_flags) ----
+  // ---- data: torchvision's reference presets (cli.cpp add_data_flags) ----
   int train_crop_size = 0;   // > 0: RandomResizedCrop(N) + flip + policy instead of --augment + Resize
   double hflip_prob = 0.5;   // RandomHorizontalFlip p of that preset
   AutoAugmentPolicy auto_augment = AutoAugmentPolicy::None;

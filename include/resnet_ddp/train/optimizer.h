@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "resnet_ddp/backend/backend.h"
-#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/io/optimizer_state.h"
+#include "resnet_ddp/name_table.h"
 #include "resnet_ddp/nn/arena.h"
 
 namespace rd::train {

@@ -8,10 +8,10 @@
 
 #include <string>
 
-#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/data/dataset.h"
 #include "resnet_ddp/data/transforms.h"
 #include "resnet_ddp/errors.h"
+#include "resnet_ddp/name_table.h"
 
 namespace rd::train {
 

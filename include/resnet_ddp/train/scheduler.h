@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/io/optimizer_state.h"
+#include "resnet_ddp/name_table.h"
 
 namespace rd::train {
 

@@ -491,7 +491,7 @@ double CpuBackend::softmax_xent_impl(const Tensor& logits, const int32_t* labels
                            });
 }
 
-// ---- MixUp / CutMix (issue #27) -----------------------------------------------------------
+// ---- MixUp / CutMix (torchvision's reference recipe) -----------------------------------------------------------
 
 void CpuBackend::mix_images_impl(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
   const Indexer at(src);

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -161,6 +163,9 @@ struct CudaBackend::ConvPlan {
   };
   Dir dir[3];
   int64_t yh = 0, yw = 0;
+  ConvKey key{};
+  DType dtype = DType::F32;
+  int64_t x_count = 0, y_count = 0, w_count = 0;  // elements of each operand
 
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
@@ -210,13 +215,14 @@ struct Found {
   cudnnStatus_t status;
   size_t memory;
   cudnnMathType_t math;
+  float time;  // ms measured by cudnnFind (negative from the heuristics)
 };
 
 template <class Perf>
 std::vector<Found> found_of(const Perf* perf, int n) {
   std::vector<Found> out;
   for (int i = 0; i < n; ++i)
-    out.push_back({static_cast<int>(perf[i].algo), perf[i].status, perf[i].memory, perf[i].mathType});
+    out.push_back({static_cast<int>(perf[i].algo), perf[i].status, perf[i].memory, perf[i].mathType, perf[i].time});
   return out;
 }
 
@@ -267,13 +273,18 @@ CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w
                                          const ConvGeometry& g, const char* op) {
   RD_CHECK(w.device == DeviceKind::CUDA && w.dtype == DType::F32 && w.shape.rank == 4 && w.data,
            op << ": weight must be a f32 (O, I / groups, kh, kw) CUDA tensor, got " << w.describe());
-  RD_CHECK(g.groups > 0 && w.shape[1] * g.groups == x.c && w.shape[0] % g.groups == 0 &&
-               w.shape[2] == g.kernel && w.shape[3] == g.kernel,
-           op << ": weight " << w.shape.str() << " does not match input channels " << x.c << ", kernel "
+  return plan_shape(x, w.shape, g, op);
+}
+
+CudaBackend::ConvPlan& CudaBackend::plan_shape(const kern::ActDesc& x, const Shape& ws, const ConvGeometry& g,
+                                               const char* op) {
+  RD_CHECK(ws.rank == 4 && g.groups > 0 && ws[1] * g.groups == x.c && ws[0] % g.groups == 0 &&
+               ws[2] == g.kernel && ws[3] == g.kernel,
+           op << ": weight " << ws.str() << " does not match input channels " << x.c << ", kernel "
               << g.kernel << " and " << g.groups << " groups");
   RD_CHECK(g.kernel > 0 && g.stride > 0 && g.pad >= 0,
            op << ": bad geometry kernel " << g.kernel << " stride " << g.stride << " pad " << g.pad);
-  const ConvKey key{x.n, x.c, x.h, x.w, w.shape[0], w.shape[2], w.shape[3],
+  const ConvKey key{x.n, x.c, x.h, x.w, ws[0], ws[2], ws[3],
                     g.stride, g.pad, g.groups, x.nhwc, x.dtype};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
@@ -283,6 +294,11 @@ CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w
   const cudnnTensorFormat_t fmt = x.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   p->yh = conv_out_size(x.h, g.kernel, g.stride, g.pad);
   p->yw = conv_out_size(x.w, g.kernel, g.stride, g.pad);
+  p->key = key;
+  p->dtype = x.dtype;
+  p->x_count = x.n * x.c * x.h * x.w;
+  p->y_count = x.n * ws[0] * p->yh * p->yw;
+  p->w_count = ws[0] * ws[1] * ws[2] * ws[3];
   RD_CHECK(p->yh > 0 && p->yw > 0, op << ": input " << x.h << "x" << x.w << " too small for kernel "
                                       << g.kernel << " stride " << g.stride << " pad " << g.pad);
   RD_CUDNN(cudnnCreateTensorDescriptor(&p->x));
@@ -292,14 +308,14 @@ CudaBackend::ConvPlan& CudaBackend::plan(const kern::ActDesc& x, const Tensor& w
   RD_CUDNN(cudnnSetTensor4dDescriptor(p->x, fmt, dt, narrow(x.n, "batch"), narrow(x.c, "channels"),
                                       narrow(x.h, "height"), narrow(x.w, "width")));
   RD_CUDNN(cudnnSetTensor4dDescriptor(p->y, fmt, dt, narrow(x.n, "batch"),
-                                      narrow(w.shape[0], "channels"), narrow(p->yh, "height"),
+                                      narrow(ws[0], "channels"), narrow(p->yh, "height"),
                                       narrow(p->yw, "width")));
   // Staged weights are OHWI next to NHWC activations (see stage_conv_weight). Grouped:
   // the filter is (O, I / groups, k, k), as PyTorch's, with the group count on the
   // convolution descriptor.
   const cudnnTensorFormat_t wfmt = stages_weights() && x.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-  RD_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, wfmt, narrow(w.shape[0], "out channels"),
-                                      narrow(w.shape[1], "in channels per group"), g.kernel, g.kernel));
+  RD_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, wfmt, narrow(ws[0], "out channels"),
+                                      narrow(ws[1], "in channels per group"), g.kernel, g.kernel));
   RD_CUDNN(cudnnSetConvolution2dDescriptor(p->conv, g.pad, g.pad, g.stride, g.stride, 1, 1,
                                            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   if (g.groups != 1) RD_CUDNN(cudnnSetConvolutionGroupCount(p->conv, g.groups));
@@ -313,28 +329,31 @@ bool CudaBackend::stages_weights() const {
   return layout_ == Layout::NHWC || act_dtype_ != DType::F32;
 }
 
-// One staged copy per weight buffer. The forward stages it; backward-data reuses
-// that copy unless something may have written weights since (weights_version_:
-// optimizer steps, host copies, fills, new allocations), so a training step
-// converts each weight once, not twice. Copies unused for a whole
+// One staged copy per weight buffer, re-staged only when something may have written
+// weights since (weights_version_: optimizer steps, EMA copies, host copies, fills, new
+// allocations, collectives that write device memory), so a training step converts each
+// weight once, not twice, and evaluation converts it once for all its batches. Copies unused for a whole
 // optimizer step are released (prune_staged_weights), so reloaded models and
 // finite-difference tests do not keep stale device copies.
-const void* CudaBackend::staged_weight(const Tensor& w, bool from_forward) {
+const void* CudaBackend::staged_weight(const Tensor& w) {
   if (!stages_weights()) return w.data;
   // Without optimizer steps (inference, tests) nothing is pruned: bound the count
   // instead, far above any ResNet's conv layers (ResNet-152: 155).
   if (staged_weights_.size() >= 1024 && !staged_weights_.count(w.data)) staged_weights_.clear();
   StagedWeight& slot = staged_weights_[w.data];
   const size_t bytes = static_cast<size_t>(w.numel()) * dtype_size(act_dtype_);
-  const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes && !from_forward;
+  const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes;
   slot.last_used_step = optimizer_steps_;
+  convs_since_step_ = true;
   if (fresh) return slot.buffer->get(bytes, "staged conv weight");
   if (!slot.buffer) {
     slot.buffer = std::make_unique<Scratch>();
     slot.buffer->bind(collective_timeout_s_, compute_);
     slot.buffer->on_oom([this] { return release_workspace_for_oom(); });
   }
+  if (slot.buffer->capacity() < bytes) ++staged_weight_allocations_;
   void* dst = slot.buffer->get(bytes, "staged conv weight");
+  ++weight_stagings_;
   kern::stage_conv_weight(w.f32(), w.shape[0], w.shape[1], w.shape[2], w.shape[3],
                           layout_ == Layout::NHWC, act_dtype_, dst, compute_);
   slot.version = weights_version_;
@@ -354,7 +373,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
     : device_(opts.device_index),
       collective_timeout_s_(opts.collective_timeout_s > 0 ? opts.collective_timeout_s : 600.0),
       precision_(opts.precision),
-      layout_(opts.layout.value_or(Layout::NHWC)) {
+      layout_(opts.layout.value_or(Layout::NHWC)),
+      upload_sources_(std::make_shared<UploadSources>()) {
   const int count = cuda_device_count();
   if (count == 0) {
     int dummy = 0;
@@ -380,8 +400,10 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
                                                : DType::F32;
   RD_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   RD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  RD_CUDA(cudaEventCreateWithFlags(&images_ready_, cudaEventDisableTiming));
-  RD_CUDA(cudaEventCreateWithFlags(&images_consumed_, cudaEventDisableTiming));
+  for (Upload& u : uploads_) {
+    RD_CUDA(cudaEventCreateWithFlags(&u.ready, cudaEventDisableTiming));
+    RD_CUDA(cudaEventCreateWithFlags(&u.consumed, cudaEventDisableTiming));
+  }
   RD_CUDNN(cudnnCreate(&cudnn_));
   RD_CUDNN(cudnnSetStream(cudnn_, compute_));
   RD_CUBLAS(cublasCreate(&cublas_));
@@ -392,21 +414,26 @@ CudaBackend::CudaBackend(const BackendOptions& opts)
     buf->bind(collective_timeout_s_, compute_);
     if (buf != &workspace_) buf->on_oom([this] { return release_workspace_for_oom(); });
   }
-  images_device_.bind(collective_timeout_s_, compute_, copy_);  // written by the copy stream, read by compute
-  images_pinned_.bind(collective_timeout_s_, copy_);
+  for (Upload& u : uploads_) {
+    u.device.bind(collective_timeout_s_, compute_, copy_);  // written by the copy stream, read by compute
+    u.pinned.bind(collective_timeout_s_, copy_);
+  }
   // Under compute-sanitizer cudnnFind (every algorithm, each run instrumented) takes
   // minutes: tools/gpu_check.sh's memcheck step sets RD_CUDNN_HEURISTICS=1.
   const char* heur = std::getenv("RD_CUDNN_HEURISTICS");
   cudnn_heuristics_ = heur && std::strcmp(heur, "1") == 0;
+  const char* report = std::getenv("RD_CONV_REPORT");
+  conv_report_ = report && std::strcmp(report, "1") == 0;
 }
 
 std::vector<Scratch*> CudaBackend::scratch_buffers() {
   return {&workspace_, &staged_grad_, &bn_sums_, &bn_packed_, &bn_scale_shift_, &bn_means_, &nchw_scratch_,
-          &fallback_in_, &fallback_out_, &images_device_, &images_pinned_, &labels_device_, &row_loss_device_,
+          &fallback_in_, &fallback_out_, &uploads_[0].device, &uploads_[0].pinned, &uploads_[1].device,
+          &uploads_[1].pinned, &labels_device_, &row_loss_device_,
           &argmax_device_, &loss_host_, &flag_device_, &flag_host_, &norm_table_device_, &norm_table_host_,
           &step_table_device_, &step_table_host_, &partials_device_, &partials_host_, &erase_boxes_,
-          &sum_labels_device_, &label_slots_[0].pinned, &label_slots_[1].pinned, &label_slots_[2].pinned,
-          &label_slots_[3].pinned, &queued_pinned_};
+          &timing_x_, &timing_y_, &timing_w_, &sum_labels_device_, &label_slots_[0].pinned,
+          &label_slots_[1].pinned, &label_slots_[2].pinned, &label_slots_[3].pinned, &queued_pinned_};
 }
 
 CudaBackend::~CudaBackend() {
@@ -428,8 +455,12 @@ CudaBackend::~CudaBackend() {
   plans_.clear();
   if (cublas_) cublasDestroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
-  if (images_ready_) cudaEventDestroy(images_ready_);
-  if (images_consumed_) cudaEventDestroy(images_consumed_);
+  for (Upload& u : uploads_) {
+    if (u.ready) cudaEventDestroy(u.ready);
+    if (u.consumed) cudaEventDestroy(u.consumed);
+  }
+  if (timing_start_) cudaEventDestroy(timing_start_);
+  if (timing_stop_) cudaEventDestroy(timing_stop_);
   if (queued_done_) cudaEventDestroy(queued_done_);
   for (cudaEvent_t ev : timing_marks_)
     if (ev) cudaEventDestroy(ev);
@@ -543,25 +574,91 @@ void CudaBackend::copy_to_host_nchw_impl(const Tensor& src, float* dst) {
   copy_to_host(dst, tmp, bytes);
 }
 
+struct CudaBackend::UploadSources {
+  std::mutex mu;
+  std::map<const char*, size_t> blocks;
+};
+
+std::shared_ptr<void> CudaBackend::allocate_upload_source(size_t bytes) {
+  const size_t want = std::max<size_t>(bytes, 256);
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, want);
+  if (e == cudaErrorMemoryAllocation) fail_oom(want, "a pinned loader batch slot", __FILE__, __LINE__);
+  if (e != cudaSuccess) fail_cuda(e, "cudaMallocHost", __FILE__, __LINE__);
+  {
+    std::lock_guard<std::mutex> lock(upload_sources_->mu);
+    upload_sources_->blocks[static_cast<const char*>(p)] = want;
+  }
+  // cudaFreeHost waits for the device, so a copy still reading the block finishes first.
+  return std::shared_ptr<void>(p, [sources = upload_sources_](void* q) {
+    {
+      std::lock_guard<std::mutex> lock(sources->mu);
+      sources->blocks.erase(static_cast<const char*>(q));
+    }
+    cudaFreeHost(q);
+  });
+}
+
+bool CudaBackend::is_upload_source(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(upload_sources_->mu);
+  auto it = upload_sources_->blocks.upper_bound(c);
+  if (it == upload_sources_->blocks.begin()) return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
+
+namespace {
+// Waits for `e` only if it has not completed: a completed event costs a query, not a wait.
+void wait_event_if_pending(cudaEvent_t e) {
+  const cudaError_t q = cudaEventQuery(e);
+  if (q == cudaSuccess) return;
+  if (q != cudaErrorNotReady) fail_cuda(q, "cudaEventQuery", __FILE__, __LINE__);
+  RD_CUDA(cudaEventSynchronize(e));
+}
+}  // namespace
+
+void CudaBackend::wait_upload_source(const void* host) {
+  for (Upload& u : uploads_)
+    if (host && u.source == host) {
+      wait_event_if_pending(u.ready);
+      u.source = nullptr;
+    }
+}
+
 void CudaBackend::images_u8_to_activation_impl(const uint8_t* src, Tensor& dst, const float* mean,
                                           const float* std) {
   const kern::ActDesc d = act(dst, "images_u8_to_activation", "destination");
   const float zero[3] = {0.f, 0.f, 0.f}, one[3] = {1.f, 1.f, 1.f};
   const size_t bytes = static_cast<size_t>(d.count());
   if (!bytes) return;
-  // The previous batch's copy must be done reading the pinned buffer, and its
-  // conversion done reading the device buffer, before either is reused.
-  RD_CUDA(cudaEventSynchronize(images_ready_));
-  void* dev = images_device_.get(bytes, "uint8 image batch");
-  void* pinned = images_pinned_.get(bytes, "pinned uint8 image batch");
-  std::memcpy(pinned, src, bytes);
-  RD_CUDA(cudaStreamWaitEvent(copy_, images_consumed_, 0));
-  RD_CUDA(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, copy_));
-  RD_CUDA(cudaEventRecord(images_ready_, copy_));
-  RD_CUDA(cudaStreamWaitEvent(compute_, images_ready_, 0));
+  Upload& u = uploads_[next_upload_];
+  next_upload_ ^= 1;
+  void* dev = u.device.get(bytes, "uint8 image batch");
+  const void* from = src;
+  // An upload source nobody waited for: its copy (two uploads ago) must end before
+  // the record below forgets it.
+  if (u.source) wait_event_if_pending(u.ready);
+  u.source = nullptr;
+  if (is_upload_source(src, bytes)) {
+    u.source = src;  // the caller waits for it (wait_upload_source) before overwriting it
+  } else {
+    // A plain host batch: staged through this buffer's pinned copy, which the copy of
+    // two uploads ago may still read.
+    wait_event_if_pending(u.ready);
+    void* pinned = u.pinned.get(bytes, "pinned uint8 image batch");
+    std::memcpy(pinned, src, bytes);
+    from = pinned;
+  }
+  // The device buffer's previous batch (two uploads ago) must have been converted;
+  // the copy stream waits for that, the host does not.
+  RD_CUDA(cudaStreamWaitEvent(copy_, u.consumed, 0));
+  RD_CUDA(cudaMemcpyAsync(dev, from, bytes, cudaMemcpyHostToDevice, copy_));
+  RD_CUDA(cudaEventRecord(u.ready, copy_));
+  RD_CUDA(cudaStreamWaitEvent(compute_, u.ready, 0));
   kern::images_u8_to_act(static_cast<const uint8_t*>(dev), d, dst.data, mean ? mean : zero,
                          std ? std : one, compute_);
-  RD_CUDA(cudaEventRecord(images_consumed_, compute_));
+  RD_CUDA(cudaEventRecord(u.consumed, compute_));
 }
 
 void CudaBackend::erase_rectangles_impl(Tensor& x, const int32_t* boxes) {
@@ -692,6 +789,7 @@ std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, con
   // Search with the precision's own math type: the descriptor still carries the
   // math type the previous direction's chosen algorithm set.
   RD_CUDNN(cudnnSetConvolutionMathType(p.conv, wanted_conv_math()));
+  ++conv_searches_;
   std::vector<Found> found;
   cudnnStatus_t s = query_algorithms(cudnn_, p.x, p.w, p.conv, p.y, d, cudnn_heuristics_, found);
   if (!cudnn_heuristics_ && find_out_of_memory(s, found)) {
@@ -722,7 +820,7 @@ std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, con
     // more (review 7), so its size is asked again for the math that will run, and
     // an algorithm without an FMA kernel is dropped. The heuristics' sizes are
     // asked likewise (their memory field is not a measured requirement).
-    ConvChoice c{f.algo, precision_ == Precision::FP32 ? CUDNN_FMA_MATH : f.math, f.memory};
+    ConvChoice c{f.algo, precision_ == Precision::FP32 ? CUDNN_FMA_MATH : f.math, f.memory, f.time};
     if (c.math != f.math || cudnn_heuristics_) {
       size_t ws = 0;
       if (workspace_size(p, d, c.algo, c.math, ws) != CUDNN_STATUS_SUCCESS) continue;
@@ -733,7 +831,137 @@ std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, con
                                   [&](const ConvChoice& o) { return o.algo == c.algo && o.math == c.math; });
     if (!seen) out.push_back(c);
   }
+  // Find's times of relabelled entries are TF32 times (Note [fp32 algorithms re-timed]).
+  const bool retime = precision_ == Precision::FP32 && !cudnn_heuristics_ && out.size() > 1;
+  if (retime) retime_candidates(p, d, out);
+  if (conv_report_)
+    report_plan(p, d, out, retime ? "re-timed with CUDA events" : cudnn_heuristics_ ? "heuristics" : "cudnnFind");
   return out;
+}
+
+namespace {
+const char* conv_call_name(int d) {
+  return d == kFwd ? "cudnnConvolutionForward" : d == kBwdData ? "cudnnConvolutionBackwardData"
+                                                               : "cudnnConvolutionBackwardFilter";
+}
+const char* conv_dir_name(int d) { return d == kFwd ? "forward" : d == kBwdData ? "backward-data" : "backward-filter"; }
+// cuDNN's legacy enum names (cudnn_cnn.h), without their common prefix.
+const char* conv_algo_name(int d, int algo) {
+  static const char* const fwd[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT",
+                                    "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* const bwd_data[] = {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* const bwd_filter[] = {"ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED",
+                                           "FFT_TILING"};
+  if (algo < 0) return "?";
+  if (d == kFwd) return algo < 8 ? fwd[algo] : "?";
+  if (d == kBwdData) return algo < 6 ? bwd_data[algo] : "?";
+  return algo < 7 ? bwd_filter[algo] : "?";
+}
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH: return "DEFAULT";
+    case CUDNN_TENSOR_OP_MATH: return "TENSOR_OP";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "TENSOR_OP_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH: return "FMA";
+  }
+  return "?";
+}
+}  // namespace
+
+// Direction d of plan p with algorithm c; operands as run_conv's.
+cudnnStatus_t CudaBackend::launch_conv(ConvPlan& p, int d, const ConvChoice& c, const void* a, const void* b,
+                                       void* out, float beta, void* ws) {
+  const float alpha = 1.f;
+  RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
+  if (d == kFwd)
+    return cudnnConvolutionForward(cudnn_, &alpha, p.x, a, p.w, b, p.conv,
+                                   static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws, c.ws, &beta, p.y, out);
+  if (d == kBwdData)
+    return cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, a, p.y, b, p.conv,
+                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, c.ws, &beta, p.x, out);
+  return cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, a, p.y, b, p.conv,
+                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, c.ws, &beta, p.w,
+                                        out);
+}
+
+// Note [fp32 algorithms re-timed]
+// cudnnFind measures each algorithm with the math type it picks: on Ampere+ that may be
+// TF32, so in fp32 (FMA math) its order ranks FMA kernels by their TF32 times. Each FMA
+// candidate is therefore run and timed again with CUDA events, once per plan and
+// direction (one untimed run for lazy loading, then one timed, as PyTorch's benchmark
+// mode times each algorithm once), and the list sorted by those times. The operands are zeroed scratch buffers freed afterwards (planning
+// happens before the epoch's timer).
+void CudaBackend::retime_candidates(ConvPlan& p, int d, std::vector<ConvChoice>& list) {
+  constexpr int kTimedRuns = 1;
+  const size_t elem = dtype_size(p.dtype);
+  const size_t xb = static_cast<size_t>(p.x_count) * elem, yb = static_cast<size_t>(p.y_count) * elem,
+               wb = static_cast<size_t>(p.w_count) * elem;
+  void* x = timing_x_.get(xb, "convolution timing input");
+  void* y = timing_y_.get(yb, "convolution timing output");
+  void* w = timing_w_.get(wb, "convolution timing filter");
+  RD_CUDA(cudaMemsetAsync(x, 0, xb, compute_));
+  RD_CUDA(cudaMemsetAsync(y, 0, yb, compute_));
+  RD_CUDA(cudaMemsetAsync(w, 0, wb, compute_));
+  if (!timing_start_) {
+    RD_CUDA(cudaEventCreate(&timing_start_));
+    RD_CUDA(cudaEventCreate(&timing_stop_));
+  }
+  const void* a = d == kBwdData ? w : x;
+  const void* b = d == kFwd ? w : y;
+  void* out = d == kFwd ? y : d == kBwdData ? x : w;
+  for (auto it = list.begin(); it != list.end();) {
+    void* ws = it->ws ? workspace_.try_get(it->ws) : nullptr;
+    cudnnStatus_t s = it->ws && !ws ? CUDNN_STATUS_ALLOC_FAILED : launch_conv(p, d, *it, a, b, out, 0.f, ws);
+    if (s == CUDNN_STATUS_SUCCESS) {
+      RD_CUDA(cudaEventRecord(timing_start_, compute_));
+      for (int r = 0; r < kTimedRuns && s == CUDNN_STATUS_SUCCESS; ++r) s = launch_conv(p, d, *it, a, b, out, 0.f, ws);
+      RD_CUDA(cudaEventRecord(timing_stop_, compute_));
+      RD_CUDA(cudaEventSynchronize(timing_stop_));
+      float ms = 0.f;
+      RD_CUDA(cudaEventElapsedTime(&ms, timing_start_, timing_stop_));
+      it->ms = ms / kTimedRuns;
+    }
+    if (s == CUDNN_STATUS_ALLOC_FAILED) {
+      it->ms = -1.f;  // not timed: kept last, affordable() may still drop it
+      ++it;
+      continue;
+    }
+    if (s != CUDNN_STATUS_SUCCESS) {
+      if (s != CUDNN_STATUS_NOT_SUPPORTED) fail_cudnn(s, conv_call_name(d), __FILE__, __LINE__);
+      it = list.erase(it);  // refuses the shape after all
+      continue;
+    }
+    ++it;
+  }
+  std::stable_sort(list.begin(), list.end(), [](const ConvChoice& l, const ConvChoice& r) {
+    return (l.ms >= 0.f) != (r.ms >= 0.f) ? l.ms >= 0.f : l.ms < r.ms;
+  });
+  for (Scratch* s : {&timing_x_, &timing_y_, &timing_w_}) s->release();
+}
+
+// RD_CONV_REPORT=1: one line per plan and direction, on stderr, when it is searched.
+void CudaBackend::report_plan(const ConvPlan& p, int d, const std::vector<ConvChoice>& list, const char* how) const {
+  char head[320];
+  std::snprintf(head, sizeof head,
+                "resnet_ddp: conv plan cuda:%d %s x[%lld, %lld, %lld, %lld] w[%lld, %lld, %lld, %lld] stride %d pad %d "
+                "groups %d %s %s",
+                device_, conv_dir_name(d), static_cast<long long>(p.key.n), static_cast<long long>(p.key.c),
+                static_cast<long long>(p.key.h), static_cast<long long>(p.key.w), static_cast<long long>(p.key.o),
+                static_cast<long long>(p.key.c / p.key.groups), static_cast<long long>(p.key.kh),
+                static_cast<long long>(p.key.kw), p.key.stride, p.key.pad, p.key.groups, dtype_name(p.dtype),
+                p.key.nhwc ? "NHWC" : "NCHW");
+  if (list.empty()) {
+    std::fprintf(stderr, "%s: no algorithm (runs in f32 NCHW)\n", head);
+    return;
+  }
+  const ConvChoice& c = list.front();
+  char time[64];
+  if (c.ms >= 0.f)
+    std::snprintf(time, sizeof time, "%.4f ms", static_cast<double>(c.ms));
+  else
+    std::snprintf(time, sizeof time, "not measured");
+  std::fprintf(stderr, "%s: algo %s (%d) math %s workspace %s time %s (%s, %zu candidates)\n", head,
+               conv_algo_name(d, c.algo), c.algo, math_name(c.math), mib(c.ws).c_str(), time, how, list.size());
 }
 
 // Runs direction d of plan p with its fastest affordable algorithm:
@@ -747,29 +975,12 @@ bool CudaBackend::run_conv(ConvPlan& p, int d, const void* a, const void* b, voi
     dir.choices = search(p, d, op);
     dir.searched = true;
   }
-  const float alpha = 1.f;
   while (!dir.choices.empty()) {
     void* ws = nullptr;
     const ConvChoice c = affordable(dir.choices, ws, op);
-    RD_CUDNN(cudnnSetConvolutionMathType(p.conv, c.math));
-    cudnnStatus_t s;
-    const char* call;
-    if (d == kFwd) {
-      call = "cudnnConvolutionForward";
-      s = cudnnConvolutionForward(cudnn_, &alpha, p.x, a, p.w, b, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
-                                  ws, c.ws, &beta, p.y, out);
-    } else if (d == kBwdData) {
-      call = "cudnnConvolutionBackwardData";
-      s = cudnnConvolutionBackwardData(cudnn_, &alpha, p.w, a, p.y, b, p.conv,
-                                       static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws, c.ws, &beta, p.x, out);
-    } else {
-      call = "cudnnConvolutionBackwardFilter";
-      s = cudnnConvolutionBackwardFilter(cudnn_, &alpha, p.x, a, p.y, b, p.conv,
-                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws, c.ws, &beta, p.w,
-                                         out);
-    }
+    const cudnnStatus_t s = launch_conv(p, d, c, a, b, out, beta, ws);
     if (s == CUDNN_STATUS_SUCCESS) return true;
-    if (s != CUDNN_STATUS_NOT_SUPPORTED) fail_cudnn(s, call, __FILE__, __LINE__);
+    if (s != CUDNN_STATUS_NOT_SUPPORTED) fail_cudnn(s, conv_call_name(d), __FILE__, __LINE__);
     // The heuristics may offer an algorithm that then refuses the shape: the next one.
     dir.choices.erase(dir.choices.begin());
   }
@@ -785,21 +996,48 @@ bool CudaBackend::run_conv(ConvPlan& p, int d, const void* a, const void* b, voi
 // activations and weight copies per layer; here only the few layers without an
 // algorithm pay the conversions. The math stays the precision's (TF32 tensor
 // cores for fp16/bf16 runs: at least as precise as the reduced-precision storage).
-CudaBackend::ConvPlan& CudaBackend::f32_nchw_plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g,
+CudaBackend::ConvPlan& CudaBackend::f32_nchw_plan(const kern::ActDesc& x, const Shape& w, const ConvGeometry& g,
                                                   const char* op) {
   RD_CHECK(x.nhwc || x.dtype != DType::F32,
-           op << ": cuDNN found no algorithm for input " << dims(x) << " weight " << w.shape.str());
+           op << ": cuDNN found no algorithm for input " << dims(x) << " weight " << w.str());
   kern::ActDesc f = x;
   f.nhwc = false;
   f.dtype = DType::F32;
-  return plan(f, w, g, op);
+  return plan_shape(f, w, g, op);
 }
 
-void CudaBackend::note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Tensor& w, const char* op) {
+void CudaBackend::plan_convolution(const Shape& x, const Shape& w, const ConvGeometry& g, bool backward_data,
+                                   bool backward_weights) {
+  const char* op = "plan_convolution";
+  RD_CHECK(x.rank == 4, op << ": input shape " << x.str() << " is not (N, C, H, W)");
+  kern::ActDesc xd;
+  xd.n = x[0], xd.c = x[1], xd.h = x[2], xd.w = x[3];
+  // The 3-channel input of a blocked layout is NCHW (Backend::layout_for_channels).
+  xd.nhwc = layout_for_channels(xd.c) == Layout::NHWC;
+  xd.dtype = act_dtype_;
+  ConvPlan& p = plan_shape(xd, w, g, op);
+  for (int d : {int{kFwd}, int{kBwdData}, int{kBwdFilter}}) {
+    if ((d == kBwdData && !backward_data) || (d == kBwdFilter && !backward_weights)) continue;
+    ConvPlan::Dir& dir = p.dir[d];
+    if (dir.searched || dir.nchw_f32) continue;
+    dir.choices = search(p, d, op);
+    dir.searched = true;
+    if (!dir.choices.empty()) continue;
+    // As the op would: this direction runs in f32 NCHW, so that plan is the one to search.
+    note_fallback(p, d, xd, w, op);
+    ConvPlan& fp = f32_nchw_plan(xd, w, g, op);
+    if (!fp.dir[d].searched) {
+      fp.dir[d].choices = search(fp, d, op);
+      fp.dir[d].searched = true;
+    }
+  }
+}
+
+void CudaBackend::note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Shape& w, const char* op) {
   p.dir[d].nchw_f32 = true;
   ++fallbacks_;
   std::fprintf(stderr, "resnet_ddp: %s: cuDNN has no %s %s algorithm for input %s weight %s; running it in f32 NCHW\n",
-               op, dtype_name(x.dtype), x.nhwc ? "NHWC" : "NCHW", dims(x).c_str(), w.shape.str().c_str());
+               op, dtype_name(x.dtype), x.nhwc ? "NHWC" : "NCHW", dims(x).c_str(), w.str().c_str());
 }
 
 void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& y, const ConvGeometry& g) {
@@ -810,14 +1048,14 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, Tensor& 
            "conv2d_forward: y is " << dims(yd) << ", expected [" << xd.n << ", " << w.shape[0] << ", "
                                    << p.yh << ", " << p.yw << "]");
   if (!p.dir[kFwd].nchw_f32) {
-    const void* wp = staged_weight(w, /*from_forward=*/true);
+    const void* wp = staged_weight(w);
     if (run_conv(p, kFwd, x.data, wp, y.data, 0.f, op)) return;
-    note_fallback(p, kFwd, xd, w, op);
+    note_fallback(p, kFwd, xd, w.shape, op);
   }
   // Buffers before the plan runs: an out-of-memory retry in get() frees the workspace.
   float* x32 = fallback_in_.as<float>(static_cast<size_t>(xd.count()), "f32 NCHW convolution input");
   float* y32 = fallback_out_.as<float>(static_cast<size_t>(yd.count()), "f32 NCHW convolution output");
-  ConvPlan& f = f32_nchw_plan(xd, w, g, op);
+  ConvPlan& f = f32_nchw_plan(xd, w.shape, g, op);
   kern::act_to_nchw_f32(xd, x.data, x32, compute_);
   RD_CHECK(run_conv(f, kFwd, x32, w.f32(), y32, 0.f, op),
            op << ": cuDNN found no algorithm for input " << dims(xd) << " weight " << w.shape.str());
@@ -834,13 +1072,13 @@ void CudaBackend::conv2d_backward_data_impl(const Tensor& dy, const Tensor& w, T
            "conv2d_backward_data: dy is " << dims(dyd) << ", expected [" << dxd.n << ", "
                                           << w.shape[0] << ", " << p.yh << ", " << p.yw << "]");
   if (!p.dir[kBwdData].nchw_f32) {
-    const void* wp = staged_weight(w, /*from_forward=*/false);
+    const void* wp = staged_weight(w);
     if (run_conv(p, kBwdData, wp, dy.data, dx.data, 0.f, op)) return;
-    note_fallback(p, kBwdData, dxd, w, op);
+    note_fallback(p, kBwdData, dxd, w.shape, op);
   }
   float* dy32 = fallback_in_.as<float>(static_cast<size_t>(dyd.count()), "f32 NCHW convolution gradient");
   float* dx32 = fallback_out_.as<float>(static_cast<size_t>(dxd.count()), "f32 NCHW convolution input gradient");
-  ConvPlan& f = f32_nchw_plan(dxd, w, g, op);
+  ConvPlan& f = f32_nchw_plan(dxd, w.shape, g, op);
   kern::act_to_nchw_f32(dyd, dy.data, dy32, compute_);
   RD_CHECK(run_conv(f, kBwdData, w.f32(), dy32, dx32, 0.f, op),
            op << ": cuDNN found no algorithm for dx " << dims(dxd) << " weight " << w.shape.str());
@@ -871,11 +1109,11 @@ void CudaBackend::conv2d_backward_weights_impl(const Tensor& x, const Tensor& dy
         return;
       }
     }
-    note_fallback(p, kBwdFilter, xd, dw, op);
+    note_fallback(p, kBwdFilter, xd, dw.shape, op);
   }
   float* x32 = fallback_in_.as<float>(static_cast<size_t>(xd.count()), "f32 NCHW convolution input");
   float* dy32 = fallback_out_.as<float>(static_cast<size_t>(dyd.count()), "f32 NCHW convolution gradient");
-  ConvPlan& f = f32_nchw_plan(xd, dw, g, op);
+  ConvPlan& f = f32_nchw_plan(xd, dw.shape, g, op);
   kern::act_to_nchw_f32(xd, x.data, x32, compute_);
   kern::act_to_nchw_f32(dyd, dy.data, dy32, compute_);
   // The f32 NCHW filter is the OIHW gradient arena itself: accumulate through beta.
@@ -1308,6 +1546,11 @@ void CudaBackend::ema_update_impl(float* averaged, const float* current, size_t 
 
 void CudaBackend::weights_changed_by_optimizer() {
   ++weights_version_;
+  // A step is an update after convolutions ran: the optimizer's several calls, and
+  // --model-ema's updates and copies, between two forwards count as one, else the
+  // prune below would free (and the next forward re-allocate) every staged weight.
+  if (!convs_since_step_) return;
+  convs_since_step_ = false;
   ++optimizer_steps_;
   prune_staged_weights();
 }

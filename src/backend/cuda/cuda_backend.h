@@ -7,7 +7,10 @@
 // include/resnet_ddp/math/*.h.
 //
 // Streams: all work runs in order on one compute stream; input images go
-// host -> pinned -> device on a copy stream (event-ordered); NcclComm runs
+// host -> device on a copy stream, into one of two device buffers (batch k+1
+// copies while step k computes; event-ordered), straight from pinned memory when
+// the loader's slots come from allocate_upload_source, else through a pinned
+// staging copy; NcclComm runs
 // collectives on its own stream ordered against compute_stream() with events
 // (make_nccl_comm is handed this backend).
 //
@@ -107,6 +110,10 @@ class CudaBackend final : public Backend {
   bool all_finite(const float* data, size_t count) override;
   // One pass: data *= factor and the non-finite check together.
   bool unscale_and_check(float* data, float factor, size_t count) override;
+  std::shared_ptr<void> allocate_upload_source(size_t bytes) override;
+  void plan_convolution(const Shape& x, const Shape& w, const ConvGeometry& g, bool backward_data,
+                        bool backward_weights) override;
+  void wait_upload_source(const void* host) override;
 
  protected:
   // Every contracted op's implementation (include/resnet_ddp/backend/ops.def).
@@ -132,6 +139,16 @@ class CudaBackend final : public Backend {
   // for the activation type and layout; see conv_fallback in the .cpp).
   size_t conv_fallbacks() const { return fallbacks_; }
   size_t workspace_bytes() const { return workspace_.capacity(); }
+  // Device buffers allocated (or grown) for staged weights so far: constant in the
+  // steady state of training, --model-ema included.
+  size_t staged_weight_allocations() const { return staged_weight_allocations_; }
+  // Algorithm searches (cudnnFind, or the heuristics) so far, one per plan and direction.
+  size_t conv_searches() const { return conv_searches_; }
+  // Weight conversions (NHWC / 16-bit staged copies) so far: one per weight and change.
+  size_t weight_stagings() const { return weight_stagings_; }
+  // Something outside this backend's ops (a collective) wrote device memory that may hold
+  // weights: their staged copies are stale.
+  void device_memory_written_elsewhere() { ++weights_version_; }
 
   struct ConvKey {
     int64_t n, c, h, w, o, kh, kw;
@@ -149,6 +166,7 @@ class CudaBackend final : public Backend {
     int algo;
     cudnnMathType_t math;
     size_t ws;
+    float ms = -1.f;  // measured time (cudnnFind's, or re-timed in fp32); negative: none
   };
 
  private:
@@ -163,7 +181,7 @@ class CudaBackend final : public Backend {
                     const char* role) const;
   ConvPlan& plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g, const char* op);
   bool stages_weights() const;
-  const void* staged_weight(const Tensor& w, bool from_forward);
+  const void* staged_weight(const Tensor& w);
   void prune_staged_weights();
   void weights_changed_by_optimizer();
   // The fastest of `list` whose workspace can be allocated now (dropping those that cannot).
@@ -175,8 +193,13 @@ class CudaBackend final : public Backend {
   std::vector<ConvChoice> search(ConvPlan& p, int d, const char* op);
   cudnnStatus_t workspace_size(ConvPlan& p, int d, int algo, cudnnMathType_t math, size_t& ws);
   bool run_conv(ConvPlan& p, int d, const void* a, const void* b, void* out, float beta, const char* op);
-  ConvPlan& f32_nchw_plan(const kern::ActDesc& x, const Tensor& w, const ConvGeometry& g, const char* op);
-  void note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Tensor& w, const char* op);
+  cudnnStatus_t launch_conv(ConvPlan& p, int d, const ConvChoice& c, const void* a, const void* b, void* out,
+                            float beta, void* ws);
+  void retime_candidates(ConvPlan& p, int d, std::vector<ConvChoice>& list);
+  void report_plan(const ConvPlan& p, int d, const std::vector<ConvChoice>& list, const char* how) const;
+  ConvPlan& f32_nchw_plan(const kern::ActDesc& x, const Shape& w, const ConvGeometry& g, const char* op);
+  void note_fallback(ConvPlan& p, int d, const kern::ActDesc& x, const Shape& w, const char* op);
+  ConvPlan& plan_shape(const kern::ActDesc& x, const Shape& w, const ConvGeometry& g, const char* op);
   // Frees the convolution workspace after an out-of-memory error; true when there was one.
   bool release_workspace_for_oom();
   std::vector<Scratch*> scratch_buffers();
@@ -189,23 +212,43 @@ class CudaBackend final : public Backend {
   DType act_dtype_ = DType::F32;
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
-  cudaEvent_t images_ready_ = nullptr;     // copy stream: u8 batch is on the device
-  cudaEvent_t images_consumed_ = nullptr;  // compute stream: conversion read it
+  // Two upload buffers, used in turn: batch k+1 copies into one while the conversion
+  // of batch k reads the other.
+  struct Upload {
+    Scratch device;
+    Scratch pinned{true};            // staging for a source that is not an upload source
+    cudaEvent_t ready = nullptr;     // copy stream: the batch is on the device
+    cudaEvent_t consumed = nullptr;  // compute stream: the conversion read it
+    const void* source = nullptr;    // the upload source the copy reads, until waited for
+  };
+  Upload uploads_[2];
+  int next_upload_ = 0;
+  // Live pinned blocks from allocate_upload_source (base -> bytes); shared with their
+  // deleters, which may run after the backend is gone.
+  struct UploadSources;
+  std::shared_ptr<UploadSources> upload_sources_;
+  bool is_upload_source(const void* p, size_t bytes) const;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   bool cudnn_heuristics_ = false;  // RD_CUDNN_HEURISTICS=1: no cudnnFind (compute-sanitizer)
+  bool conv_report_ = false;       // RD_CONV_REPORT=1: each plan's choice on stderr
+  cudaEvent_t timing_start_ = nullptr, timing_stop_ = nullptr;
+  Scratch timing_x_, timing_y_, timing_w_;  // zeroed operands of the re-timing, freed after
   size_t fallbacks_ = 0;
 
   std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> plans_;
   std::unordered_map<const void*, StagedWeight> staged_weights_;
   uint64_t weights_version_ = 0;  // bumped by anything that may write a weight
-  uint64_t optimizer_steps_ = 0;
+  uint64_t optimizer_steps_ = 0;  // updates that followed convolutions (see weights_changed_by_optimizer)
+  bool convs_since_step_ = false;  // a staged weight was used since the last counted step
+  size_t staged_weight_allocations_ = 0;
+  size_t conv_searches_ = 0;
+  size_t weight_stagings_ = 0;
   Scratch workspace_;
   Scratch staged_grad_;
   Scratch bn_sums_, bn_packed_, bn_scale_shift_, bn_means_;
   Scratch nchw_scratch_;
   Scratch fallback_in_, fallback_out_;  // f32 NCHW operands of the convolution fallback
-  Scratch images_device_, images_pinned_{true};
   Scratch labels_device_, row_loss_device_, argmax_device_, loss_host_{true};
   Scratch flag_device_, flag_host_{true};
   // softmax_xent_sums' host labels (labels, partners, accuracy targets) in pinned slots used

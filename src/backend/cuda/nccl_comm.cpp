@@ -33,6 +33,54 @@ Clock::time_point deadline_after(double seconds) {
 
 class NcclComm;
 
+// Note [One rank, no NCCL]
+// With one rank every collective is the identity: a sum or average over one rank is
+// its own data, a broadcast from rank 0 has nothing to send, an all-gather is a copy.
+// So a one-rank job makes no NCCL calls at all (no communicator, no comm stream, no
+// host waits on collectives); the copy runs on the compute stream, ordered as NcclComm's
+// collectives are.
+class DoneRequest final : public dist::Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+class SingleRankComm final : public dist::Comm {
+ public:
+  explicit SingleRankComm(CudaBackend& backend) : backend_(backend) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  DeviceKind device() const override { return DeviceKind::CUDA; }
+  std::string name() const override { return "nccl"; }
+  void allreduce(float*, size_t, dist::ReduceOp) override {}
+  void allreduce(double*, size_t, dist::ReduceOp) override {}
+  void allreduce(int64_t*, size_t, dist::ReduceOp) override {}
+  void allreduce_stream_ordered(double*, size_t, dist::ReduceOp) override {}
+  std::unique_ptr<dist::Request> iallreduce(float*, size_t, dist::ReduceOp) override {
+    return std::make_unique<DoneRequest>();
+  }
+  void broadcast(void*, size_t, int root) override { check_peer(root, "broadcast"); }
+  void broadcast_stream_ordered(void*, size_t, int root) override { check_peer(root, "broadcast"); }
+  void send(const void*, size_t, int peer, int) override { no_peer(peer, "send"); }
+  void recv(void*, size_t, int peer, int) override { no_peer(peer, "recv"); }
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override {
+    if (!bytes_per_rank || send == recv) return;
+    backend_.device_memory_written_elsewhere();
+    RD_CUDA(cudaMemcpyAsync(recv, send, bytes_per_rank, cudaMemcpyDeviceToDevice, backend_.compute_stream()));
+  }
+  void barrier() override {}
+  void progress() override {}
+
+ private:
+  static void check_peer(int peer, const char* what) {
+    RD_CHECK(peer == 0, "NCCL " << what << ": rank " << peer << " out of range (1 rank)");
+  }
+  [[noreturn]] static void no_peer(int peer, const char* what) {
+    RD_FAIL("NCCL " << what << ": rank " << peer << " is not a peer (a one-rank job has none)");
+  }
+  CudaBackend& backend_;
+};
+
 // One asynchronous all-reduce: its completion event on the comm stream.
 class NcclRequest final : public dist::Request {
  public:
@@ -53,8 +101,11 @@ class NcclComm final : public dist::Comm {
  public:
   // `compute`: the CUDA backend's stream the collectives are ordered against;
   // `timeout_s`: the deadline of every wait (init, collectives, teardown).
-  NcclComm(MPI_Comm base, int device, cudaStream_t compute, double timeout_s)
-      : device_(device), timeout_s_(timeout_s), compute_(compute) {
+  // Weights written by a broadcast, all-gather, receive or float all-reduce may have
+  // staged copies in `backend` (CudaBackend::device_memory_written_elsewhere); the
+  // gradient buckets (iallreduce) and the statistics (double) write none.
+  NcclComm(MPI_Comm base, CudaBackend& backend, int device, cudaStream_t compute, double timeout_s)
+      : backend_(backend), device_(device), timeout_s_(timeout_s), compute_(compute) {
     RD_CUDA(cudaSetDevice(device_));
     int rc = MPI_Comm_rank(base, &rank_);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &size_);
@@ -87,6 +138,7 @@ class NcclComm final : public dist::Comm {
   std::string name() const override { return "nccl"; }
 
   void allreduce(float* data, size_t count, dist::ReduceOp op) override {
+    backend_.device_memory_written_elsewhere();
     run("allreduce(float)", [&] { return ncclAllReduce(data, data, count, ncclFloat32, nccl_op(op), comm_, stream_); });
   }
   void allreduce(double* data, size_t count, dist::ReduceOp op) override {
@@ -137,17 +189,34 @@ class NcclComm final : public dist::Comm {
   }
   void broadcast(void* data, size_t bytes, int root) override {
     check_peer(root, "broadcast");
+    backend_.device_memory_written_elsewhere();
     run("broadcast", [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
   }
+  void broadcast_stream_ordered(void* data, size_t bytes, int root) override {
+    // DDP's per-step buffer broadcast (no SyncBatchNorm): ordered on events like the
+    // SyncBN sums (Note [SyncBN without a host wait]), so the step does not stall.
+    check_peer(root, "broadcast");
+    backend_.device_memory_written_elsewhere();
+    after_compute();
+    enqueue("broadcast (stream-ordered)",
+            [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
+    cudaEvent_t done = take_event();
+    RD_CUDA(cudaEventRecord(done, stream_));
+    order_compute_after(done);
+    give_back(done);
+  }
+
   void send(const void* data, size_t bytes, int peer, int) override {
     check_peer(peer, "send");
     run("send", [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
   void recv(void* data, size_t bytes, int peer, int) override {
     check_peer(peer, "recv");
+    backend_.device_memory_written_elsewhere();
     run("recv", [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override {
+    backend_.device_memory_written_elsewhere();
     run("allgather", [&] { return ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_); });
   }
   void barrier() override {
@@ -350,6 +419,7 @@ class NcclComm final : public dist::Comm {
     return e;
   }
 
+  CudaBackend& backend_;
   int device_ = 0, rank_ = 0, size_ = 1;
   double timeout_s_;
   cudaStream_t compute_;
@@ -394,7 +464,10 @@ namespace rd {
 std::unique_ptr<dist::Comm> make_nccl_comm(MPI_Comm base, Backend& compute) {
   auto* cuda = dynamic_cast<cuda::CudaBackend*>(&compute);
   RD_CHECK(cuda, "NCCL communicator: needs the CUDA backend, got " << compute.name());
-  return std::make_unique<cuda::NcclComm>(base, cuda->device_index(), cuda->compute_stream(),
+  int size = 0;
+  RD_CHECK(MPI_Comm_size(base, &size) == MPI_SUCCESS, "NCCL communicator: MPI_Comm_size failed (is MPI initialised?)");
+  if (size == 1) return std::make_unique<cuda::SingleRankComm>(*cuda);
+  return std::make_unique<cuda::NcclComm>(base, *cuda, cuda->device_index(), cuda->compute_stream(),
                                           cuda->collective_timeout_s());
 }
 
