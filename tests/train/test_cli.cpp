@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parse_cli.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
