@@ -95,18 +95,16 @@ void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::strin
   // checkpoint from another version may not parse: then only its metadata counts).
   std::vector<std::pair<std::string, std::string>> theirs;
   try {
-    std::vector<std::string> words = split_command_line(m.args);
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    if (argv.size() > 1) {
-      ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
+    const std::vector<std::string> words = split_command_line(m.args);
+    if (words.size() > 1) {
+      TrainOptions recorded = parse_train_command_line(words);
       // --amp ran as the device's reduced precision (setup_device); compare that,
       // taking this run's device where the old one was "auto".
-      if (pc.train.amp) {
-        const bool cuda = pc.train.device == Device::Cuda || (pc.train.device == Device::Auto && this_run_cuda);
-        pc.train.precision = amp_precision(cuda);
+      if (recorded.amp) {
+        const bool cuda = recorded.device == Device::Cuda || (recorded.device == Device::Auto && this_run_cuda);
+        recorded.precision = amp_precision(cuda);
       }
-      if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
+      theirs = train_flag_values(recorded);
     }
   } catch (const std::exception&) {
     theirs.clear();

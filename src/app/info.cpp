@@ -5,7 +5,7 @@
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/io/checkpoint.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/report.h"
 
 namespace rd::train {

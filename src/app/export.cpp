@@ -14,7 +14,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/io/safetensors.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
