@@ -168,14 +168,7 @@ void plan_ema(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta&
 // the learning rate and cosine length the changed flags ask for.
 void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m) {
   TrainState& s = plan.state;
-  s.epoch = m.epoch;
-  s.step_in_epoch = m.step_in_epoch;
-  s.global_step = m.global_step;
-  s.best_val_acc = m.best_val_acc;
-  s.best_val_loss = m.best_val_loss;
-  s.partial_loss_sum = m.partial_train_loss_sum;
-  s.partial_correct = m.partial_train_correct;
-  s.partial_count = m.partial_train_count;
+  static_cast<io::RunPosition&>(s) = m;
   s.lr = o.lr;
   if (o.eval_only) {  // evaluation uses the weights only, and the EMA's under --model-ema (as --test-only)
     plan_ema(plan, o, m);
