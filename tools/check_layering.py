@@ -73,7 +73,7 @@ def component_edges(root):
         words = m.group(2).split()
         section, dirs = None, []
         for w in words:
-            if w in ("DIRS", "DEPS", "EXTRA"):
+            if w in ("DIRS", "DEPS", "EXTRA", "EXCLUDE"):
                 section = w
             elif section == "DIRS":
                 dirs.append(w)

@@ -1,14 +1,13 @@
 // resnet_ddp: one program for training (mpirun/srun), prediction, checkpoint
 // inspection and dataset tools. Flags are parsed before MPI starts so that a typo
 // costs no allocation time and prints one message (rank 0), exit status 2. The
-// subcommands themselves are rows of the table in src/train/cli.cpp.
+// subcommands themselves are rows of the table in src/app/subcommands.cpp.
 #include <cstdio>
 #include <exception>
 
 #include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
-#include "resnet_ddp/train/cli.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 
 namespace {
 

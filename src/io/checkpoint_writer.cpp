@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <type_traits>
 
 #include "io/checksum.h"
 #include "io/latch_driver.h"
@@ -148,11 +149,14 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
   w.i64(f, "image_size", m.image_size);
   w.i64(f, "val_resize_size", m.val_resize_size);
   w.i64(f, "val_crop_size", m.val_crop_size);
-  w.i64(f, "epoch", m.epoch);
-  w.i64(f, "step_in_epoch", m.step_in_epoch);
-  w.i64(f, "global_step", m.global_step);
-  w.f64(f, "best_val_acc", m.best_val_acc);
-  w.f64(f, "best_val_loss", m.best_val_loss);
+  // The partial-epoch sums only in a preemption checkpoint.
+  for_each_position_field(static_cast<const RunPosition&>(m), [&](const PositionField& field, auto value) {
+    if (field.preemption_only && m.step_in_epoch <= 0) return;
+    if constexpr (std::is_same_v<decltype(value), double>)
+      w.f64(f, field.name, value);
+    else
+      w.i64(f, field.name, value);
+  });
   w.f64(f, "val_acc", m.val_acc);
   w.f64(f, "val_loss", m.val_loss);
   w.i64(f, "world_size", m.world_size);
@@ -166,11 +170,6 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
     w.str(f, "slurm_job_id", m.slurm_job_id);
     w.str(f, "slurm_step_id", m.slurm_step_id);
     w.i64(f, "slurm_restart_count", m.slurm_restart_count);
-  }
-  if (m.step_in_epoch > 0) {
-    w.f64(f, "partial_train_loss_sum", m.partial_train_loss_sum);
-    w.i64(f, "partial_train_correct", m.partial_train_correct);
-    w.i64(f, "partial_train_count", m.partial_train_count);
   }
   if (!h5::write_strings(f, "class_names", m.class_names)) w.failed("dataset class_names");
   if (!m.args_history.empty() && !h5::write_strings(f, "args_history", m.args_history))

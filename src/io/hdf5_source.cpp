@@ -2,6 +2,7 @@
 // datasets through h5.h, every failure worded as "checkpoint 'PATH': ...".
 #include <algorithm>
 #include <map>
+#include <type_traits>
 
 #include "io/tensor_source.h"
 #include "resnet_ddp/errors.h"
@@ -178,12 +179,14 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   m.image_size = need_i64("image_size");
   m.val_resize_size = i64_or(f, "val_resize_size", 0);
   m.val_crop_size = i64_or(f, "val_crop_size", 0);
-  m.epoch = need_i64("epoch");
-  m.global_step = need_i64("global_step");
-  m.best_val_acc = weights_only ? f64_or(f, "best_val_acc", -1.0) : f64(f, "best_val_acc");
+  for_each_position_field(static_cast<RunPosition&>(m), [&](const PositionField& field, auto& value) {
+    const bool need = field.required && !weights_only;
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>)
+      value = need ? f64(f, field.name) : f64_or(f, field.name, value);
+    else
+      value = need ? i64(f, field.name) : i64_or(f, field.name, value);
+  });
   m.world_size = need_i64("world_size");
-  m.step_in_epoch = i64_or(f, "step_in_epoch", 0);
-  m.best_val_loss = f64_or(f, "best_val_loss", 0.0);
   m.val_acc = f64_or(f, "val_acc", -1.0);
   m.val_loss = f64_or(f, "val_loss", 0.0);
   m.batch_size = i64_or(f, "batch_size", 0);
@@ -195,9 +198,6 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   m.slurm_job_id = str_or(f, "slurm_job_id", "");
   m.slurm_step_id = str_or(f, "slurm_step_id", "");
   m.slurm_restart_count = i64_or(f, "slurm_restart_count", 0);
-  m.partial_train_loss_sum = f64_or(f, "partial_train_loss_sum", 0.0);
-  m.partial_train_correct = i64_or(f, "partial_train_correct", 0);
-  m.partial_train_count = i64_or(f, "partial_train_count", 0);
   switch (h5::read_strings(f, "class_names", m.class_names)) {
     case h5::Status::Ok:
     case h5::Status::Missing: break;
@@ -210,7 +210,7 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
         std::to_string(m.num_classes));
   // Informational only: a damaged history never blocks a resume.
   if (h5::read_strings(f, "args_history", m.args_history) != h5::Status::Ok) m.args_history.clear();
-  if (m.epoch < 0 || m.global_step < 0 || m.step_in_epoch < 0) bad("negative epoch or step counters");
+  if (m.has_negative_counter()) bad("negative epoch or step counters");
   if (!h5::has_link(f, "state_dict")) bad("no /state_dict group");
   H5G_info_t info{};
   if (H5Gget_info(group("state_dict"), &info) < 0) bad("cannot list group 'state_dict'");

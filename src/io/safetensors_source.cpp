@@ -2,6 +2,7 @@
 // export's __metadata__. The file's own checks (safetensors.h) word tensor errors as
 // "safetensors file 'PATH': ..."; metadata that does not fit is "checkpoint 'PATH': ...".
 #include <charconv>
+#include <type_traits>
 
 #include "io/tensor_source.h"
 #include "resnet_ddp/errors.h"
@@ -93,10 +94,14 @@ CheckpointMeta SafetensorsSource::read_meta(bool weights_only) {
   m.val_resize_size = integer("val_resize_size", 0);
   m.val_crop_size = integer("val_crop_size", 0);
   m.normalize = text("normalize", "none");
-  m.epoch = integer("epoch", 0);
-  m.global_step = integer("global_step", 0);
-  m.best_val_acc = real("best_val_acc", -1.0);
-  m.best_val_loss = real("best_val_loss", 0.0);
+  // The position fields that `export` writes; the rest keep their defaults.
+  for_each_position_field(static_cast<RunPosition&>(m), [&](const PositionField& field, auto& value) {
+    if (field.exported == PositionField::Export::No) return;
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>)
+      value = real(field.name, value);
+    else
+      value = integer(field.name, value);
+  });
   m.val_acc = real("val_acc", -1.0);
   m.val_loss = real("val_loss", 0.0);
   m.created_by = text("created_by", "");
@@ -107,7 +112,7 @@ CheckpointMeta SafetensorsSource::read_meta(bool weights_only) {
       bad(e.what());
     }
   }
-  if (m.epoch < 0 || m.global_step < 0 || m.num_classes < 0 || m.image_size < 0)
+  if (m.has_negative_counter() || m.num_classes < 0 || m.image_size < 0)
     bad("__metadata__ holds a negative count");
   if (!weights_only) {
     // predict and --resume --eval-only need the model's definition and its classes.

@@ -95,18 +95,16 @@ void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::strin
   // checkpoint from another version may not parse: then only its metadata counts).
   std::vector<std::pair<std::string, std::string>> theirs;
   try {
-    std::vector<std::string> words = split_command_line(m.args);
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    if (argv.size() > 1) {
-      ParsedCommand pc = parse_command_line(static_cast<int>(argv.size()), argv.data());
+    const std::vector<std::string> words = split_command_line(m.args);
+    if (words.size() > 1) {
+      TrainOptions recorded = parse_train_command_line(words);
       // --amp ran as the device's reduced precision (setup_device); compare that,
       // taking this run's device where the old one was "auto".
-      if (pc.train.amp) {
-        const bool cuda = pc.train.device == Device::Cuda || (pc.train.device == Device::Auto && this_run_cuda);
-        pc.train.precision = amp_precision(cuda);
+      if (recorded.amp) {
+        const bool cuda = recorded.device == Device::Cuda || (recorded.device == Device::Auto && this_run_cuda);
+        recorded.precision = amp_precision(cuda);
       }
-      if (pc.command == Command::Train) theirs = train_flag_values(pc.train);
+      theirs = train_flag_values(recorded);
     }
   } catch (const std::exception&) {
     theirs.clear();
@@ -170,14 +168,7 @@ void plan_ema(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta&
 // the learning rate and cosine length the changed flags ask for.
 void plan_state(ResumePlan& plan, const TrainOptions& o, const io::CheckpointMeta& m) {
   TrainState& s = plan.state;
-  s.epoch = m.epoch;
-  s.step_in_epoch = m.step_in_epoch;
-  s.global_step = m.global_step;
-  s.best_val_acc = m.best_val_acc;
-  s.best_val_loss = m.best_val_loss;
-  s.partial_loss_sum = m.partial_train_loss_sum;
-  s.partial_correct = m.partial_train_correct;
-  s.partial_count = m.partial_train_count;
+  static_cast<io::RunPosition&>(s) = m;
   s.lr = o.lr;
   if (o.eval_only) {  // evaluation uses the weights only, and the EMA's under --model-ema (as --test-only)
     plan_ema(plan, o, m);

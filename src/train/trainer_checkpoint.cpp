@@ -168,16 +168,15 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
   agree(
       [&] {
         io::CheckpointMeta m = base_meta();
+        // The run's position, at the point this file stands for.
+        static_cast<io::RunPosition&>(m) = state_;
         m.epoch = epoch;
         m.step_in_epoch = step_in_epoch;
-        m.global_step = state_.global_step;
-        m.best_val_acc = state_.best_val_acc;
-        m.best_val_loss = state_.best_val_loss;
+        m.partial_loss_sum = partial_loss;
+        m.partial_correct = partial_correct;
+        m.partial_count = partial_count;
         m.val_acc = val_acc;
         m.val_loss = val_loss;
-        m.partial_train_loss_sum = partial_loss;
-        m.partial_train_correct = partial_correct;
-        m.partial_train_count = partial_count;
         const io::OptimizerState opt = opt_ && !weights_only ? opt_->export_state() : io::OptimizerState{};
         const io::SchedulerState sched = sched_ && !weights_only ? sched_->export_state() : io::SchedulerState{};
         const io::EmaState ema = ema_ && !weights_only ? ema_->export_state() : io::EmaState{};

@@ -13,7 +13,7 @@
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/shell_quote.h"
-#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/app/commands.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string cfg_path = "/tmp/rd_fuzz_flags_" + std::to_string(getpid()) + ".conf";

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The hygiene checks must be able to fail: on a scratch tree, tools/check_layering.py
-# refuses a train header included from src/nn (and a dist header from src/core) and a
-# component whose DEPS reach up, shipped code (src/, kernels/) including test equipment
+# refuses a train header included from src/nn (and a dist header from src/core, an app
+# header from src/train) and a component whose DEPS reach up, shipped code (src/, kernels/) including test equipment
 # (tests/cuda_emu, the emulated CUDA device), and
 # tools/check_function_length.py refuses a 90-line function unless a "Long because:"
 # comment sits above it.
@@ -34,7 +34,18 @@ printf 'rd_component(rd_nn DIRS src/nn DEPS rd_base rd_train)\nrd_component(rd_t
   > "$tmp/CMakeLists.txt"
 python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "rd_nn depending on rd_train passed"
 grep -q "rd_nn (nn) depends on rd_train (train)" "$tmp/out" || fail "component edge not named: $(cat "$tmp/out")"
-rm "$tmp/CMakeLists.txt"
+# The commands (src/app) sit above the trainer: neither its library nor its files reach them.
+printf 'rd_component(rd_app DIRS src/app EXCLUDE src/app/main.cpp DEPS rd_train)\nrd_component(rd_train DIRS src/train DEPS rd_app)\n' \
+  > "$tmp/CMakeLists.txt"
+mkdir -p "$tmp/src/train" "$tmp/include/resnet_ddp/app"
+echo '#pragma once' > "$tmp/include/resnet_ddp/app/commands.h"
+printf '#include "resnet_ddp/app/commands.h"\n' > "$tmp/src/train/up.cpp"
+python3 "$repo/tools/check_layering.py" --root "$tmp" > "$tmp/out" && fail "rd_train depending on rd_app passed"
+grep -q "rd_train (train) depends on rd_app (app)" "$tmp/out" || fail "train -> app edge not named: $(cat "$tmp/out")"
+grep -q "src/train/up.cpp:1: train includes include/resnet_ddp/app/commands.h (app)" "$tmp/out" \
+  || fail "train -> app include not named: $(cat "$tmp/out")"
+grep -q "rd_app (app) depends" "$tmp/out" && fail "rd_app's own edge refused: $(cat "$tmp/out")"
+rm -r "$tmp/CMakeLists.txt" "$tmp/src/train" "$tmp/include/resnet_ddp/app"
 
 mkdir -p "$tmp/tests/cuda_emu" "$tmp/src/backend/cuda" "$tmp/kernels"
 echo '#pragma once' > "$tmp/tests/cuda_emu/emu.h"

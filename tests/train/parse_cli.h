@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "resnet_ddp/train/cli.h"
+#include "resnet_ddp/app/commands.h"
 
 inline rd::train::ParsedCommand parse_cli(std::vector<std::string> args) {
   args.insert(args.begin(), "resnet_ddp");

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <type_traits>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/errors.h"
@@ -145,14 +147,14 @@ TEST_CASE("checkpoint round trip restores the exact training state", "[train]") 
   // A preemption checkpoint carries the partial epoch; cosine state round-trips.
   CheckpointMeta preempted = tiny_meta("mlp", 3);
   preempted.step_in_epoch = 2;
-  preempted.partial_train_count = 5;
+  preempted.partial_count = 5;
   Scheduler cosine(SchedulerKind::Cosine, 1e-3, 5);
   cosine.step(1e-3, 0.5);
   const SchedulerState cosine_state = cosine.export_state();
   write_checkpoint(path, *model, &opt_state, &cosine_state, preempted);
   CheckpointReader p(path);
   CHECK(p.meta().step_in_epoch == 2);
-  CHECK(p.meta().partial_train_count == 5);
+  CHECK(p.meta().partial_count == 5);
   CHECK(p.meta().scheduler.type == "cosine");
   CHECK(p.meta().scheduler.last_epoch == 1);
   CHECK(p.meta().scheduler.cosine.base_lr == cosine.cosine.base_lr);
@@ -311,4 +313,48 @@ TEST_CASE("a checkpoint in a missing directory or over a directory fails with th
   CHECK(fs::is_directory(fs::path(blocked) / "inside"));
   for (const auto& e : fs::directory_iterator(dir.path))
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
+TEST_CASE("every run position field is in the field list and round-trips through a checkpoint", "[train]") {
+  // The list covers the struct: a field added to RunPosition but not to
+  // for_each_position_field (so never written nor read) fails here.
+  RunPosition distinct;
+  size_t listed_bytes = 0;
+  std::set<std::string> names;
+  double next = 1;
+  for_each_position_field(distinct, [&](const PositionField& field, auto& value) {
+    listed_bytes += sizeof(value);
+    CHECK(names.insert(field.name).second);
+    value = static_cast<std::decay_t<decltype(value)>>(next++ * 3);  // distinct, non-default
+  });
+  CHECK(listed_bytes == sizeof(RunPosition));
+  CHECK(names.count("global_step") == 1);
+  CHECK(names.count("partial_train_count") == 1);  // the attribute keeps its on-disk name
+
+  TempDir dir;
+  auto be = make_cpu_backend({});
+  auto model = trained_tiny(*be, HeadKind::Mlp, 3, 11);
+  const std::string path = dir.file("position.h5");
+  auto values = [](const RunPosition& p) {
+    std::vector<double> out;
+    for_each_position_field(p, [&](const PositionField&, auto v) { out.push_back(static_cast<double>(v)); });
+    return out;
+  };
+  // A preemption checkpoint (step_in_epoch > 0) holds every field.
+  CheckpointMeta preempted = tiny_meta("mlp", 3);
+  static_cast<RunPosition&>(preempted) = distinct;
+  REQUIRE(preempted.step_in_epoch > 0);
+  write_checkpoint(path, *model, nullptr, nullptr, preempted);
+  CHECK(values(CheckpointReader(path).meta()) == values(distinct));
+
+  // An end-of-epoch one leaves out the partial-epoch sums: they read as none.
+  CheckpointMeta at_epoch_end = preempted;
+  at_epoch_end.step_in_epoch = 0;
+  write_checkpoint(path, *model, nullptr, nullptr, at_epoch_end);
+  const CheckpointMeta read = CheckpointReader(path).meta();
+  CHECK(read.global_step == distinct.global_step);
+  CHECK(read.best_val_loss == distinct.best_val_loss);
+  CHECK(read.partial_loss_sum == 0.0);
+  CHECK(read.partial_correct == 0);
+  CHECK(read.partial_count == 0);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parse_cli.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/dist/launcher.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
@@ -150,6 +151,25 @@ TEST_CASE("a recorded command line reads back into the same flags", "[train]") {
   CHECK(value(pc.train, "--sync-bn") == "off");
   CHECK(value(other, "--sync-bn") == "on");
   CHECK(value(other, "--epochs") == "5");
+}
+
+TEST_CASE("resume reads a recorded train command line as the program's table does", "[train]") {
+  // The trainer reads recorded lines without the subcommand table (it sits above it).
+  for (const std::vector<std::string>& words :
+       {std::vector<std::string>{"resnet_ddp", "--data", "/d", "--lr", "1e-2", "--no-sync-bn", "-b", "8"},
+        std::vector<std::string>{"resnet_ddp", "train", "--data", "/d", "--recipe", "tutorial", "--epochs", "3"}}) {
+    const TrainOptions table = parse(std::vector<std::string>(words.begin() + 1, words.end())).train;
+    const TrainOptions recorded = parse_train_command_line(words);
+    CHECK(train_flag_values(recorded) == train_flag_values(table));
+    CHECK(recorded.given == table.given);
+    CHECK(recorded.command_line == table.command_line);
+  }
+  // Not a training run: another command, an unknown word, help, or the train checks' errors.
+  for (const std::vector<std::string>& words :
+       {std::vector<std::string>{"resnet_ddp"}, std::vector<std::string>{"resnet_ddp", "predict", "--checkpoint", "c.h5"},
+        std::vector<std::string>{"resnet_ddp", "bogus"}, std::vector<std::string>{"resnet_ddp", "--data", "/d", "--help"},
+        std::vector<std::string>{"resnet_ddp", "train"}})
+    CHECK_THROWS_AS(parse_train_command_line(words), rd::UsageError);
 }
 
 TEST_CASE("a world of 1 under a launcher that started more tasks is named with the fix", "[train]") {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/train/cli.h"

@@ -128,7 +128,7 @@ TEST_CASE("plan_resume: another scheduler starts fresh, with a notice", "[resume
 TEST_CASE("plan_resume: a mid-epoch position re-sharded for another global batch", "[resume_plan]") {
   io::CheckpointMeta m = checkpoint_of({"--data", "d", "-b", "4"}, 2);
   m.step_in_epoch = 3;  // 3 steps x 2 ranks x 4 = 24 samples consumed
-  m.partial_train_count = 24;
+  m.partial_count = 24;
   SECTION("same global batch: the same step") {
     const ResumePlan p = plan_resume(train_flags({"--data", "d", "-b", "8"}), "c.h5", m, {false, 1});
     CHECK(p.state.step_in_epoch == 3);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/cli.h"
 #include "resnet_ddp/train/tensorboard.h"

@@ -28,9 +28,66 @@ namespace rd::io {
 
 inline constexpr int64_t kCheckpointFormatVersion = 1;
 
-// Everything a checkpoint holds except its tensors. write_checkpoint takes the
-// optimizer and scheduler parts from the states it is given, not from here.
-struct CheckpointMeta {
+// Where a run stands: what a checkpoint records of training's progress and what a
+// resume restores. The trainer's state (src/train/train_state.h) is this plus the
+// optimizer's and scheduler's position, so the two cannot drift apart.
+struct RunPosition {
+  int64_t epoch = 0;          // completed epochs
+  int64_t step_in_epoch = 0;  // optimizer steps done in epoch `epoch`; > 0 only in a preemption checkpoint
+  int64_t global_step = 0;
+  double best_val_acc = -1.0;  // < 0: no evaluation yet
+  double best_val_loss = 0.0;
+  // Global training sums of the steps already done in epoch `epoch` (an interrupted
+  // epoch): the epoch's averages include them.
+  double partial_loss_sum = 0.0;
+  int64_t partial_correct = 0;
+  int64_t partial_count = 0;
+  // What both readers refuse: a negative epoch or step counter.
+  bool has_negative_counter() const { return epoch < 0 || step_in_epoch < 0 || global_step < 0; }
+};
+
+// How one RunPosition field is stored. The HDF5 writer and reader, the safetensors
+// export and reader and `info --json` all follow this list, so a new field is added in
+// for_each_position_field and nowhere else.
+struct PositionField {
+  const char* name;  // the HDF5 attribute and the safetensors __metadata__ key
+  // A full checkpoint must hold it (a weights-only file may lack any field; a missing
+  // optional one reads as RunPosition's default).
+  bool required;
+  bool preemption_only;  // written only when step_in_epoch > 0 (and not shown by info)
+  // What `export` writes to __metadata__ (and the safetensors reader reads back).
+  enum class Export { No, WhenPositive, WhenEvaluated } exported;
+};
+
+// Calls visit(field, value) for each field of `p` (const or not), in file order.
+template <class Position, class Visit>
+void for_each_position_field(Position& p, Visit&& visit) {
+  using E = PositionField::Export;
+  visit(PositionField{"epoch", true, false, E::WhenPositive}, p.epoch);
+  visit(PositionField{"step_in_epoch", false, false, E::No}, p.step_in_epoch);
+  visit(PositionField{"global_step", true, false, E::WhenPositive}, p.global_step);
+  visit(PositionField{"best_val_acc", true, false, E::WhenEvaluated}, p.best_val_acc);
+  visit(PositionField{"best_val_loss", false, false, E::WhenEvaluated}, p.best_val_loss);
+  visit(PositionField{"partial_train_loss_sum", false, true, E::No}, p.partial_loss_sum);
+  visit(PositionField{"partial_train_correct", false, true, E::No}, p.partial_correct);
+  visit(PositionField{"partial_train_count", false, true, E::No}, p.partial_count);
+}
+
+// Whether `export` writes field `f` of `p` (holding `value`).
+template <class T>
+bool exported(const PositionField& f, const RunPosition& p, T value) {
+  switch (f.exported) {
+    case PositionField::Export::WhenPositive: return value > 0;
+    case PositionField::Export::WhenEvaluated: return p.best_val_acc >= 0;
+    default: return false;
+  }
+}
+
+// Everything a checkpoint holds except its tensors: its RunPosition (a base, so
+// `meta.global_step` reads as before) and what describes the model and the run.
+// write_checkpoint takes the optimizer and scheduler parts from the states it is
+// given, not from here.
+struct CheckpointMeta : RunPosition {
   int64_t format_version = kCheckpointFormatVersion;
   std::string arch, head;
   int64_t num_classes = 0;
@@ -38,11 +95,6 @@ struct CheckpointMeta {
   // Evaluation = Resize(val_resize_size) + CenterCrop(val_crop_size) when > 0 (torchvision's
   // eval preset), else Resize((image_size, image_size)); 0 in files from before.
   int64_t val_resize_size = 0, val_crop_size = 0;
-  int64_t epoch = 0;          // completed epochs
-  int64_t step_in_epoch = 0;  // > 0 only in a preemption checkpoint
-  int64_t global_step = 0;
-  double best_val_acc = -1.0;
-  double best_val_loss = 0.0;
   double val_acc = -1.0;
   double val_loss = 0.0;
   int64_t world_size = 1;
@@ -63,10 +115,6 @@ struct CheckpointMeta {
   std::string normalize = "none";
   std::vector<std::string> class_names;
   std::string container = "hdf5";  // or "safetensors" (weights and metadata only), "pytorch" (.pth: weights only)
-  // Running train statistics of an interrupted epoch (global sums).
-  double partial_train_loss_sum = 0.0;
-  int64_t partial_train_correct = 0;
-  int64_t partial_train_count = 0;
   OptimizerState optimizer;  // without tensors
   SchedulerState scheduler;
   EmaState ema;  // --model-ema's counters (the tensors: CheckpointReader::load_ema)

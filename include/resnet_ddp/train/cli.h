@@ -1,5 +1,7 @@
-// Command line of the resnet_ddp program: subcommands, flags with the reference
-// recipe's defaults, help texts, and the checks that run before any MPI work.
+// Training's options: the train command's flags with the reference recipe's defaults,
+// their checks across flags, and the checks of their paths that run before any MPI work.
+// A resume reads them back from the command line a checkpoint recorded. The program's
+// subcommand table is in resnet_ddp/app/commands.h.
 //
 // Every parse error is an rd::UsageError whose message names the flag; the
 // program prints it on rank 0 only and exits with status 2 on every rank (all
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/flags.h"
 #include "resnet_ddp/shell_quote.h"
 #include "resnet_ddp/backend/names.h"
 #include "resnet_ddp/nn/resnet.h"
@@ -18,9 +21,6 @@
 #include "resnet_ddp/train/scheduler.h"
 
 namespace rd::train {
-
-enum class Command { Train, Predict, Info, Export, Synth, Pack, Help, Version };
-const char* command_name(Command c);
 
 struct TrainOptions {
   std::string data;                  // ImageFolder root (Train/, Validation/) or packed .h5
@@ -131,61 +131,22 @@ struct TrainOptions {
 // The LR schedule the flags describe (--scheduler, --lr-*).
 SchedulerConfig scheduler_config(const TrainOptions& o);
 
-struct PredictOptions {
-  std::string checkpoint;
-  std::vector<std::string> inputs;   // image files, ImageFolder dirs, or a packed .h5
-  std::string split = "Validation";  // for a dataset root / packed .h5
-  std::string train_split = "Train", val_split = "Validation";  // their folders in a root
-  bool json = false;
-  int batch_size = 32;
-  Device device = Device::Auto;
-  int threads = 0;
-  int workers = 2;
-  // Unreadable inputs are skipped and counted instead of failing the command; either
-  // way none is classified (the loader's black stand-in never reaches the output).
-  bool skip_unreadable = false;
-  bool ema = false;  // classify with the checkpoint's weight EMA (/model_ema)
-};
-
-struct InfoOptions {
-  std::string checkpoint;
-  bool tensors = false;  // also list every tensor with shape
-  bool json = false;
-};
-
-struct ExportOptions {
-  std::string checkpoint;  // any checkpoint or --init file resnet_ddp reads
-  std::string out;         // FILE.safetensors
-  bool ema = false;        // the checkpoint's weight EMA (/model_ema) instead of the model's weights
-};
-
-struct ParsedCommand {
-  Command command = Command::Help;
-  TrainOptions train;
-  PredictOptions predict;
-  InfoOptions info;
-  ExportOptions exp;
-  std::vector<std::string> passthrough;  // argv for synth / pack (subcommand first)
-  std::string help_text;                 // for Command::Help
-  // The config file's notes (its ignored keys): printed once by rank 0 as parsed.
-  std::vector<std::string> warnings;
-};
-
-// Parses argv (argv[0] is the program) through the subcommand table (cli.cpp). Throws
-// rd::UsageError naming the flag. `--help` anywhere (before passthrough subcommands'
-// own arguments) yields Command::Help with the matching text.
-ParsedCommand parse_command_line(int argc, char** argv);
+// The train command's flags (with timm's and PyTorch's spellings, and timm's args.yaml
+// as a --config) targeting `o`.
+void add_train_command_flags(FlagSet& fs, TrainOptions& o);
+// After the flags: the checks across them (rd::UsageError naming the flag), the defaults
+// that depend on others, and the command line to record. `given`: the flags as typed;
+// `words`: the program and command words, then the flags as applied (a config file's
+// written out).
+void finish_train_options(TrainOptions& t, std::vector<std::string> given, const std::vector<std::string>& words);
+// A recorded train command line (the program, "train" or not, then its flags) read as
+// the program reads it; rd::UsageError when it is not one.
+TrainOptions parse_train_command_line(const std::vector<std::string>& words);
 
 // Checks that need the filesystem but no MPI: data path exists, --init and an
 // explicit --resume file exist, the output directory can be created and written.
 // `probe_output` is false on ranks other than 0 (only rank 0 writes).
 void check_train_paths(const TrainOptions& opts, bool probe_output);
-void check_predict_paths(const PredictOptions& opts);
-
-// `resnet_ddp --help`, and a command's --help (the top-level text for a command whose
-// flags another program reads: synth, pack).
-std::string top_level_help();
-std::string command_help(Command c);
 
 // The image transforms `o` selects (training's and evaluation's share one config).
 data::TransformConfig transform_config(const TrainOptions& o);

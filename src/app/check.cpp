@@ -22,7 +22,7 @@
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/train/cli.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/output_lock.h"
 #include "resnet_ddp/train/recipes.h"
 #include "train/dataset_warnings.h"

@@ -2,10 +2,11 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <type_traits>
 
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/io/checkpoint.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/report.h"
 
 namespace rd::train {
@@ -50,10 +51,16 @@ void print_json(std::ostringstream& out, const InfoOptions& o, const Contents& s
       << ",\n  \"num_classes\": " << m.num_classes << ",\n  \"class_names\": [";
   for (size_t i = 0; i < m.class_names.size(); ++i) out << (i ? ", " : "") << json_string(m.class_names[i]);
   out << "],\n  \"image_size\": " << m.image_size << ",\n  \"val_resize_size\": " << m.val_resize_size
-      << ",\n  \"val_crop_size\": " << m.val_crop_size << ",\n  \"normalize\": " << json_string(m.normalize)
-      << ",\n  \"epoch\": " << m.epoch << ",\n  \"step_in_epoch\": " << m.step_in_epoch
-      << ",\n  \"global_step\": " << m.global_step << ",\n  \"best_val_acc\": " << json_number(m.best_val_acc)
-      << ",\n  \"best_val_loss\": " << json_number(m.best_val_loss) << ",\n  \"val_acc\": " << json_number(m.val_acc)
+      << ",\n  \"val_crop_size\": " << m.val_crop_size << ",\n  \"normalize\": " << json_string(m.normalize);
+  io::for_each_position_field(static_cast<const io::RunPosition&>(m), [&](const io::PositionField& field, auto value) {
+    if (field.preemption_only) return;
+    out << ",\n  " << json_string(field.name) << ": ";
+    if constexpr (std::is_same_v<decltype(value), double>)
+      out << json_number(value);
+    else
+      out << value;
+  });
+  out << ",\n  \"val_acc\": " << json_number(m.val_acc)
       << ",\n  \"val_loss\": " << json_number(m.val_loss) << ",\n  \"world_size\": " << m.world_size
       << ",\n  \"batch_size\": " << m.batch_size << ",\n  \"seed\": " << m.seed
       << ",\n  \"parameters\": " << count_params(s.state_dict) << ",\n  \"tensors\": " << s.state_dict.size()

@@ -16,7 +16,7 @@
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/report.h"
 #include "train/evaluate.h"
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <type_traits>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/transforms.h"
@@ -14,7 +15,7 @@
 #include "resnet_ddp/nn/resnet.h"
 #include "resnet_ddp/io/checkpoint.h"
 #include "resnet_ddp/io/safetensors.h"
-#include "resnet_ddp/train/commands.h"
+#include "resnet_ddp/app/commands.h"
 #include "resnet_ddp/train/report.h"
 
 namespace fs = std::filesystem;
@@ -81,12 +82,13 @@ std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, 
     md["preprocessing"] = "Resize((" + std::to_string(m.image_size) + ", " + std::to_string(m.image_size) +
                           "), bilinear, antialias), ToTensor(), Normalize(normalize_mean, normalize_std)";
   }
-  if (m.epoch > 0) md["epoch"] = std::to_string(m.epoch);
-  if (m.global_step > 0) md["global_step"] = std::to_string(m.global_step);
-  if (m.best_val_acc >= 0) {
-    md["best_val_acc"] = py_float(m.best_val_acc);
-    md["best_val_loss"] = py_float(m.best_val_loss);
-  }
+  io::for_each_position_field(static_cast<const io::RunPosition&>(m), [&](const io::PositionField& field, auto value) {
+    if (!io::exported(field, m, value)) return;
+    if constexpr (std::is_same_v<decltype(value), double>)
+      md[field.name] = py_float(value);
+    else
+      md[field.name] = std::to_string(value);
+  });
   if (m.val_acc >= 0) {
     md["val_acc"] = py_float(m.val_acc);
     md["val_loss"] = py_float(m.val_loss);
