@@ -316,7 +316,7 @@ std::string problem_unsupported(const Problem& p) {
   if (p.dt == CUDNN_DATA_BFLOAT16 && rd::emu::device_spec().major < 8)
     return "bf16 convolutions need sm_80 or later";  // no bf16 kernels before Ampere
   // Uncertain: cuDNN's legacy API may have no bf16 NHWC kernel when C or K is not a
-  // multiple of 8 (review defect 8). Unknown without a GPU, so it is a switch:
+  // multiple of 8. Unknown without a GPU, so it is a switch:
   // RD_EMU_CUDNN_STRICT_BF16=1 makes every algorithm refuse such shapes, so the
   // backend's fallback can be tested; otherwise they run.
   if (p.dt == CUDNN_DATA_BFLOAT16 && p.nhwc && (p.C % 8 || p.K % 8) &&
@@ -434,7 +434,7 @@ AlgoInfo algo_info(const Problem& p, Dir dir, int algo, const Math& m) {
   a.supported = true;
   // The tensor-op variant of an algorithm needs 3/4 of the FMA variant's workspace
   // (a model; what matters is that the two differ, so a size found for one math
-  // type is too small for the other, review defect 7).
+  // type is too small for the other).
   a.workspace = base == 0 ? 0 : align256(m.tensor ? base * 0.75 : base);
   // Fake milliseconds: deterministic, tensor ops 4x faster, ties broken by algo.
   a.time = static_cast<float>(p.flops() * 1e-9 * factor * (m.tensor ? 0.25 : 1.0) + 1e-4 * (algo + 1));

@@ -288,7 +288,7 @@ TEST_CASE("emu fault: use of a destroyed stream", "[gpu_emu][fault]") {
                   cudaStream_t s;
                   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
                   cudaStreamDestroy(s);
-                  cudaStreamQuery(s);  // what ~CudaBackend's Scratch did (review defect 3)
+                  cudaStreamQuery(s);  // what ~CudaBackend's Scratch once did
                 }),
                 "cudaStreamQuery: stream #");
 }

@@ -817,7 +817,7 @@ std::vector<CudaBackend::ConvChoice> CudaBackend::search(ConvPlan& p, int d, con
     // FP32 never takes a TF32 variant: its math type is FMA (PyTorch does the same
     // when allow_tf32 is off). Find also reports DEFAULT (TF32) math entries, whose
     // workspace is the TF32 kernel's: the FMA kernel of that algorithm may need
-    // more (review 7), so its size is asked again for the math that will run, and
+    // more, so its size is asked again for the math that will run, and
     // an algorithm without an FMA kernel is dropped. The heuristics' sizes are
     // asked likewise (their memory field is not a measured requirement).
     ConvChoice c{f.algo, precision_ == Precision::FP32 ? CUDNN_FMA_MATH : f.math, f.memory, f.time};
@@ -1421,7 +1421,7 @@ int64_t CudaBackend::count_correct(const Tensor& logits, const int32_t* labels) 
   return *out;
 }
 
-// ---- MixUp / CutMix (issue #27) -------------------------------------------------------------------------
+// ---- MixUp / CutMix (torchvision's reference recipe) -------------------------------------------------------------------------
 
 void CudaBackend::mix_images_impl(const Tensor& src, Tensor& dst, const math::ImageMix& mix) {
   const kern::ActDesc d = act(src, "mix_images", "src");
