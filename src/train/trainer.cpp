@@ -189,24 +189,17 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   steps_since_agree_ = 0;
   while (step < steps_total && !loader_done) {
     const auto t_step = Clock::now();
-    // Several ranks see a stop signal at their next agreement (agree_on_steps).
-    // (1-based: the step after which they agree next; a periodic save agrees too.)
-    int64_t stop_after = env_.world > 1 ? std::min(steps_total, step + agree_every_ - steps_since_agree_) : step + 1;
-    if (o_.checkpoint_every > 0)
-      stop_after = std::min(stop_after, step + o_.checkpoint_every - state_.global_step % o_.checkpoint_every);
-    stop_notice_at("epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step + 1) + " of " +
-                       std::to_string(steps_total),
-                   stop_after <= step + 1 ? std::string("saving last.h5 when this step ends")
-                                          : "saving last.h5 when step " + std::to_string(stop_after) + " ends");
+    announce_stop_point(epoch, step, steps_total);
     const double data_before = st.times.data;
-    const int bank = static_cast<int>(step % 2);
-    std::vector<double> host_comm;
+    StepRecord r;
+    r.epoch = epoch;
+    r.step = step;
+    r.bank = static_cast<int>(step % 2);
     const int group = micro_batches_in_step(step, micro_total, o_.accum_steps);
     mix_key_.epoch = epoch;  // MixUp / CutMix draws: a resume at this step redraws the same
     mix_key_.step = step;
     double* sums = step_sums_slot(step);
-    double seen = 0;
-    const int micro = forward_backward(group, bank, batch, st.times, sums, seen, host_comm);
+    const int micro = forward_backward(group, r.bank, batch, st.times, sums, r.seen, r.host_comm);
     if (inject_step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inject_step_delay_ms_));
     if (micro < group) {
       // The loader ran dry inside a group: every rank has the same batch count,
@@ -215,35 +208,19 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
       if (micro == 0) break;
       step_->reduce_partial_group();
     }
-    update(bank);
+    update(r.bank);
     if (ema_) update_ema(epoch, step);
     ++step;
     ++st.steps;
     ++steps_since_agree_;
-    const double step_seconds = seconds_since(t_step);
-    measured_step(step_seconds);
-    if (steps_this_run_ == 1) {
-      st.warmup_seconds = step_seconds;
-      st.warmup_seen = static_cast<int64_t>(seen);
-    }
-    // The previous step's sums (queued a step ago, long done on the device), then this
-    // step's queued behind its work.
-    backend_->wait_queued_copies();
-    take_read_steps(st, local);
-    StepRecord r;
-    r.epoch = epoch;
-    r.step = step - 1;
+    r.seconds = seconds_since(t_step);
+    measured_step(r.seconds);
     r.global_step = state_.global_step;
-    r.seen = seen;
     r.lr = opt_->lr();
-    r.seconds = step_seconds;
     r.epoch_seconds = seconds_since(t_start);
     r.times.data = st.times.data - data_before;
-    r.bank = bank;
     r.micro = micro;
-    r.host_comm = std::move(host_comm);
-    records_.push_back(r);
-    backend_->copy_to_host_queued(records_.back().sums, sums, 3 * sizeof(double));
+    queue_step(std::move(r), sums, st, local);
     const bool periodic = o_.checkpoint_every > 0 && state_.global_step % o_.checkpoint_every == 0 &&
                           step < steps_total && !loader_done;
     const bool last = step >= steps_total || loader_done;
@@ -272,6 +249,31 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   if (progress_) progress_->end_epoch();
   st.seconds += seconds_since(t_start);
   return st;
+}
+
+// Several ranks see a stop signal at their next agreement (agree_on_steps), so the stop
+// line names that step (1-based; a periodic save agrees too).
+void Trainer::announce_stop_point(int64_t epoch, int64_t step, int64_t steps_total) {
+  int64_t stop_after = env_.world > 1 ? std::min(steps_total, step + agree_every_ - steps_since_agree_) : step + 1;
+  if (o_.checkpoint_every > 0)
+    stop_after = std::min(stop_after, step + o_.checkpoint_every - state_.global_step % o_.checkpoint_every);
+  stop_notice_at("epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step + 1) + " of " +
+                     std::to_string(steps_total),
+                 stop_after <= step + 1 ? std::string("saving last.h5 when this step ends")
+                                        : "saving last.h5 when step " + std::to_string(stop_after) + " ends");
+}
+
+// The previous step's sums (queued a step ago, long done on the device) are taken, then
+// this step's are queued behind its work.
+void Trainer::queue_step(StepRecord r, const double* device_sums, EpochStats& st, StepSums& local) {
+  if (steps_this_run_ == 1) {
+    st.warmup_seconds = r.seconds;
+    st.warmup_seen = static_cast<int64_t>(r.seen);
+  }
+  backend_->wait_queued_copies();
+  take_read_steps(st, local);
+  records_.push_back(std::move(r));
+  backend_->copy_to_host_queued(records_.back().sums, device_sums, 3 * sizeof(double));
 }
 
 double* Trainer::step_sums_slot(int64_t step) {

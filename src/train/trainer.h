@@ -178,6 +178,10 @@ class Trainer {
   Clock::time_point agreed_at_{};
   // The step's zeroed device sums.
   double* step_sums_slot(int64_t step);
+  // The stop line's position and the step at which the ranks would stop.
+  void announce_stop_point(int64_t epoch, int64_t step, int64_t steps_total);
+  // Records a finished step (r.step 0-based) and queues its device sums' read-back.
+  void queue_step(StepRecord r, const double* device_sums, EpochStats& st, StepSums& local);
   // The records whose sums arrived: into the epoch's and the progress display's sums
   // (one rank: also their scalars and the non-finite check).
   void take_read_steps(EpochStats& st, StepSums& local);
