@@ -11,14 +11,9 @@ set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
 CASE=$3
-export OMP_NUM_THREADS=1
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_budget.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/gpu_emu/common.sh
+source "$(dirname "$0")/common.sh" budget
 
 # 46 training images in batches of 4: 12 steps an epoch, the last one of 2 images.
 "$CPU_BIN" synth --out "$WORK/data" --train 46 --val 8 --size 32x32 --format png --threads 1 >/dev/null

@@ -13,16 +13,9 @@ set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
 PRECISION=$3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-60}
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_conv_plans.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/gpu_emu/common.sh
+source "$(dirname "$0")/common.sh" conv_plans
 
 # 32 training images in batches of 5: a short last batch of 2; 16 validation images: 5 and 1.
 "$CPU_BIN" synth --out "$WORK/data" --train 32 --val 16 --size 32x32 --format png --threads 1 >/dev/null

@@ -10,17 +10,10 @@ set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
 RD_MPIEXEC=$3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-60}
 export RD_EMU_DEVICE_COUNT=2
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_step_budget.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+# shellcheck source=tests/gpu_emu/common.sh
+source "$(dirname "$0")/common.sh" step_budget
 
 N=3
 # 2N steps x 2 ranks x batch 4 x 2 micro-batches: 96 images.
@@ -28,8 +21,6 @@ N=3
 COMMON=(--data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4 --augment none
   --epochs 1 --log-every 0 --progress none --tensorboard off --lr 1e-3 --seed 3 --device cuda)
 
-# counter FILE NAME: the value of NAME in an RD_EMU_STATS file.
-counter() { awk -v n="$2" '$1 == n { print $2; found = 1 } END { if (!found) print "missing" }' "$1"; }
 
 # budget NAME NP MAX_HOST_WAITS NCCL_PER_STEP ALLOCS_PER_STEP ARGS...: one case.
 budget() {

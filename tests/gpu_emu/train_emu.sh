@@ -27,18 +27,10 @@ CPU_BIN=$2
 RD_MPIEXEC=$3
 RD_ROOT=$4
 CASE=$5
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
-export RD_PEER_TIMEOUT_S=${RD_PEER_TIMEOUT_S:-60}
 export RD_EMU_DEVICE_COUNT=2
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/rd_gpu_emu.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-note() { echo "--- $*"; }
+# shellcheck source=tests/gpu_emu/common.sh
+source "$(dirname "$0")/common.sh" gpu_emu
 
 "$CPU_BIN" synth --out "$WORK/data" --train 32 --val 16 --size 32x32 --format png --threads 1 >/dev/null
 
