@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the emulated-device training tests: MPI as the tests run it (as root, shared
 # memory without CMA), a scratch folder removed at exit, fail/note and the counters file.
 #   source "$(dirname "$0")/common.sh" NAME   ->  $WORK = a new /tmp/rd_NAME.XXXXXX

@@ -42,7 +42,7 @@ budget() {
       host_waits.event_sync host_waits.blocking_copy host_waits.pageable_copy host_waits.query_not_ready; do
       short=$(counter "$WORK/$name.$N.rank$rank" "$what")
       long=$(counter "$WORK/$name.$((2 * N)).rank$rank" "$what")
-      [ "$short" != missing ] && [ "$long" != missing ] || fail "$name: no counter $what in the stats files"
+      if [ "$short" = missing ] || [ "$long" = missing ]; then fail "$name: no counter $what in the stats files"; fi
       per=$(awk -v a="$short" -v b="$long" -v n="$N" 'BEGIN { printf "%g", (b - a) / n }')
       got[$what]=$per
       line+=" $what $per"

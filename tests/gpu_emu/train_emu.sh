@@ -25,7 +25,7 @@ set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
 RD_MPIEXEC=$3
-RD_ROOT=$4
+# $4, the source tree, is passed by the registrations but not needed here.
 CASE=$5
 export RD_EMU_DEVICE_COUNT=2
 
@@ -215,7 +215,7 @@ WRAP
     [ "$rc" = 2 ] || { cat "$WORK/four.log"; fail "4 ranks on 2 GPUs exited $rc, expected 2"; }
     grep -q "4 ranks on node .* but 2 GPUs visible" "$WORK/four.log" || { cat "$WORK/four.log"; fail "the reason"; }
     note "no GPU visible: --device auto warns once and uses the CPU"
-    CUDA_VISIBLE_DEVICES= run 2 "$EMU_BIN" "$WORK/none.log" "${args[@]}" --device auto --output-dir "$WORK/none"
+    CUDA_VISIBLE_DEVICES='' run 2 "$EMU_BIN" "$WORK/none.log" "${args[@]}" --device auto --output-dir "$WORK/none"
     [ "$(grep -c 'WARNING: --device auto: training on the CPU backend' "$WORK/none.log")" = 1 ] || { cat "$WORK/none.log"; fail "one warning"; }
     grep -q "no CUDA device visible (cudaGetDeviceCount: no CUDA-capable device is detected" "$WORK/none.log" || fail "the warning's reason"
     ;;
