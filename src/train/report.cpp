@@ -1,6 +1,7 @@
 #include <cstdio>
 #include "resnet_ddp/train/report.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "resnet_ddp/dist/launcher.h"
@@ -149,12 +152,46 @@ void install_preemption_handlers() {
 
 int preemption_signal() { return g_signal; }
 
+namespace {
+// A second, non-blocking open file description of the pipe or terminal behind `fd`
+// (through /proc/self/fd), opened once: a line then goes out in one write whenever there
+// is room for it, so mpirun never forwards half a line with the other stream's text in
+// the middle, and a stalled reader never blocks the step. O_NONBLOCK is set on this
+// description only, not on the one shared with mpirun or the shell. -1 for regular files
+// (they never block, and a second description would not append) and where the reopen
+// fails (sockets).
+int nonblocking_twin(int fd) {
+  static std::mutex mutex;
+  static std::map<int, int> twins;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = twins.find(fd);
+  if (it != twins.end()) return it->second;
+  struct stat st {};
+  int twin = -1;
+  if (::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    twin = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  }
+  twins[fd] = twin;
+  return twin;
+}
+}  // namespace
+
 void write_out(std::FILE* f, const std::string& text) {
   std::fflush(f);
   const int fd = ::fileno(f);
+  const int twin = nonblocking_twin(fd);
   size_t done = 0;
   while (done < text.size()) {
-    pollfd p{fd, POLLOUT, 0};
+    if (twin >= 0) {
+      const ssize_t w = ::write(twin, text.data() + done, text.size() - done);
+      if (w > 0) {
+        done += static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno != EAGAIN && errno != EINTR) return;
+    }
+    pollfd p{twin >= 0 ? twin : fd, POLLOUT, 0};
     const int r = ::poll(&p, 1, 200);
     if (r < 0 && errno != EINTR) return;
     if (r <= 0) {
@@ -162,8 +199,9 @@ void write_out(std::FILE* f, const std::string& text) {
       continue;
     }
     if (p.revents & (POLLERR | POLLNVAL)) return;
-    // POLLOUT promises room for some bytes, not for any write: PIPE_BUF on a pipe, one
-    // byte on a terminal (mpirun's pty); a regular file never blocks.
+    if (twin >= 0) continue;  // room again: the rest in one write
+    // Without a twin, POLLOUT promises room for some bytes, not for any write: PIPE_BUF
+    // on a pipe, one byte on a terminal; a regular file never blocks.
     struct stat st {};
     const size_t chunk = ::fstat(fd, &st) != 0 ? 1 : S_ISREG(st.st_mode) ? text.size() : S_ISFIFO(st.st_mode) ? 512 : 1;
     const size_t n = std::min(text.size() - done, chunk);

@@ -24,7 +24,7 @@ pid=$!
 # wait_running PATTERN|FILE: until PATTERN is in run.out (or FILE exists), while mpirun runs.
 wait_running() {
   local deadline=$((SECONDS + 120))
-  until { [[ $1 == /* ]] && [ -e "$1" ]; } || grep -q -- "$1" "$WORK/run.out"; do
+  until { [[ $1 == /* ]] && [ -e "$1" ]; } || grep -q -- "$1" "$WORK/run.out" 2>/dev/null; do
     kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ] || { cat "$WORK/run.out"; fail "waiting for $1"; }
     sleep 0.05
   done
@@ -48,6 +48,7 @@ re='^resnet_ddp: got SIG(TERM|INT) at epoch 1 step ([0-9]+) of 8; saving last\.h
 # Anywhere in a line: stderr and stdout reach mpirun apart and may share a line of run.out.
 line=$(grep -o -E "resnet_ddp: got SIG.*" "$WORK/run.out" | head -n 1)
 [[ $line =~ $re ]] || fail "no line at the signal saying what a kill loses and how to resume: '$line'"
+signal_step=${BASH_REMATCH[2]}
 from=${BASH_REMATCH[3]}
 at=${BASH_REMATCH[4]}
 [ "$from" = "$WORK/run/last.h5" ] || fail "the line names $from, not $WORK/run/last.h5"
@@ -55,12 +56,16 @@ if saved=$(grep -o -E "^Preempted at epoch 1 step [0-9]+" "$WORK/run.out"); then
   note "the step ended within the grace and was saved: $saved"
   at=${saved#Preempted at }
 else
-  note "killed before the step ended: the line said the run resumes at $at"
+  # Killed after the stop began: the kill may come before the step's save (the line's
+  # position) or between the save and its "Preempted" line (the step that was stopping).
+  note "killed before the step's line came out: the line said the run resumes at $at"
 fi
+saved_at="epoch 1 step $signal_step"
 
-note "the same command resumes at $at"
+note "the same command resumes at $at (or, when the kill came after the save, at $saved_at)"
 "$RD_MPIEXEC" --oversubscribe --bind-to none -x RD_INJECT_STEP_DELAY_MS -np 2 "$RD_BIN" "${args[@]}" >"$WORK/resume.out" 2>&1 ||
   { cat "$WORK/resume.out"; fail "the resumed run failed"; }
 grep -q -x -F "Resuming from $WORK/run/last.h5 at $at" "$WORK/resume.out" ||
+  { [ -z "${saved:-}" ] && grep -q -x -F "Resuming from $WORK/run/last.h5 at $saved_at" "$WORK/resume.out"; } ||
   { cat "$WORK/resume.out"; fail "did not resume at $at"; }
 note "ok"

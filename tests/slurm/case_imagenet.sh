@@ -25,7 +25,8 @@ job=$(rd_sbatch -N 2 --ntasks-per-node=1 --gpus-per-task=1 -t 3 "$RD_REPO/jobs/i
   --workers 1 --output-dir "$RD_SLURM_DIR/out")
 result=$(rd_slurm_wait "$job" 150)
 [[ $result == "COMPLETED 0:0" ]] || { rd_job_log "$job" >&2; rd_fail "imagenet job $job ended $result"; }
-rd_expect_log "$job" "^Recipe torchvision-resnet-v1: --head fc .*--lr 0\\.1 .*--train-crop-size 224 " 1
+# Anywhere in a line: the ranks' stdout and stderr reach the job log through mpirun apart.
+rd_expect_log "$job" "Recipe torchvision-resnet-v1: --head fc .*--lr 0\\.1 .*--train-crop-size 224 " 1
 rd_expect_log "$job" "^Training command: .*--device cuda" 1
 rd_expect_log "$job" "^Train set size: 16, Validation set size: 8" 1
 rd_expect_log "$job" "^\\(Epoch 1/1\\) Val loss: " 1
