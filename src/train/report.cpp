@@ -161,19 +161,27 @@ namespace {
 // (they never block, and a second description would not append) and where the reopen
 // fails (sockets).
 int nonblocking_twin(int fd) {
+  struct Twin {
+    int fd = -1;  // -1: none (a regular file, or the reopen failed)
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool known = false;
+  };
   static std::mutex mutex;
-  static std::map<int, int> twins;
+  static std::map<int, Twin> twins;
   std::lock_guard<std::mutex> lock(mutex);
-  const auto it = twins.find(fd);
-  if (it != twins.end()) return it->second;
   struct stat st {};
-  int twin = -1;
-  if (::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+  if (::fstat(fd, &st) != 0) return -1;
+  Twin& t = twins[fd];
+  // Still the same pipe or terminal (the descriptor may have been closed and reused)?
+  if (t.known && t.dev == st.st_dev && t.ino == st.st_ino) return t.fd;
+  if (t.fd >= 0) ::close(t.fd);
+  t = Twin{-1, st.st_dev, st.st_ino, true};
+  if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
     const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    twin = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    t.fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   }
-  twins[fd] = twin;
-  return twin;
+  return t.fd;
 }
 }  // namespace
 

@@ -1,7 +1,13 @@
 // What a run reports: Python-style number formatting and the metrics CSV across a
 // resume.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <thread>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -132,4 +138,76 @@ TEST_CASE("progress: elapsed time and ETA as tqdm's clock", "[train]") {
   CHECK(elapsed_eta(12.0, 10, 50) == "0:12<1:00");
   CHECK(elapsed_eta(0.5, 0, 50) == "0:00<?");  // nothing timed yet
   CHECK(elapsed_eta(30.0, 60, 0) == "0:30<0:00");
+}
+
+// write_out goes through a non-blocking second description of a pipe: a slow reader gets
+// every byte in order (partial writes resumed), and a reader that never reads does not
+// block the writer once a stop signal arrived.
+// A line under PIPE_BUF goes out in one write: a reader already waiting gets it whole in
+// its first read (512-byte pieces let mpirun put the other stream's text inside a line).
+TEST_CASE("write_out: a 3000-byte line reaches a waiting pipe reader in one piece", "[train]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  std::FILE* out = ::fdopen(fds[1], "w");
+  REQUIRE(out);
+  const std::string line = std::string(2999, 'r') + "\n";
+  ssize_t first = 0;
+  std::thread reader([&] {
+    char buf[8192];
+    first = ::read(fds[0], buf, sizeof buf);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the reader waits in read()
+  write_out(out, line);
+  reader.join();
+  CHECK(first == static_cast<ssize_t>(line.size()));
+  std::fclose(out);
+  ::close(fds[0]);
+}
+
+TEST_CASE("write_out: every byte through a slow pipe, and no hang on a stalled one after a stop signal", "[train]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  std::FILE* out = ::fdopen(fds[1], "w");
+  REQUIRE(out);
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "line " + std::to_string(i) + "\n";  // ~200 KB: over the pipe's 64 KB
+  std::string got;
+  std::thread reader([&] {
+    char buf[4096];
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const ssize_t n = ::read(fds[0], buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+      if (got.size() >= text.size()) break;
+    }
+  });
+  write_out(out, text);
+  reader.join();
+  CHECK(got == text);
+
+  // Stalled: fill the pipe (through a non-blocking description of its own), then a stop
+  // signal 0.3 s into the write.
+  const std::string path = "/proc/self/fd/" + std::to_string(fds[1]);
+  const int fill = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+  REQUIRE(fill >= 0);
+  const std::string block(4096, 'x');
+  while (::write(fill, block.data(), block.size()) > 0) {
+  }
+  install_preemption_handlers();
+  std::thread stopper([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::raise(SIGUSR1);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  write_out(out, "this line has nowhere to go\n");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  CHECK(preemption_signal() == SIGUSR1);
+  CHECK(waited < 5.0);  // returned after the signal (a 200 ms poll), not blocked on the full pipe
+  reset_preemption();
+  std::signal(SIGUSR1, SIG_DFL);
+  ::close(fill);
+  std::fclose(out);
+  ::close(fds[0]);
 }
