@@ -31,8 +31,13 @@
 #include <vector>
 
 #include "cuda_emu/emu.h"
+#include "gpu_emu/emu_test_support.h"
 
 namespace {
+
+using rd::emu_test::ChildResult;
+using rd::emu_test::device_floats;
+using rd::emu_test::in_child;
 
 int g_rank = 0, g_size = 1;
 
@@ -80,12 +85,6 @@ ncclComm_t make_comm() {
   ncclComm_t comm = nullptr;
   REQUIRE(ncclCommInitRank(&comm, g_size, id, g_rank) == ncclSuccess);
   return comm;
-}
-
-float* device_floats(size_t n) {
-  void* p = nullptr;
-  CUDA_REQUIRE(cudaMalloc(&p, n * sizeof(float)));
-  return static_cast<float*>(p);
 }
 
 // Everything the sequence touches, made before any capture (allocation is illegal in one).
@@ -297,36 +296,6 @@ TEST_CASE("capture: a captured step replays bit-equal to its eager run, on new d
 namespace {
 
 // Runs `body` in a child process; returns its exit code and its stderr.
-struct Child {
-  int exit_code = -1;
-  std::string err;
-};
-Child in_child(const std::function<int()>& body) {
-  int pipefd[2];
-  REQUIRE(pipe(pipefd) == 0);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    const int rc = body();
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  close(pipefd[1]);
-  Child r;
-  char buf[4096];
-  ssize_t got;
-  while ((got = read(pipefd[0], buf, sizeof buf)) > 0) r.err.append(buf, static_cast<size_t>(got));
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
 size_t occurrences(const std::string& hay, const std::string& needle) {
   size_t n = 0;
   for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
@@ -440,7 +409,7 @@ const std::vector<IllegalCall>& illegal_calls() {
 TEST_CASE("capture: each call that conflicts with a capture invalidates it and is named", "[gpu_emu][capture]") {
   World w = make_world();
   for (const IllegalCall& ill : illegal_calls()) {
-    const Child c =
+    const ChildResult c =
         in_child([&] { return capture_with(w, cudaStreamCaptureModeGlobal, ill, cudaErrorStreamCaptureInvalidated); });
     INFO(ill.named << ": child stderr: " << c.err);
     CHECK(c.exit_code == 0);
@@ -462,7 +431,7 @@ TEST_CASE("capture: relaxed mode allows unsafe calls but not the conflicting one
        [](World& w2) { return cudaMemcpy(w2.pageable.data(), w2.d, 64 * sizeof(float), cudaMemcpyDeviceToHost); }},
   };
   for (const IllegalCall& ok : allowed) {
-    const Child c = in_child([&] { return capture_with(w, cudaStreamCaptureModeRelaxed, ok, cudaSuccess); });
+    const ChildResult c = in_child([&] { return capture_with(w, cudaStreamCaptureModeRelaxed, ok, cudaSuccess); });
     INFO(ok.named << ": child stderr: " << c.err);
     CHECK(c.exit_code == 0);
     CHECK(c.err.find("capture invalidated") == std::string::npos);
@@ -471,7 +440,7 @@ TEST_CASE("capture: relaxed mode allows unsafe calls but not the conflicting one
   // every mode.
   for (size_t i : {0u, 3u}) {
     const IllegalCall& ill = illegal_calls()[i];
-    const Child c =
+    const ChildResult c =
         in_child([&] { return capture_with(w, cudaStreamCaptureModeRelaxed, ill, cudaErrorStreamCaptureInvalidated); });
     INFO(ill.named << ": child stderr: " << c.err);
     CHECK(c.exit_code == 0);
@@ -490,7 +459,7 @@ TEST_CASE("capture: another thread's cudaMalloc invalidates a global capture, no
                                   }).join();
                                   return e == cudaErrorStreamCaptureUnsupported ? cudaSuccess : e;
                                 }};
-  const Child global = in_child(
+  const ChildResult global = in_child(
       [&] { return capture_with(w, cudaStreamCaptureModeGlobal, from_thread, cudaErrorStreamCaptureInvalidated); });
   INFO("global: " << global.err);
   CHECK(global.exit_code == 0);
@@ -503,7 +472,7 @@ TEST_CASE("capture: another thread's cudaMalloc invalidates a global capture, no
                                           }).join();
                                           return e;
                                         }};
-  const Child local =
+  const ChildResult local =
       in_child([&] { return capture_with(w, cudaStreamCaptureModeThreadLocal, allowed_from_thread, cudaSuccess); });
   INFO("thread-local: " << local.err);
   CHECK(local.exit_code == 0);
@@ -548,7 +517,7 @@ TEST_CASE("capture: a fork not joined back, and the host-side checks of the libr
   cublasDestroy(blas);
   // cuDNN's Find allocates its test buffers (cudaMalloc): not during a capture. The
   // heuristics (_v7) are host-side only and fine.
-  const Child find = in_child([&] {
+  const ChildResult find = in_child([&] {
     cudnnHandle_t dnn;
     cudnnTensorDescriptor_t xd, yd;
     cudnnFilterDescriptor_t wd;
@@ -573,7 +542,7 @@ TEST_CASE("capture: a fork not joined back, and the host-side checks of the libr
   CHECK(occurrences(find.err,
                     "cuda-emu: capture invalidated by cudnnFindConvolutionForwardAlgorithm (its cudaMalloc)\n") == 1);
   // A kernel given a host pointer during capture faults at the call, as outside it.
-  const Child c = in_child([&] {
+  const ChildResult c = in_child([&] {
     CUDA_REQUIRE(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeGlobal));
     RD_LAUNCH(touch_kernel, 1, 64, 0, w.s)(w.pageable.data());
     return 0;

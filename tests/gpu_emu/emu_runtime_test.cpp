@@ -18,8 +18,14 @@
 #include <vector>
 
 #include "cuda_emu/emu.h"
+#include "gpu_emu/emu_test_support.h"
 
 namespace {
+
+using rd::emu_test::ChildResult;
+using rd::emu_test::device_floats;
+using rd::emu_test::in_child;
+using rd::emu_test::to_host;
 
 __global__ void iota_kernel(float* out, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -65,49 +71,6 @@ __global__ void write_at_kernel(float* p, int64_t index) { p[index] = 1.f; }
 __global__ void divergent_barrier_kernel(float* p) {
   if (threadIdx.x < 16) __syncthreads();
   p[threadIdx.x] = 0.f;
-}
-
-float* device_floats(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(float)) == cudaSuccess);
-  return static_cast<float*>(p);
-}
-
-std::vector<float> to_host(const float* d, size_t n) {
-  std::vector<float> h(n);
-  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
-
-// Runs `body` in a child process; returns its exit code and what it wrote to stderr.
-struct ChildResult {
-  int exit_code = -1;
-  std::string err;
-};
-template <class F> ChildResult in_child(F body) {
-  int pipefd[2];
-  REQUIRE(pipe(pipefd) == 0);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    body();
-    std::fflush(stderr);
-    _exit(0);
-  }
-  close(pipefd[1]);
-  ChildResult r;
-  char buf[4096];
-  ssize_t got;
-  while ((got = read(pipefd[0], buf, sizeof buf)) > 0) r.err.append(buf, static_cast<size_t>(got));
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
 }
 
 void require_fault(const ChildResult& r, const std::string& needle) {

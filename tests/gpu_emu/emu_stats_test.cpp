@@ -22,8 +22,13 @@
 #include <vector>
 
 #include "cuda_emu/emu.h"
+#include "gpu_emu/emu_test_support.h"
 
 namespace {
+
+using rd::emu_test::ChildResult;
+using rd::emu_test::device_floats;
+using rd::emu_test::in_child;
 
 using Counts = std::map<std::string, uint64_t>;
 
@@ -47,42 +52,6 @@ template <class F> Counts moved_by(F call) {
 const Counts kNothing{};
 Counts host_wait(const std::string& kind) { return {{"host_waits", 1}, {"host_waits." + kind, 1}}; }
 Counts nccl_call(const std::string& kind) { return {{"nccl", 1}, {"nccl." + kind, 1}}; }
-
-float* device_floats(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(float)) == cudaSuccess);
-  return static_cast<float*>(p);
-}
-
-struct Child {
-  int exit_code = -1;
-  std::string err;
-};
-// Runs `body` in a child process (which ends as body ends it, else with _exit(0)).
-template <class F> Child in_child(F body) {
-  int pipefd[2];
-  REQUIRE(pipe(pipefd) == 0);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    body();
-    _exit(0);
-  }
-  close(pipefd[1]);
-  Child r;
-  char buf[4096];
-  ssize_t got;
-  while ((got = read(pipefd[0], buf, sizeof buf)) > 0) r.err.append(buf, static_cast<size_t>(got));
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
 
 std::string temp_dir() {
   char templ[] = "/tmp/rd_emu_stats_XXXXXX";
@@ -280,7 +249,7 @@ TEST_CASE("emu stats: RD_EMU_STATS writes PATH.rank<R> when any thread calls exi
   const std::string dir = temp_dir();
   const std::string base = dir + "/stats";
   const Counts at_fork = rd::emu::stats_snapshot();
-  const Child c = in_child([&] {
+  const ChildResult c = in_child([&] {
     setenv("RD_EMU_STATS", base.c_str(), 1);
     unsetenv("PMI_RANK");
     unsetenv("SLURM_PROCID");
@@ -347,7 +316,7 @@ TEST_CASE("emu stats: the rank comes from PMI_RANK, then SLURM_PROCID, else 0", 
     const char* suffix;
   };
   for (const Case& k : {Case{"5", "7", ".rank5"}, Case{nullptr, "7", ".rank7"}, Case{nullptr, nullptr, ".rank0"}}) {
-    const Child c = in_child([&] {
+    const ChildResult c = in_child([&] {
       setenv("RD_EMU_STATS", base.c_str(), 1);
       unsetenv("OMPI_COMM_WORLD_RANK");
       if (k.pmi)
@@ -370,7 +339,7 @@ TEST_CASE("emu stats: the rank comes from PMI_RANK, then SLURM_PROCID, else 0", 
 
 TEST_CASE("emu stats: a stats file that cannot be written fails the process, naming it", "[gpu_emu][stats]") {
   // At exit (the variable set after start-up) ...
-  const Child late = in_child([] {
+  const ChildResult late = in_child([] {
     setenv("RD_EMU_STATS", "/nonexistent-dir/stats", 1);
     unsetenv("OMPI_COMM_WORLD_RANK");
     unsetenv("PMI_RANK");
@@ -380,7 +349,7 @@ TEST_CASE("emu stats: a stats file that cannot be written fails the process, nam
   CHECK(late.exit_code == rd::emu::kFaultExit);
   CHECK(late.err.find("RD_EMU_STATS: cannot write /nonexistent-dir/stats.rank0") != std::string::npos);
   // ... and at start-up, before the run could waste its time.
-  const Child early = in_child([] {
+  const ChildResult early = in_child([] {
     setenv("RD_EMU_STATS", "/nonexistent-dir/stats", 1);
     setenv("OMPI_COMM_WORLD_RANK", "1", 1);
     execl("/proc/self/exe", "test_emu_stats", "--list-tests", static_cast<char*>(nullptr));
@@ -390,7 +359,7 @@ TEST_CASE("emu stats: a stats file that cannot be written fails the process, nam
   CHECK(early.err.find("cuda-emu: FAULT: RD_EMU_STATS: cannot write /nonexistent-dir/stats.rank1") !=
         std::string::npos);
   // A rank variable that is not a number is refused, not guessed.
-  const Child bad_rank = in_child([] {
+  const ChildResult bad_rank = in_child([] {
     setenv("RD_EMU_STATS", "/tmp/rd_emu_stats_bad_rank", 1);
     setenv("OMPI_COMM_WORLD_RANK", "one", 1);
     std::exit(0);
