@@ -194,8 +194,9 @@ cp "$ROOT/tools/gpu_check.sh" "$OUT/tools/gpu_check.sh"
 cp "$ROOT/bench/torch_gpu_bench.py" "$OUT/tools/torch_gpu_bench.py"
 cp "$ROOT/tools/torch_reference.py" "$OUT/tools/torch_reference.py"  # torch_gpu_bench.py imports it
 # PyTorch's DDP recipe on the GPU, for gpu_check.sh --e2e (it and the recipe module it
-# imports find torch_reference.py in ../tools, as in the repository).
-for f in pytorch_gpu_ddp_recipe.py pytorch_reference_recipe.py; do
+# imports find torch_reference.py in ../tools, as in the repository), and the event-file
+# reader that --e2e's summary imports.
+for f in pytorch_gpu_ddp_recipe.py pytorch_reference_recipe.py e2e_side_by_side.py; do
   if [[ -f $ROOT/bench/$f ]]; then
     mkdir -p "$OUT/bench"
     cp "$ROOT/bench/$f" "$OUT/bench/$f"

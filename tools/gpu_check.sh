@@ -652,58 +652,21 @@ fi
 # that median; gpu_train_bench's NHWC vs NCHW; PyTorch's last lines.
 e2e_summary() {
   local f
-  "${PY:-python3}" - "$LOG" <<'PYEOF'
-import glob, os, statistics, struct, sys
+  "${PY:-python3}" - "$LOG" "$ROOT/bench" <<'PYEOF'
+import glob, os, statistics, sys
 
-def varint(b, i):
-    r = s = 0
-    while True:
-        c = b[i]; i += 1; r |= (c & 0x7F) << s; s += 7
-        if c < 0x80:
-            return r, i
+sys.path.insert(0, sys.argv[2])
+from e2e_side_by_side import event_scalars  # {step: {tag: value}}
 
-def fields(b):  # protobuf wire format: (field, wire type, value)
-    i = 0
-    while i < len(b):
-        k, i = varint(b, i)
-        f, w = k >> 3, k & 7
-        if w == 0:
-            v, i = varint(b, i)
-        elif w == 1:
-            v = b[i:i + 8]; i += 8
-        elif w == 5:
-            v = b[i:i + 4]; i += 4
-        elif w == 2:
-            n, i = varint(b, i); v = b[i:i + n]; i += n
-        else:
-            return
-        yield f, w, v
-
-def scalars(path):  # TFRecords of Event{step=2, summary=5{value=1{tag=1, simple_value=2}}}
-    out, data, i = {}, open(path, "rb").read(), 0
-    while i + 12 <= len(data):
-        n = struct.unpack("<Q", data[i:i + 8])[0]
-        rec = data[i + 12:i + 12 + n]; i += 12 + n + 4
-        step, vals = 0, []
-        for f, w, v in fields(rec):
-            if f == 2 and w == 0:
-                step = v
-            elif f == 5 and w == 2:
-                for f2, w2, v2 in fields(v):
-                    if f2 != 1 or w2 != 2:
-                        continue
-                    tag = val = None
-                    for f3, w3, v3 in fields(v2):
-                        if f3 == 1 and w3 == 2: tag = v3.decode()
-                        elif f3 == 2 and w3 == 5: val = struct.unpack("<f", v3)[0]
-                    if tag is not None and val is not None:
-                        vals.append((tag, val))
-        for tag, val in vals:
+def scalars(path):  # {tag: {step: value}}
+    out = {}
+    for step, values in event_scalars(path).items():
+        for tag, val in values.items():
             out.setdefault(tag, {})[step] = val
     return out
 
 log = sys.argv[1]
-runs = sys.argv[2:] or ["fp32_default", "fp32_placed", "fp16_default", "fp16_placed"]
+runs = sys.argv[3:] or ["fp32_default", "fp32_placed", "fp16_default", "fp16_placed"]
 print("resnet_ddp --device cuda, 120 steps (rank 0's step times, TensorBoard step/time_ms)")
 print(f"{'run':14} {'step 1 ms':>10} {'median 20-120 ms':>17} {'img/s/rank':>11} {'data ms':>8}")
 for run in runs:
