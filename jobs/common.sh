@@ -21,6 +21,8 @@
 # Job scripts call rd_setup, then rd_train (stage + resnet_ddp) or rd_run_command.
 
 RD_SCRIPT_NAME=${RD_SCRIPT_NAME:-job}
+# The real jobs/ folder, normalised (no "//src" when a job was submitted from /).
+RD_JOBS_DIR=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
 RD_STAGED_SRC=""
 RD_STAGED_DEST=""
 RD_CHILD=""

@@ -19,6 +19,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace rd {
@@ -126,8 +127,15 @@ class FlagSet {
                                          bool allow_positional = false);
 
   std::string help() const;
-  // Every flag with its current value as text, in --help order.
-  std::vector<std::pair<std::string, std::string>> values() const;
+  // A flag's value typed as its target holds it (an enumeration's or choice's index, an
+  // integer, a real, a switch, a text); a custom flag's is its text.
+  using Typed = std::variant<bool, int64_t, double, std::string>;
+  struct Value {
+    std::string name, text;  // text: as --help spells it
+    Typed typed;             // for comparing two sets of options
+  };
+  // Every flag with its current value, in --help order.
+  std::vector<Value> values() const;
 
  private:
   struct Flag {
@@ -136,6 +144,7 @@ class FlagSet {
     std::function<void(const std::string&, const std::string&)> set;
     std::function<std::string()> get;
     std::function<void()> clear = nullptr;  // a switch turned off (--no-NAME)
+    std::function<Typed()> typed = nullptr;  // nullptr: the text from `get`
   };
   // A spelling resolved to its flag; `off`: a switch's --no- form.
   struct Resolved {
@@ -145,7 +154,7 @@ class FlagSet {
   Resolved resolve(const std::string& name);
   // How the recorded command line spells switch `f` turned off.
   std::string off_spelling(const Flag& f);
-  void add(Flag f);
+  void add(Flag f, std::function<Typed()> typed = nullptr);
   void add_choice(const std::string& name, const std::vector<std::string>& words, const std::string& help,
                   std::function<void(size_t)> set, std::function<size_t()> get);
   void add_integer(const std::string& name, const std::string& help, int64_t min, int64_t max,

@@ -59,23 +59,23 @@ std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, 
                                                    const io::CheckpointReader& ck, bool ema) {
   std::map<std::string, std::string> md;
   md["format"] = "resnet_ddp";
-  md["format_version"] = std::to_string(io::kCheckpointFormatVersion);
-  md["arch"] = m.arch;
-  md["head"] = m.head;
-  md["num_classes"] = std::to_string(m.num_classes);
+  md[io::meta_key::format_version] = std::to_string(io::kCheckpointFormatVersion);
+  md[io::meta_key::arch] = m.arch;
+  md[io::meta_key::head] = m.head;
+  md[io::meta_key::num_classes] = std::to_string(m.num_classes);
   md["torchvision_model"] = torchvision_recipe(m, model);
-  if (!m.class_names.empty()) md["class_names"] = io::safetensors::json_string_array(m.class_names);
+  if (!m.class_names.empty()) md[io::meta_key::class_names] = io::safetensors::json_string_array(m.class_names);
   // Preprocessing as the model was trained (docs/data.md): Resize((S, S)) with PIL's
   // antialiased bilinear, ToTensor to [0, 1], then (x - mean) / std per channel.
-  if (m.image_size > 0) md["image_size"] = std::to_string(m.image_size);
-  md["normalize"] = m.normalize;
+  if (m.image_size > 0) md[io::meta_key::image_size] = std::to_string(m.image_size);
+  md[io::meta_key::normalize] = m.normalize;
   static const float zero[3] = {0, 0, 0}, one[3] = {1, 1, 1};
   const bool imagenet = m.normalize == "imagenet";
   md["normalize_mean"] = float_array(imagenet ? data::kImagenetMean : zero, 3);
   md["normalize_std"] = float_array(imagenet ? data::kImagenetStd : one, 3);
   if (m.val_crop_size > 0) {  // torchvision's eval preset
-    md["val_resize_size"] = std::to_string(m.val_resize_size);
-    md["val_crop_size"] = std::to_string(m.val_crop_size);
+    md[io::meta_key::val_resize_size] = std::to_string(m.val_resize_size);
+    md[io::meta_key::val_crop_size] = std::to_string(m.val_crop_size);
     md["preprocessing"] = "Resize(" + std::to_string(m.val_resize_size) + ", bilinear, antialias), CenterCrop(" +
                           std::to_string(m.val_crop_size) + "), ToTensor(), Normalize(normalize_mean, normalize_std)";
   } else if (m.image_size > 0) {
@@ -90,10 +90,10 @@ std::map<std::string, std::string> export_metadata(const io::CheckpointMeta& m, 
       md[field.name] = std::to_string(value);
   });
   if (m.val_acc >= 0) {
-    md["val_acc"] = py_float(m.val_acc);
-    md["val_loss"] = py_float(m.val_loss);
+    md[io::meta_key::val_acc] = py_float(m.val_acc);
+    md[io::meta_key::val_loss] = py_float(m.val_loss);
   }
-  md["created_by"] = std::string("resnet_ddp ") + RESNET_DDP_VERSION + " export";
+  md[io::meta_key::created_by] = std::string("resnet_ddp ") + RESNET_DDP_VERSION + " export";
   md["source"] = fs::path(source).filename().string();
   // Which of the source's weights these are: its model's, or its weight EMA's.
   md["weights"] = ema ? "model_ema" : "model";

@@ -23,12 +23,16 @@ namespace rd {
 FlagSet::FlagSet(std::string command, std::string program)
     : command_(std::move(command)), program_(std::move(program)) {}
 
-void FlagSet::add(Flag f) { flags_.push_back(std::move(f)); }
+void FlagSet::add(Flag f, std::function<Typed()> typed) {
+  f.typed = std::move(typed);
+  flags_.push_back(std::move(f));
+}
 
 void FlagSet::text(const std::string& name, std::string* target, const std::string& metavar,
                    const std::string& help) {
   add({name, metavar, help, *target, false, [target](const std::string&, const std::string& v) { *target = v; },
-       [target] { return *target; }});
+       [target] { return *target; }},
+      [target] { return Typed{*target}; });
 }
 
 void FlagSet::path(const std::string& name, std::string* target, const std::string& metavar,
@@ -38,7 +42,8 @@ void FlagSet::path(const std::string& name, std::string* target, const std::stri
          if (v.empty()) throw UsageError(flag + ": expected a path, got an empty string");
          *target = v;
        },
-       [target] { return *target; }});
+       [target] { return *target; }},
+      [target] { return Typed{*target}; });
 }
 
 void FlagSet::choice(const std::string& name, std::string* target, std::vector<std::string> choices,
@@ -64,7 +69,8 @@ void FlagSet::add_choice(const std::string& name, const std::vector<std::string>
        [words, get] {
          const size_t i = get();
          return i < words.size() ? words[i] : std::string();
-       }});
+       }},
+      [get] { return Typed{static_cast<int64_t>(get())}; });
 }
 
 void FlagSet::add_integer(const std::string& name, const std::string& help, int64_t min, int64_t max,
@@ -81,7 +87,8 @@ void FlagSet::add_integer(const std::string& name, const std::string& help, int6
                             "], got " + v);
          set(x);
        },
-       [get] { return std::to_string(get()); }});
+       [get] { return std::to_string(get()); }},
+      [get] { return Typed{get()}; });
 }
 
 void FlagSet::real(const std::string& name, double* target, double min, bool min_exclusive, const std::string& help,
@@ -113,17 +120,20 @@ void FlagSet::real(const std::string& name, double* target, double min, bool min
            if (std::strtod(buf, nullptr) == *target) break;
          }
          return std::string(buf);
-       }});
+       }},
+      [target] { return Typed{*target}; });
 }
 
 void FlagSet::boolean(const std::string& name, bool* target, const std::string& help) {
   add({name, "", help, "", true, [target](const std::string&, const std::string&) { *target = true; },
-       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = false; }});
+       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = false; }},
+      [target] { return Typed{*target}; });
 }
 
 void FlagSet::negated(const std::string& name, bool* target, const std::string& help) {
   add({name, "", help, "", true, [target](const std::string&, const std::string&) { *target = false; },
-       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = true; }});
+       [target] { return std::string(*target ? "on" : "off"); }, [target] { *target = true; }},
+      [target] { return Typed{*target}; });
 }
 
 void FlagSet::custom(const std::string& name, const std::string& metavar, const std::string& help,
@@ -583,10 +593,14 @@ std::string FlagSet::help() const {
   return out.str();
 }
 
-std::vector<std::pair<std::string, std::string>> FlagSet::values() const {
-  std::vector<std::pair<std::string, std::string>> v;
+std::vector<FlagSet::Value> FlagSet::values() const {
+  std::vector<Value> v;
   for (const auto& f : flags_)
-    if (f.get) v.emplace_back(f.name, f.get());
+    if (f.get) {
+      std::string text = f.get();
+      Typed typed = f.typed ? f.typed() : Typed{text};
+      v.push_back({f.name, std::move(text), std::move(typed)});
+    }
   return v;
 }
 

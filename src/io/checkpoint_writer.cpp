@@ -142,13 +142,13 @@ namespace {
 // The root attributes and the string lists.
 void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
   w.str(f, "format", "resnet_ddp");
-  w.i64(f, "format_version", m.format_version);
-  w.str(f, "arch", m.arch);
-  w.str(f, "head", m.head);
-  w.i64(f, "num_classes", m.num_classes);
-  w.i64(f, "image_size", m.image_size);
-  w.i64(f, "val_resize_size", m.val_resize_size);
-  w.i64(f, "val_crop_size", m.val_crop_size);
+  w.i64(f, meta_key::format_version, m.format_version);
+  w.str(f, meta_key::arch, m.arch);
+  w.str(f, meta_key::head, m.head);
+  w.i64(f, meta_key::num_classes, m.num_classes);
+  w.i64(f, meta_key::image_size, m.image_size);
+  w.i64(f, meta_key::val_resize_size, m.val_resize_size);
+  w.i64(f, meta_key::val_crop_size, m.val_crop_size);
   // The partial-epoch sums only in a preemption checkpoint.
   for_each_position_field(static_cast<const RunPosition&>(m), [&](const PositionField& field, auto value) {
     if (field.preemption_only && m.step_in_epoch <= 0) return;
@@ -157,22 +157,22 @@ void write_attributes(Writer& w, hid_t f, const CheckpointMeta& m) {
     else
       w.i64(f, field.name, value);
   });
-  w.f64(f, "val_acc", m.val_acc);
-  w.f64(f, "val_loss", m.val_loss);
-  w.i64(f, "world_size", m.world_size);
-  w.i64(f, "batch_size", m.batch_size);
-  w.i64(f, "accum_steps", m.accum_steps);
-  w.i64(f, "seed", m.seed);
-  w.str(f, "args", m.args);
-  w.str(f, "created_by", m.created_by);
-  w.str(f, "normalize", m.normalize);
+  w.f64(f, meta_key::val_acc, m.val_acc);
+  w.f64(f, meta_key::val_loss, m.val_loss);
+  w.i64(f, meta_key::world_size, m.world_size);
+  w.i64(f, meta_key::batch_size, m.batch_size);
+  w.i64(f, meta_key::accum_steps, m.accum_steps);
+  w.i64(f, meta_key::seed, m.seed);
+  w.str(f, meta_key::args, m.args);
+  w.str(f, meta_key::created_by, m.created_by);
+  w.str(f, meta_key::normalize, m.normalize);
   if (!m.slurm_job_id.empty()) {
-    w.str(f, "slurm_job_id", m.slurm_job_id);
-    w.str(f, "slurm_step_id", m.slurm_step_id);
-    w.i64(f, "slurm_restart_count", m.slurm_restart_count);
+    w.str(f, meta_key::slurm_job_id, m.slurm_job_id);
+    w.str(f, meta_key::slurm_step_id, m.slurm_step_id);
+    w.i64(f, meta_key::slurm_restart_count, m.slurm_restart_count);
   }
-  if (!h5::write_strings(f, "class_names", m.class_names)) w.failed("dataset class_names");
-  if (!m.args_history.empty() && !h5::write_strings(f, "args_history", m.args_history))
+  if (!h5::write_strings(f, meta_key::class_names, m.class_names)) w.failed("dataset class_names");
+  if (!m.args_history.empty() && !h5::write_strings(f, meta_key::args_history, m.args_history))
     w.failed("dataset args_history");
 
 }

@@ -163,7 +163,7 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   if (h5::has_attr(f, "format")) {
     const std::string format = str(f, "format");
     if (format != "resnet_ddp") bad("format is '" + format + "', expected 'resnet_ddp'");
-    m.format_version = i64(f, "format_version");
+    m.format_version = i64(f, meta_key::format_version);
     if (m.format_version > kCheckpointFormatVersion || m.format_version < 1)
       bad("format_version " + std::to_string(m.format_version) + " is not supported (this program reads up to " +
           std::to_string(kCheckpointFormatVersion) + ")");
@@ -173,12 +173,12 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
   // Required in a full checkpoint; a weights-only file (--init) may lack them.
   auto need_str = [&](const char* n) { return weights_only ? str_or(f, n, "") : str(f, n); };
   auto need_i64 = [&](const char* n) { return weights_only ? i64_or(f, n, 0) : i64(f, n); };
-  m.arch = need_str("arch");
-  m.head = need_str("head");
-  m.num_classes = need_i64("num_classes");
-  m.image_size = need_i64("image_size");
-  m.val_resize_size = i64_or(f, "val_resize_size", 0);
-  m.val_crop_size = i64_or(f, "val_crop_size", 0);
+  m.arch = need_str(meta_key::arch);
+  m.head = need_str(meta_key::head);
+  m.num_classes = need_i64(meta_key::num_classes);
+  m.image_size = need_i64(meta_key::image_size);
+  m.val_resize_size = i64_or(f, meta_key::val_resize_size, 0);
+  m.val_crop_size = i64_or(f, meta_key::val_crop_size, 0);
   for_each_position_field(static_cast<RunPosition&>(m), [&](const PositionField& field, auto& value) {
     const bool need = field.required && !weights_only;
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>)
@@ -186,19 +186,19 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
     else
       value = need ? i64(f, field.name) : i64_or(f, field.name, value);
   });
-  m.world_size = need_i64("world_size");
-  m.val_acc = f64_or(f, "val_acc", -1.0);
-  m.val_loss = f64_or(f, "val_loss", 0.0);
-  m.batch_size = i64_or(f, "batch_size", 0);
-  m.accum_steps = i64_or(f, "accum_steps", 0);
-  m.seed = i64_or(f, "seed", 0);
-  m.args = str_or(f, "args", "");
-  m.created_by = str_or(f, "created_by", "");
-  m.normalize = str_or(f, "normalize", "none");
-  m.slurm_job_id = str_or(f, "slurm_job_id", "");
-  m.slurm_step_id = str_or(f, "slurm_step_id", "");
-  m.slurm_restart_count = i64_or(f, "slurm_restart_count", 0);
-  switch (h5::read_strings(f, "class_names", m.class_names)) {
+  m.world_size = need_i64(meta_key::world_size);
+  m.val_acc = f64_or(f, meta_key::val_acc, -1.0);
+  m.val_loss = f64_or(f, meta_key::val_loss, 0.0);
+  m.batch_size = i64_or(f, meta_key::batch_size, 0);
+  m.accum_steps = i64_or(f, meta_key::accum_steps, 0);
+  m.seed = i64_or(f, meta_key::seed, 0);
+  m.args = str_or(f, meta_key::args, "");
+  m.created_by = str_or(f, meta_key::created_by, "");
+  m.normalize = str_or(f, meta_key::normalize, "none");
+  m.slurm_job_id = str_or(f, meta_key::slurm_job_id, "");
+  m.slurm_step_id = str_or(f, meta_key::slurm_step_id, "");
+  m.slurm_restart_count = i64_or(f, meta_key::slurm_restart_count, 0);
+  switch (h5::read_strings(f, meta_key::class_names, m.class_names)) {
     case h5::Status::Ok:
     case h5::Status::Missing: break;
     case h5::Status::OpenFailed: bad("cannot open 'class_names'");
@@ -209,7 +209,7 @@ CheckpointMeta Hdf5Source::read_meta(bool weights_only) {
     bad("has " + std::to_string(m.class_names.size()) + " class names but num_classes = " +
         std::to_string(m.num_classes));
   // Informational only: a damaged history never blocks a resume.
-  if (h5::read_strings(f, "args_history", m.args_history) != h5::Status::Ok) m.args_history.clear();
+  if (h5::read_strings(f, meta_key::args_history, m.args_history) != h5::Status::Ok) m.args_history.clear();
   if (m.has_negative_counter()) bad("negative epoch or step counters");
   if (!h5::has_link(f, "state_dict")) bad("no /state_dict group");
   H5G_info_t info{};

@@ -82,18 +82,18 @@ CheckpointMeta SafetensorsSource::read_meta(bool weights_only) {
   // Other writers use "format" too (transformers writes "pt"): only ours is checked.
   const bool ours = text("format", "") == "resnet_ddp";
   if (ours) {
-    m.format_version = integer("format_version", 1);
+    m.format_version = integer(meta_key::format_version, 1);
     if (m.format_version > kCheckpointFormatVersion || m.format_version < 1)
       bad("format_version " + std::to_string(m.format_version) + " is not supported (this program reads up to " +
           std::to_string(kCheckpointFormatVersion) + ")");
   }
-  m.arch = text("arch", "");
-  m.head = text("head", "");
-  m.num_classes = integer("num_classes", 0);
-  m.image_size = integer("image_size", 0);
-  m.val_resize_size = integer("val_resize_size", 0);
-  m.val_crop_size = integer("val_crop_size", 0);
-  m.normalize = text("normalize", "none");
+  m.arch = text(meta_key::arch, "");
+  m.head = text(meta_key::head, "");
+  m.num_classes = integer(meta_key::num_classes, 0);
+  m.image_size = integer(meta_key::image_size, 0);
+  m.val_resize_size = integer(meta_key::val_resize_size, 0);
+  m.val_crop_size = integer(meta_key::val_crop_size, 0);
+  m.normalize = text(meta_key::normalize, "none");
   // The position fields that `export` writes; the rest keep their defaults.
   for_each_position_field(static_cast<RunPosition&>(m), [&](const PositionField& field, auto& value) {
     if (field.exported == PositionField::Export::No) return;
@@ -102,12 +102,12 @@ CheckpointMeta SafetensorsSource::read_meta(bool weights_only) {
     else
       value = integer(field.name, value);
   });
-  m.val_acc = real("val_acc", -1.0);
-  m.val_loss = real("val_loss", 0.0);
-  m.created_by = text("created_by", "");
-  if (md.count("class_names")) {
+  m.val_acc = real(meta_key::val_acc, -1.0);
+  m.val_loss = real(meta_key::val_loss, 0.0);
+  m.created_by = text(meta_key::created_by, "");
+  if (md.count(meta_key::class_names)) {
     try {
-      m.class_names = safetensors::parse_json_string_array(md.at("class_names"), "__metadata__ 'class_names'");
+      m.class_names = safetensors::parse_json_string_array(md.at(meta_key::class_names), "__metadata__ 'class_names'");
     } catch (const UsageError& e) {
       bad(e.what());
     }

@@ -495,12 +495,18 @@ data::TransformConfig transform_config(const TrainOptions& o) {
 
 int eval_image_size(const TrainOptions& o) { return o.val_crop_size > 0 ? o.val_crop_size : o.image_size; }
 
-std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o) {
+std::vector<FlagSet::Value> train_flag_settings(const TrainOptions& o) {
   TrainOptions copy = o;
   FlagSet fs("train");
   add_train_flags(fs, copy);
   add_train_aliases(fs);
   return fs.values();
+}
+
+std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> text;
+  for (auto& v : train_flag_settings(o)) text.emplace_back(std::move(v.name), std::move(v.text));
+  return text;
 }
 
 }  // namespace rd::train

@@ -93,45 +93,50 @@ void plan_flag_changes(ResumePlan& plan, const TrainOptions& o, const std::strin
                      " state; resuming cannot change it" + kStartFresh);
   // The previous run's flags, read back from the command line it recorded (a
   // checkpoint from another version may not parse: then only its metadata counts).
-  std::vector<std::pair<std::string, std::string>> theirs;
+  TrainOptions recorded;
+  bool recorded_parsed = false;
   try {
     const std::vector<std::string> words = split_command_line(m.args);
     if (words.size() > 1) {
-      TrainOptions recorded = parse_train_command_line(words);
+      recorded = parse_train_command_line(words);
+      recorded_parsed = true;
       // --amp ran as the device's reduced precision (setup_device); compare that,
       // taking this run's device where the old one was "auto".
       if (recorded.amp) {
         const bool cuda = recorded.device == Device::Cuda || (recorded.device == Device::Auto && this_run_cuda);
         recorded.precision = amp_precision(cuda);
       }
-      theirs = train_flag_values(recorded);
     }
   } catch (const std::exception&) {
-    theirs.clear();
+    recorded_parsed = false;
   }
-  auto old_value = [&](const std::string& flag) -> std::string {
-    if (flag == "--batch-size" && m.batch_size > 0) return std::to_string(m.batch_size);
-    if (flag == "--accum-steps" && m.accum_steps > 0) return std::to_string(m.accum_steps);
-    if (flag == "--lr" && os.present) {
-      TrainOptions t;
-      t.lr = os.config.lr;
-      for (auto& [f, v] : train_flag_values(t))
-        if (f == "--lr") return v;
-    }
-    for (auto& [f, v] : theirs)
-      if (f == flag) return v;
-    return "";
+  // The metadata's batch shape and the optimizer's learning rate win over the command line.
+  if (m.batch_size > 0) recorded.batch_size = static_cast<int>(m.batch_size);
+  if (m.accum_steps > 0) recorded.accum_steps = static_cast<int>(m.accum_steps);
+  if (os.present) recorded.lr = os.config.lr;
+  const auto from_metadata = [&](const std::string& flag) {
+    return (flag == "--batch-size" && m.batch_size > 0) || (flag == "--accum-steps" && m.accum_steps > 0) ||
+           (flag == "--lr" && os.present);
   };
-  const auto mine = train_flag_values(o);
-  for (const auto& [flag, value] : mine) {
-    if (flag == "--data") {
-      const std::string was = old_value(flag);
-      if (!was.empty() && fs::path(was).lexically_normal() != fs::path(value).lexically_normal())
-        plan.differences.push_back(flag + " " + value + " (that run: " + was + ")");
-    }
+  const std::vector<FlagSet::Value> theirs = train_flag_settings(recorded);
+  // The recorded value of `flag`, or nullptr when that run says nothing about it (its
+  // command line did not parse, or left the flag empty).
+  auto old_value = [&](const std::string& flag) -> const FlagSet::Value* {
+    if (!recorded_parsed && !from_metadata(flag)) return nullptr;
+    for (const auto& v : theirs)
+      if (v.name == flag) return v.text.empty() ? nullptr : &v;
+    return nullptr;
+  };
+  for (const FlagSet::Value& mine : train_flag_settings(o)) {
+    const std::string& flag = mine.name;
+    const std::string& value = mine.text;
+    const FlagSet::Value* old = old_value(flag);
+    if (flag == "--data" && old &&
+        fs::path(old->text).lexically_normal() != fs::path(value).lexically_normal())
+      plan.differences.push_back(flag + " " + value + " (that run: " + old->text + ")");
     if (resume_ignores(flag) || flag == "--amp") continue;  // --amp is compared as its --precision
-    const std::string was = old_value(flag);
-    if (was.empty() || was == value) continue;
+    if (!old || old->typed == mine.typed) continue;
+    const std::string& was = old->text;
     // Batch shape and length always count (they move the position in the epoch);
     // other defaults the user did not type keep the resumed run's state.
     const bool given = o.was_given(flag) || (flag == "--sync-bn" && o.was_given("--no-sync-bn"));

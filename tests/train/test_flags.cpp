@@ -6,8 +6,10 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "resnet_ddp/app/commands.h"
@@ -379,6 +381,31 @@ TEST_CASE("word-valued options arrive typed and read back as typed", "[train][fl
   CHECK(value_of(arch_names(), "resnet50", "--arch") == Arch::ResNet50);
   CHECK_THROWS_WITH(value_of(normalize_names(), "cifar", "--normalize"),
                     "--normalize: expected one of none|imagenet, got 'cifar'");
+}
+
+TEST_CASE("a run's flags compare as the values their targets hold", "[train][flags]") {
+  const auto settings = [](const std::vector<std::string>& args) {
+    std::map<std::string, FlagSet::Value> by_flag;
+    for (auto& v : train_flag_settings(parse_train(args))) by_flag[v.name] = v;
+    return by_flag;
+  };
+  auto a = settings({"--data", "d", "--lr", "0.01", "--arch", "resnet50", "--optimizer", "sgd", "--nesterov",
+                 "--scheduler", "multisteplr", "--lr-milestones", "3,6"});
+  auto b = settings({"--data", "d", "--lr", "1e-2", "--arch", "resnet50", "--optimizer", "sgd", "--nesterov",
+                 "--scheduler", "multisteplr", "--lr-milestones", "3,6"});
+  for (const auto& [flag, v] : a) CHECK(v.typed == b.at(flag).typed);
+  CHECK(a.at("--lr").typed == FlagSet::Typed{0.01});
+  CHECK(a.at("--lr").text == "0.01");
+  CHECK(std::holds_alternative<int64_t>(a.at("--arch").typed));  // an enumeration: its index
+  CHECK(a.at("--arch").text == "resnet50");
+  CHECK(a.at("--nesterov").typed == FlagSet::Typed{true});
+  CHECK(a.at("--batch-size").typed == FlagSet::Typed{int64_t{16}});
+  CHECK(a.at("--data").typed == FlagSet::Typed{std::string("d")});
+  CHECK(a.at("--lr-milestones").typed == FlagSet::Typed{std::string("3,6")});  // a custom flag: its text
+  auto c = settings({"--data", "d", "--lr", "0.02", "--arch", "resnet18", "--optimizer", "sgd"});
+  CHECK_FALSE(a.at("--lr").typed == c.at("--lr").typed);
+  CHECK_FALSE(a.at("--arch").typed == c.at("--arch").typed);
+  CHECK_FALSE(a.at("--nesterov").typed == c.at("--nesterov").typed);
 }
 
 TEST_CASE("the subcommand table lists, helps and names every command", "[train][flags]") {

@@ -120,6 +120,33 @@ struct CheckpointMeta : RunPosition {
   EmaState ema;  // --model-ema's counters (the tensors: CheckpointReader::load_ema)
 };
 
+// The stored name of each CheckpointMeta field outside RunPosition: its HDF5 attribute
+// (or string-list dataset), and its safetensors __metadata__ key where `export` writes
+// one. The writer, both readers and `export` spell them only through these.
+namespace meta_key {
+inline constexpr char format_version[] = "format_version";
+inline constexpr char arch[] = "arch";
+inline constexpr char head[] = "head";
+inline constexpr char num_classes[] = "num_classes";
+inline constexpr char image_size[] = "image_size";
+inline constexpr char val_resize_size[] = "val_resize_size";
+inline constexpr char val_crop_size[] = "val_crop_size";
+inline constexpr char val_acc[] = "val_acc";
+inline constexpr char val_loss[] = "val_loss";
+inline constexpr char world_size[] = "world_size";
+inline constexpr char batch_size[] = "batch_size";
+inline constexpr char accum_steps[] = "accum_steps";
+inline constexpr char seed[] = "seed";
+inline constexpr char args[] = "args";
+inline constexpr char created_by[] = "created_by";
+inline constexpr char normalize[] = "normalize";
+inline constexpr char slurm_job_id[] = "slurm_job_id";
+inline constexpr char slurm_step_id[] = "slurm_step_id";
+inline constexpr char slurm_restart_count[] = "slurm_restart_count";
+inline constexpr char class_names[] = "class_names";
+inline constexpr char args_history[] = "args_history";
+}  // namespace meta_key
+
 // One /state_dict entry as stored: float32 of `shape`, or an int64 scalar
 // (num_batches_tracked).
 struct TensorInfo {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "resnet_ddp/flags.h"
@@ -153,8 +154,11 @@ data::TransformConfig transform_config(const TrainOptions& o);
 // The side length the model sees in evaluation (--val-crop-size, else --image-size).
 int eval_image_size(const TrainOptions& o);
 
-// Every train flag with its value in `o` as text (numbers in a canonical form, booleans
-// "on"/"off"), in --help order: for comparing a run with the one a checkpoint recorded.
+// Every train flag with its value in `o`, typed and as text (numbers in a canonical form,
+// booleans "on"/"off"), in --help order: for comparing a run with the one a checkpoint
+// recorded.
+std::vector<FlagSet::Value> train_flag_settings(const TrainOptions& o);
+// The same, text only.
 std::vector<std::pair<std::string, std::string>> train_flag_values(const TrainOptions& o);
 
 }  // namespace rd::train
