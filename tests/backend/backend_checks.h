@@ -1165,18 +1165,22 @@ inline void check_allocate_and_copies(Backend& be) {
   }
 }
 
-// synchronize returns once the work queued before it has run: `queue_drained` asks the
-// device (a backend without a queue has nothing left), and the data is the last write's.
-inline void check_synchronize(Backend& be, const std::function<bool(Backend&)>& queue_drained) {
+// synchronize returns once the work queued before it has run: a read that nothing orders
+// after that work (`read_unordered`: on CUDA a copy on the legacy stream, which the
+// backend's non-blocking streams do not wait for) sees the last write.
+using UnorderedRead = std::function<void(Backend&, void* host, const void* device, size_t bytes)>;
+inline void check_synchronize(Backend& be, const UnorderedRead& read_unordered) {
   INFO("synchronize on " << be.name());
   const size_t count = size_t{1} << 20;
   std::shared_ptr<void> buf = be.allocate(count * sizeof(float));
   auto* dev = static_cast<float*>(buf.get());
+  be.synchronize();  // the zeroing of the allocation, if queued
   for (int i = 1; i <= 8; ++i) be.fill(dev, static_cast<float>(i), count);
   be.synchronize();
-  CHECK(queue_drained(be));
-  std::vector<float> tail(16, -1.f);
-  be.copy_to_host(tail.data(), dev + count - tail.size(), tail.size() * sizeof(float));
+  std::vector<float> head(16, -1.f), tail(16, -1.f);
+  read_unordered(be, head.data(), dev, head.size() * sizeof(float));
+  read_unordered(be, tail.data(), dev + count - tail.size(), tail.size() * sizeof(float));
+  CHECK(head == filled(head.size(), 8.f));
   CHECK(tail == filled(tail.size(), 8.f));
 }
 
