@@ -7,6 +7,7 @@
 // (pass a looser Tol for TF32).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <catch2/catch.hpp>
 
@@ -1136,6 +1137,149 @@ inline void check_erase_rectangles(Backend& be) {
   // A box outside the image is refused, naming the image.
   const int32_t outside[N * 4] = {0, 0, 1, 1, 0, 0, 1, 1, 4, 0, 3, 1, 0, 0, 1, 1};
   CHECK_THROWS_WITH(be.erase_rectangles(t, outside), Catch::Contains("image 2's box"));
+}
+
+// allocate gives zeroed memory, also when it reuses a block that held data; copy_from_host
+// and copy_to_host move bytes unchanged, at any offset into the allocation.
+inline void check_allocate_and_copies(Backend& be) {
+  INFO("allocate / copy_from_host / copy_to_host on " << be.name());
+  const size_t count = 1000;
+  const auto values = random_floats(count, 171);
+  for (int round = 0; round < 2; ++round) {
+    INFO("allocation " << round);
+    std::shared_ptr<void> buf = be.allocate(count * sizeof(float));
+    REQUIRE(buf);
+    auto* dev = static_cast<float*>(buf.get());
+    std::vector<float> host(count, -1.f);
+    be.copy_to_host(host.data(), dev, count * sizeof(float));
+    CHECK(host == filled(count, 0.f));
+    be.copy_from_host(dev, values.data(), count * sizeof(float));
+    std::vector<float> part(300, -1.f);
+    be.copy_to_host(part.data(), dev + 123, part.size() * sizeof(float));
+    CHECK(part == std::vector<float>(values.begin() + 123, values.begin() + 423));
+    be.copy_from_host(dev + 10, values.data(), 5 * sizeof(float));
+    be.copy_to_host(host.data(), dev, count * sizeof(float));
+    std::vector<float> expected = values;
+    std::copy(values.begin(), values.begin() + 5, expected.begin() + 10);
+    CHECK(host == expected);
+  }
+}
+
+// synchronize returns once the work queued before it has run: a read that nothing orders
+// after that work (`read_unordered`: on CUDA a copy on the legacy stream, which the
+// backend's non-blocking streams do not wait for) sees the last write.
+using UnorderedRead = std::function<void(Backend&, void* host, const void* device, size_t bytes)>;
+inline void check_synchronize(Backend& be, const UnorderedRead& read_unordered) {
+  INFO("synchronize on " << be.name());
+  const size_t count = size_t{1} << 20;
+  std::shared_ptr<void> buf = be.allocate(count * sizeof(float));
+  auto* dev = static_cast<float*>(buf.get());
+  be.synchronize();  // the zeroing of the allocation, if queued
+  for (int i = 1; i <= 8; ++i) be.fill(dev, static_cast<float>(i), count);
+  be.synchronize();
+  std::vector<float> head(16, -1.f), tail(16, -1.f);
+  read_unordered(be, head.data(), dev, head.size() * sizeof(float));
+  read_unordered(be, tail.data(), dev + count - tail.size(), tail.size() * sizeof(float));
+  CHECK(head == filled(head.size(), 8.f));
+  CHECK(tail == filled(tail.size(), 8.f));
+}
+
+// unscale_and_check: data *= factor, then whether every element is finite (a non-finite
+// value in the last element, past any vector width, is found).
+inline void check_unscale_and_check(Backend& be) {
+  INFO("unscale_and_check on " << be.name());
+  std::vector<float> h(4099, 2.f);
+  DeviceVector v(be, h);
+  CHECK(be.unscale_and_check(v.ptr(), 0.5f, h.size()));
+  CHECK(v.host() == filled(h.size(), 1.f));
+  h[4098] = INFINITY;
+  DeviceVector bad(be, h);
+  CHECK_FALSE(be.unscale_and_check(bad.ptr(), 0.5f, h.size()));
+}
+
+// fp16/bf16 storage: finite differences are meaningless, so compare with the
+// reference applied to the values as stored (read back after the upload).
+inline void check_reduced_precision_elementwise(Backend& be, const Dims& d) {
+  INFO("reduced-precision relu/add/accumulate/pooling " << d.str() << " on " << be.name());
+  Tensor a = upload_activation(be, random_floats(d.numel(), 601), d.n, d.c, d.h, d.w);
+  Tensor b = upload_activation(be, random_floats(d.numel(), 602), d.n, d.c, d.h, d.w);
+  const auto ah = download_activation(be, a), bh = download_activation(be, b);
+  const ref::Act ar = to_act(ah, d.n, d.c, d.h, d.w), br = to_act(bh, d.n, d.c, d.h, d.w);
+  const Tol storage{1e-2, 1e-2};  // one rounding of the result
+  Tensor y = be.activation(d.n, d.c, d.h, d.w);
+  be.relu_forward(a, y);
+  RD_CHECK_CLOSE("relu", download_activation(be, y), ref::relu_forward(ar).v, storage);
+  Tensor dx = be.activation(d.n, d.c, d.h, d.w);
+  be.relu_backward(y, b, dx);
+  RD_CHECK_CLOSE("relu backward", download_activation(be, dx), ref::relu_backward(ref::relu_forward(ar), br).v, storage);
+  be.add_forward(a, b, true, y);
+  const ref::Act sum = ref::add_forward(ar, br, true);
+  RD_CHECK_CLOSE("add+relu", download_activation(be, y), sum.v, storage);
+  be.add_backward(y, b, true, dx);
+  RD_CHECK_CLOSE("add+relu backward", download_activation(be, dx), ref::add_backward(sum, br, true).v, storage);
+  be.accumulate(a, b);
+  RD_CHECK_CLOSE("accumulate", download_activation(be, b), ref::add_forward(ar, br, false).v, storage);
+  const int64_t oh = conv_out_size(d.h, 3, 2, 1), ow = conv_out_size(d.w, 3, 2, 1);
+  Tensor p = be.activation(d.n, d.c, oh, ow);
+  auto ws = be.allocate(be.maxpool_workspace_bytes(p));
+  be.maxpool_forward(a, p, 3, 2, 1, ws.get());
+  RD_CHECK_CLOSE("maxpool", download_activation(be, p), ref::maxpool_forward(ar, 3, 2, 1).y.v, storage);
+  Tensor m = be.matrix(d.n, d.c);
+  be.global_avgpool_forward(a, m);
+  RD_CHECK_CLOSE("global avgpool", download_rowmajor(be, m), ref::global_avgpool_forward(ar).v, storage);
+}
+
+// Sums in place over two identical "ranks": every statistic doubles, so the
+// synchronised result must equal the local one. Runs on the backend's own
+// stream (scale), as an NCCL reducer's collective would be ordered.
+struct TwoIdenticalRanks : ChannelReducer {
+  Backend& be;
+  int calls = 0;
+  explicit TwoIdenticalRanks(Backend& b) : be(b) {}
+  void allreduce_sum(double* data, size_t count) override {
+    scale_device_doubles(be, data, count, 2.0);
+    ++calls;
+  }
+  int participants() const override { return 2; }
+};
+
+// The SyncBatchNorm path with two identical ranks equals local batch norm: the same y,
+// dx, running mean and (local) dgamma; only the running variance differs (unbiased with
+// twice the count).
+inline void check_batchnorm_sync_identical_ranks(Backend& be) {
+  INFO("SyncBatchNorm with two identical ranks on " << be.name());
+  const int64_t n = 3, c = 9, h = 4, w = 5;
+  const size_t C = static_cast<size_t>(c);
+  const auto xh = random_floats(static_cast<size_t>(n * c * h * w), 501, -1.f, 2.f);
+  const auto dyh = random_floats(xh.size(), 502);
+  Tensor x = upload_activation(be, xh, n, c, h, w), dy = upload_activation(be, dyh, n, c, h, w);
+  DeviceVector gamma(be, random_floats(C, 503, 0.5f, 1.5f)), beta(be, random_floats(C, 504));
+  std::vector<std::vector<float>> out;
+  for (bool synced : {false, true}) {
+    TwoIdenticalRanks reducer(be);
+    DeviceVector rm(be, filled(C, 0.f)), rv(be, filled(C, 1.f)), sm(be, filled(C, 0.f)), si(be, filled(C, 0.f));
+    DeviceVector dg(be, filled(C, 0.f)), db(be, filled(C, 0.f));
+    BatchNormSaved saved;
+    saved.mean = sm.ptr();
+    saved.invstd = si.ptr();
+    Tensor y = be.activation(n, c, h, w), dx = be.activation(n, c, h, w);
+    const BatchNormArgs args =
+        bn_args(gamma.ptr(), beta.ptr(), rm.ptr(), rv.ptr(), 0.1f, 1e-5f, true, synced ? &reducer : nullptr);
+    be.batchnorm_forward_train(x, args, y, saved);
+    be.batchnorm_backward(x, y, dy, args, saved, dx, bn_grads(dg.ptr(), db.ptr(), false));
+    if (synced) {
+      CHECK(reducer.calls == 2);
+      CHECK(saved.count == Approx(2.0 * static_cast<double>(n * h * w)));
+    }
+    out.push_back(download_activation(be, y));
+    out.push_back(download_activation(be, dx));
+    out.push_back(rm.host());
+    out.push_back(dg.host());
+  }
+  RD_CHECK_CLOSE("sync y", out[4], to_double(out[0]), (Tol{1e-5, 1e-5}));
+  RD_CHECK_CLOSE("sync dx", out[5], to_double(out[1]), (Tol{1e-4, 1e-5}));
+  RD_CHECK_CLOSE("sync running mean", out[6], to_double(out[2]), (Tol{1e-5, 1e-6}));
+  RD_CHECK_CLOSE("sync dgamma (local)", out[7], to_double(out[3]), (Tol{1e-5, 1e-6}));
 }
 
 }  // namespace rd::test

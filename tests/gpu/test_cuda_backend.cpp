@@ -1,9 +1,9 @@
 // Every CUDA backend op, forward and backward, against the float64 reference
-// (tests/reference) through the backend-generic checks of tests/backend, in
+// (tests/reference) through the op-test table of tests/backend (op_table.h), in
 // every precision/layout the GPU supports: fp32 NCHW and NHWC (also against
 // finite differences), tf32, fp16 and bf16 (tolerances per precision). Plus
-// SyncBatchNorm's all-reduce path, the fused unscale+check, and argument
-// errors. Exits 77 (skipped) when no CUDA device is visible.
+// the accuracy count, argument errors and the backend's own buffers, plans and
+// fallbacks. Exits 77 (skipped) when no CUDA device is visible.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/backend_checks.h"
+#include "backend/op_table.h"
 #include "resnet_ddp/errors.h"
 
 using namespace rd;
@@ -35,6 +35,7 @@ struct GpuConfig {
   Tol tol;                  // for convolutions, BN and pooling results
   bool exact_copies;        // F32 storage: copies and elementwise ops are exact
   bool finite_differences;  // only meaningful in fp32
+  BackendOptions options;   // what made `backend`
 };
 
 int compute_capability_major() {
@@ -67,57 +68,76 @@ std::vector<GpuConfig> gpu_configs() {
     BackendOptions o;
     o.precision = s.p;
     o.layout = s.l;
-    all.push_back({make_cuda_backend(o), s.label, s.tol, s.exact, s.fd});
+    all.push_back({make_cuda_backend(o), s.label, s.tol, s.exact, s.fd, o});
   }
   return all;
 }
 
-// Sums in place over two identical "ranks": every statistic doubles, so the
-// synchronised result must equal the local one. Runs on the backend's own
-// stream (scale), as an NCCL reducer's collective would be ordered.
-struct TwoIdenticalRanks : ChannelReducer {
-  Backend& be;
-  int calls = 0;
-  explicit TwoIdenticalRanks(Backend& b) : be(b) {}
-  void allreduce_sum(double* data, size_t count) override {
-    scale_device_doubles(be, data, count, 2.0);
-    ++calls;
-  }
-  int participants() const override { return 2; }
-};
-
-// fp16/bf16 storage: finite differences are meaningless, so compare with the
-// reference applied to the values as stored (read back after the upload).
-void check_reduced_precision_elementwise(Backend& be, const Dims& d) {
-  INFO("reduced-precision relu/add/accumulate/pooling " << d.str() << " on " << be.name());
-  Tensor a = upload_activation(be, random_floats(d.numel(), 601), d.n, d.c, d.h, d.w);
-  Tensor b = upload_activation(be, random_floats(d.numel(), 602), d.n, d.c, d.h, d.w);
-  const auto ah = download_activation(be, a), bh = download_activation(be, b);
-  const ref::Act ar = to_act(ah, d.n, d.c, d.h, d.w), br = to_act(bh, d.n, d.c, d.h, d.w);
-  const Tol storage{1e-2, 1e-2};  // one rounding of the result
-  Tensor y = be.activation(d.n, d.c, d.h, d.w);
-  be.relu_forward(a, y);
-  RD_CHECK_CLOSE("relu", download_activation(be, y), ref::relu_forward(ar).v, storage);
-  Tensor dx = be.activation(d.n, d.c, d.h, d.w);
-  be.relu_backward(y, b, dx);
-  RD_CHECK_CLOSE("relu backward", download_activation(be, dx), ref::relu_backward(ref::relu_forward(ar), br).v, storage);
-  be.add_forward(a, b, true, y);
-  const ref::Act sum = ref::add_forward(ar, br, true);
-  RD_CHECK_CLOSE("add+relu", download_activation(be, y), sum.v, storage);
-  be.add_backward(y, b, true, dx);
-  RD_CHECK_CLOSE("add+relu backward", download_activation(be, dx), ref::add_backward(sum, br, true).v, storage);
-  be.accumulate(a, b);
-  RD_CHECK_CLOSE("accumulate", download_activation(be, b), ref::add_forward(ar, br, false).v, storage);
-  const int64_t oh = conv_out_size(d.h, 3, 2, 1), ow = conv_out_size(d.w, 3, 2, 1);
-  Tensor p = be.activation(d.n, d.c, oh, ow);
-  auto ws = be.allocate(be.maxpool_workspace_bytes(p));
-  be.maxpool_forward(a, p, 3, 2, 1, ws.get());
-  RD_CHECK_CLOSE("maxpool", download_activation(be, p), ref::maxpool_forward(ar, 3, 2, 1).y.v, storage);
-  Tensor m = be.matrix(d.n, d.c);
-  be.global_avgpool_forward(a, m);
-  RD_CHECK_CLOSE("global avgpool", download_rowmajor(be, m), ref::global_avgpool_forward(ar).v, storage);
+const OpCases& gpu_cases() {
+  static const OpCases cases = [] {
+    OpCases c;
+    c.copy_dims = {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 2}, Dims{3, 32, 1, 1}};
+    c.conv = {
+        {2, 3, 7, 7, 4, 3, 1, 1},    {1, 5, 9, 8, 6, 3, 2, 1},   {2, 8, 6, 6, 16, 1, 2, 0},
+        {1, 3, 17, 15, 8, 7, 2, 3},  {3, 16, 5, 5, 16, 3, 1, 1}, {2, 17, 4, 5, 3, 3, 1, 0},
+        {1, 4, 3, 3, 5, 3, 2, 1},    {2, 64, 8, 8, 64, 3, 1, 1},
+        // Grouped (cudnnSetConvolutionGroupCount).
+        {2, 8, 6, 6, 8, 3, 1, 1, 2}, {1, 12, 7, 7, 6, 3, 2, 1, 3}, {2, 64, 8, 8, 64, 3, 1, 1, 32},
+        {2, 16, 5, 5, 32, 1, 1, 0, 4},
+    };
+    c.batchnorm = {
+        {2, 5, 3, 3, false}, {2, 5, 3, 3, true},  {1, 7, 5, 4, true},
+        {4, 16, 2, 2, false}, {3, 20, 3, 5, true}, {8, 3, 1, 1, true}, {4, 70, 6, 6, true},
+    };
+    c.bn_running_stats = {{BnCase{4, 6, 3, 3, true}, 5}};
+    c.bn_sync_identical_ranks = true;
+    c.eltwise_dims = {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 3}, Dims{2, 32, 2, 2}};
+    c.reduced_precision_dims = Dims{2, 17, 3, 5};
+    // Pooling with finite differences needs F32 storage; fp16/bf16 pooling: the model test.
+    c.maxpool = {{2, 3, 8, 8}, {1, 5, 7, 9}, {2, 17, 5, 5}, {1, 2, 1, 1}, {1, 4, 6, 6, 2, 2, 0}};
+    c.global_avgpool_dims = {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}};
+    c.linear = {LinearCase{2, 5, 3}, LinearCase{1, 17, 10}, LinearCase{5, 64, 7}, LinearCase{16, 512, 512}};
+    c.softmax = {{4, 3, 0.f, 1.f}, {5, 10, 0.1f, 1.f}, {3, 1000, 0.1f, 0.5f}, {16, 3, 0.1f, 65536.f}};
+    c.optimizer_counts = {1, 37, 100003};
+    c.ema = {{0.9, 5}, {0.99998, 3}};
+    c.fill_counts = {1, 37, 100003};
+    return c;
+  }();
+  return cases;
 }
 
+// The op-test table's configurations: every precision/layout of gpu_configs().
+const std::vector<OpCheckConfig>& gpu_op_configs() {
+  static const std::vector<OpCheckConfig> configs = [] {
+    std::vector<OpCheckConfig> all;
+    for (const GpuConfig& g : gpu_configs()) {
+      OpCheckConfig cfg;
+      cfg.label = g.label;
+      cfg.cases = &gpu_cases();
+      cfg.make = [options = g.options] { return make_cuda_backend(options); };
+      cfg.tol = g.tol;
+      cfg.exact_storage = g.exact_copies;
+      cfg.finite_differences = g.finite_differences;
+      // Matrices stay f32 in every precision; TF32 GEMMs need the looser tolerance.
+      const bool exact_gemm = g.label.rfind("fp32", 0) == 0;
+      cfg.linear_tol = exact_gemm ? Tol{1e-4, 1e-5} : Tol{1e-2, 5e-3};
+      // TF32 GEMMs (every non-fp32 config) round x +- h: a large step keeps the
+      // finite differences of this linear loss exact (see check_linear).
+      cfg.linear_fd_step = exact_gemm ? 1e-2 : 0.25;
+      // MixUp / CutMix: exact in F32 storage; 16-bit storage: input and result each
+      // rounded once (|x| <= 2.5: 2^-8 relative for bf16).
+      cfg.mix_tol = g.exact_copies ? Tol{0, 0} : Tol{8e-3, 8e-3};
+      cfg.read_unordered = [](Backend&, void* host, const void* device, size_t bytes) {
+        REQUIRE(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+      };
+      all.push_back(std::move(cfg));
+    }
+    return all;
+  }();
+  return configs;
+}
+
+[[maybe_unused]] const bool gpu_op_table_registered = register_op_table("cuda backend", "[gpu]", gpu_op_configs);
 }  // namespace
 
 TEST_CASE("cuda backend: device discovery and names", "[gpu]") {
@@ -139,175 +159,15 @@ TEST_CASE("cuda backend: device discovery and names", "[gpu]") {
   CHECK(usage_error);
 }
 
-TEST_CASE("cuda backend: NCHW copies round-trip", "[gpu]") {
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    if (g.exact_copies)
-      for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 2}, Dims{3, 32, 1, 1}}) check_copy_roundtrip(*g.backend, d);
-  }
-}
-
-TEST_CASE("cuda backend: conv2d forward/backward vs reference", "[gpu]") {
-  const std::vector<ConvCase> cases{
-      {2, 3, 7, 7, 4, 3, 1, 1},    {1, 5, 9, 8, 6, 3, 2, 1},   {2, 8, 6, 6, 16, 1, 2, 0},
-      {1, 3, 17, 15, 8, 7, 2, 3},  {3, 16, 5, 5, 16, 3, 1, 1}, {2, 17, 4, 5, 3, 3, 1, 0},
-      {1, 4, 3, 3, 5, 3, 2, 1},    {2, 64, 8, 8, 64, 3, 1, 1},
-      // Grouped (cudnnSetConvolutionGroupCount).
-      {2, 8, 6, 6, 8, 3, 1, 1, 2}, {1, 12, 7, 7, 6, 3, 2, 1, 3}, {2, 64, 8, 8, 64, 3, 1, 1, 32},
-      {2, 16, 5, 5, 32, 1, 1, 0, 4},
-  };
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    for (const ConvCase& c : cases) check_conv2d(*g.backend, c, g.tol, g.finite_differences);
-  }
-}
-
-TEST_CASE("cuda backend: batch norm train/eval/backward vs reference", "[gpu]") {
-  const std::vector<BnCase> cases{
-      {2, 5, 3, 3, false}, {2, 5, 3, 3, true},  {1, 7, 5, 4, true},
-      {4, 16, 2, 2, false}, {3, 20, 3, 5, true}, {8, 3, 1, 1, true}, {4, 70, 6, 6, true},
-  };
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    for (const BnCase& c : cases) check_batchnorm(*g.backend, c, g.tol, g.finite_differences);
-    check_batchnorm_running_stats(*g.backend, BnCase{4, 6, 3, 3, true}, 5, g.tol);
-  }
-}
-
-TEST_CASE("cuda backend: SyncBatchNorm path equals local BN for identical ranks", "[gpu]") {
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    Backend& be = *g.backend;
-    const int64_t n = 3, c = 9, h = 4, w = 5;
-    const size_t C = static_cast<size_t>(c);
-    const auto xh = random_floats(static_cast<size_t>(n * c * h * w), 501, -1.f, 2.f);
-    const auto dyh = random_floats(xh.size(), 502);
-    Tensor x = upload_activation(be, xh, n, c, h, w), dy = upload_activation(be, dyh, n, c, h, w);
-    DeviceVector gamma(be, random_floats(C, 503, 0.5f, 1.5f)), beta(be, random_floats(C, 504));
-    std::vector<std::vector<float>> out;
-    for (bool synced : {false, true}) {
-      TwoIdenticalRanks reducer(be);
-      DeviceVector rm(be, filled(C, 0.f)), rv(be, filled(C, 1.f)), sm(be, filled(C, 0.f)), si(be, filled(C, 0.f));
-      DeviceVector dg(be, filled(C, 0.f)), db(be, filled(C, 0.f));
-      BatchNormSaved saved;
-      saved.mean = sm.ptr();
-      saved.invstd = si.ptr();
-      Tensor y = be.activation(n, c, h, w), dx = be.activation(n, c, h, w);
-      const BatchNormArgs args =
-          bn_args(gamma.ptr(), beta.ptr(), rm.ptr(), rv.ptr(), 0.1f, 1e-5f, true, synced ? &reducer : nullptr);
-      be.batchnorm_forward_train(x, args, y, saved);
-      be.batchnorm_backward(x, y, dy, args, saved, dx, bn_grads(dg.ptr(), db.ptr(), false));
-      if (synced) {
-        CHECK(reducer.calls == 2);
-        CHECK(saved.count == Approx(2.0 * static_cast<double>(n * h * w)));
-      }
-      out.push_back(download_activation(be, y));
-      out.push_back(download_activation(be, dx));
-      out.push_back(rm.host());
-      out.push_back(dg.host());
-    }
-    // Running variance differs (unbiased with twice the count), everything else matches.
-    RD_CHECK_CLOSE("sync y", out[4], to_double(out[0]), (Tol{1e-5, 1e-5}));
-    RD_CHECK_CLOSE("sync dx", out[5], to_double(out[1]), (Tol{1e-4, 1e-5}));
-    RD_CHECK_CLOSE("sync running mean", out[6], to_double(out[2]), (Tol{1e-5, 1e-6}));
-    RD_CHECK_CLOSE("sync dgamma (local)", out[7], to_double(out[3]), (Tol{1e-5, 1e-6}));
-  }
-}
-
-TEST_CASE("cuda backend: relu, residual add, accumulate", "[gpu]") {
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    if (g.exact_copies) {
-      for (Dims d : {Dims{2, 3, 5, 7}, Dims{1, 17, 3, 3}, Dims{2, 32, 2, 2}}) {
-        check_relu(*g.backend, d);
-        check_add(*g.backend, d, false);
-        check_add(*g.backend, d, true);
-        check_accumulate(*g.backend, d);
-      }
-    } else {
-      check_reduced_precision_elementwise(*g.backend, Dims{2, 17, 3, 5});
-    }
-    // The MLP head's hidden matrix stays F32 in every precision: its ReLU must take F32.
-    check_relu_matrix(*g.backend, 16, 512);
-    check_relu_matrix(*g.backend, 3, 7);
-  }
-}
-
-TEST_CASE("cuda backend: max pool and global average pool", "[gpu]") {
-  const std::vector<PoolCase> cases{{2, 3, 8, 8}, {1, 5, 7, 9}, {2, 17, 5, 5}, {1, 2, 1, 1}, {1, 4, 6, 6, 2, 2, 0}};
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    if (!g.exact_copies) continue;  // finite differences need f32 storage; fp16/bf16: model test
-    for (const PoolCase& c : cases)
-      for (const char* values : {"distinct", "ties", "negative"}) check_maxpool(*g.backend, c, values);
-    for (Dims d : {Dims{2, 5, 3, 3}, Dims{1, 17, 1, 1}, Dims{3, 8, 7, 5}}) check_global_avgpool(*g.backend, d);
-  }
-}
-
-TEST_CASE("cuda backend: linear, loss, optimizers, fill/scale/finite, images", "[gpu]") {
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    Backend& be = *g.backend;
-    // Matrices stay f32 in every precision; TF32 GEMMs need the looser tolerance.
-    const bool exact_gemm = g.label.rfind("fp32", 0) == 0;
-    const Tol lin = exact_gemm ? Tol{1e-4, 1e-5} : Tol{1e-2, 5e-3};
-    // TF32 GEMMs (every non-fp32 config) round x +- h: a large step keeps the
-    // finite differences of this linear loss exact (see check_linear).
-    const double fd_step = exact_gemm ? 1e-2 : 0.25;
-    for (LinearCase c : {LinearCase{2, 5, 3}, LinearCase{1, 17, 10}, LinearCase{5, 64, 7}, LinearCase{16, 512, 512}})
-      check_linear(be, c, lin, fd_step);
-    check_softmax_xent(be, 4, 3, 0.f, 1.f);
-    check_softmax_xent(be, 5, 10, 0.1f, 1.f);
-    check_softmax_xent(be, 3, 1000, 0.1f, 0.5f);
-    check_softmax_xent(be, 16, 3, 0.1f, 65536.f);
-    for (size_t count : {size_t{1}, size_t{37}, size_t{100003}}) {
-      check_adam(be, count, 0.f, 3);
-      check_adam(be, count, 0.01f, 3);
-      check_sgd(be, count, 0.9f, 0.f, 0.f, false, 3);
-      check_sgd(be, count, 0.9f, 0.1f, 1e-4f, false, 3);
-      check_sgd(be, count, 0.9f, 0.f, 1e-4f, true, 3);
-      check_sgd(be, count, 0.f, 0.f, 0.f, false, 2);
-      check_ema(be, count, 0.9, 5);
-      check_ema(be, count, 0.99998, 3);
-      check_fill_scale_finite(be, count);
-    }
-    check_segment_ops(be);
-    if (g.exact_copies) {
-      check_images_u8(be, Dims{2, 3, 5, 7}, false);
-      check_images_u8(be, Dims{1, 3, 4, 4}, true);
-      check_mixing_ops(be);  // MixUp / CutMix: exact in F32 storage
-    } else {
-      // 16-bit storage: input and result each rounded once (|x| <= 2.5: 2^-8 relative for bf16).
-      check_mixing_ops(be, Tol{8e-3, 8e-3});
-    }
-    check_erase_rectangles(be);  // every precision: the values are exact in f16/bf16
-  }
-}
-
-TEST_CASE("cuda backend: softmax_xent_sums on the device equals softmax_xent; queued copies; timing marks", "[gpu]") {
-  for (auto& g : gpu_configs()) {
-    INFO(g.label);
-    check_softmax_xent_sums_all(*g.backend);
-    check_queued_copies(*g.backend);
-    check_timing_marks(*g.backend);
-  }
-}
-
-TEST_CASE("cuda backend: fused unscale + inf/nan check and accuracy count", "[gpu]") {
+TEST_CASE("cuda backend: accuracy count", "[gpu]") {
   skip_without_gpu();
   cuda::CudaBackend be(BackendOptions{});
-  std::vector<float> h(4099, 2.f);
-  DeviceVector v(be, h);
-  CHECK(be.unscale_and_check(v.ptr(), 0.5f, h.size()));
-  CHECK(v.host() == filled(h.size(), 1.f));
-  h[4098] = INFINITY;
-  DeviceVector bad(be, h);
-  CHECK_FALSE(be.unscale_and_check(bad.ptr(), 0.5f, h.size()));
   const std::vector<float> logits{0.f, 2.f, 1.f, 5.f, 1.f, 1.f, 0.f, 0.f, 3.f};
   Tensor z = upload_rowmajor(be, logits, Shape{3, 3});
   const std::vector<int32_t> labels{1, 0, 0};
   CHECK(be.count_correct(z, labels.data()) == 2);
 }
+
 
 TEST_CASE("cuda backend: bad arguments are clear errors", "[gpu]") {
   skip_without_gpu();

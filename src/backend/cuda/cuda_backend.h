@@ -1,4 +1,4 @@
-// CudaBackend: rd::Backend on one GPU. Convolutions through cuDNN (algorithms
+// CudaBackend: rd::Backend on one GPU. Convolutions through cuDNN (conv.cpp; algorithms
 // chosen once per shape with cudnnFind*, or cuDNN's heuristics under
 // RD_CUDNN_HEURISTICS=1; one shared workspace grown on demand and given back when
 // another allocation runs out of memory; a shape with no algorithm in the
