@@ -13,8 +13,10 @@ echo 'add_test(trivial "true")' >"$scratch/build/CTestTestfile.cmake"
 # $scratch/out, its exit status echoed.
 run_make() {
   local rc=0
-  env -u CI -u SANITIZE make --no-print-directory -C "$RD_SOURCE_DIR" test MAKE="$1" \
-    BUILD_DIR="$scratch/build" >"$scratch/out" 2>&1 || rc=$?
+  # CI and SANITIZE empty on the command line (an outer `make test CI=1` passes its
+  # variables down through MAKEFLAGS, which is dropped too).
+  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -C "$RD_SOURCE_DIR" test MAKE="$1" \
+    BUILD_DIR="$scratch/build" CI= SANITIZE= >"$scratch/out" 2>&1 || rc=$?
   cat "$scratch/out"
   echo "-- exit $rc"
   return 0
