@@ -36,9 +36,11 @@ RD_RESUME_HINT="resubmit the same command"
 
 rd_note() { echo "$RD_SCRIPT_NAME: $*"; }
 # While the launcher runs, its output (forwarded in chunks that may end mid-line) shares the
-# log with ours: a note from a signal trap starts with a line break of its own, so it never
-# lands in the middle of a training line (users read the log; tests anchor on line starts).
-rd_note_async() { printf '\n%s: %s\n' "$RD_SCRIPT_NAME" "$*"; }
+# log with ours, and a launcher stopped by a signal may leave a line unfinished: such a note
+# starts with a line break of its own, so it never lands in the middle of a training line
+# (users read the log; tests anchor on line starts). One write(2) for break and note: bash's
+# own printf writes each line separately, and a training chunk could land between the two.
+rd_note_async() { env printf '\n%s: %s\n' "$RD_SCRIPT_NAME" "$*"; }
 rd_die() {
   echo "$RD_SCRIPT_NAME: error: $*" >&2
   exit 1
@@ -385,9 +387,9 @@ rd_run_command() {
     # The clean stop after --signal=B:USR1: come back as the same job (same id, same
     # log with --open-mode=append, same output folder) and resume from last.h5.
     RD_REQUEUE=1
-    rd_note "training stopped after SIGUSR1 and saved its last.h5; the job requeues itself when it ends"
+    rd_note_async "training stopped after SIGUSR1 and saved its last.h5; the job requeues itself when it ends"
   elif [[ -n $RD_PREEMPT_SIGNAL ]]; then
-    rd_note "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; $RD_RESUME_HINT to resume from its last.h5"
+    rd_note_async "training stopped after SIG$RD_PREEMPT_SIGNAL with status $status; $RD_RESUME_HINT to resume from its last.h5"
   fi
   return "$status"
 }
