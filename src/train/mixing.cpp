@@ -103,4 +103,40 @@ int32_t mixed_target_class(int32_t label, int32_t partner, float lambda) {
   return std::min(label, partner);
 }
 
+BatchMixer::BatchMixer(Backend& backend, const MixingOptions& options, uint64_t seed, int rank)
+    : backend_(&backend), options_(options) {
+  key_.seed = seed;
+  key_.rank = rank;
+}
+
+std::string BatchMixer::description() const {
+  if (!enabled()) return "";
+  const bool both = options_.mixup_alpha > 0 && options_.cutmix_alpha > 0;
+  return std::string("Batch mixing: ") +
+         (both ? "MixUp or CutMix (one per batch)" : options_.mixup_alpha > 0 ? "MixUp" : "CutMix") +
+         " on each rank's batch, lambda ~ Beta(alpha, alpha)";
+}
+
+MixedBatch BatchMixer::mix(const Tensor& input, const int32_t* labels, int n, int64_t epoch, int64_t step,
+                           int micro) {
+  if (!enabled()) return {&input, labels, nullptr};
+  // torchvision mixes the normalised batch; so do we (input is ToTensor + Normalize).
+  // Mixing is affine, so it would commute with the normalisation anyway, up to float
+  // rounding.
+  key_.epoch = epoch;
+  key_.step = step;
+  key_.micro = micro;
+  const BatchMixing m = draw_batch_mixing(options_, key_, input.shape[2], input.shape[3]);
+  if (!mixed_input_.defined() || mixed_input_.shape != input.shape)
+    mixed_input_ = backend_->activation(input.shape[0], input.shape[1], input.shape[2], input.shape[3]);
+  backend_->mix_images(input, mixed_input_, m.image);
+  partner_labels_ = partner_labels(labels, n);
+  targets_ = {partner_labels_.data(), m.target_lambda};
+  // Accuracy against the mixed target's argmax, as torchvision's utils.accuracy.
+  target_classes_.resize(static_cast<size_t>(n));
+  for (size_t i = 0; i < target_classes_.size(); ++i)
+    target_classes_[i] = mixed_target_class(labels[i], partner_labels_[i], m.target_lambda);
+  return {&mixed_input_, target_classes_.data(), &targets_};
+}
+
 }  // namespace rd::train

@@ -22,9 +22,11 @@ int64_t ModelEma::average_count(int64_t averaged, int64_t current, float decay, 
   return static_cast<int64_t>(a + b);
 }
 
-ModelEma::ModelEma(ResNet& model, double decay)
+ModelEma::ModelEma(ResNet& model, double decay, int64_t every_steps, int64_t warmup_epochs)
     : backend_(model.backend()),
       decay_(decay),
+      every_steps_(every_steps),
+      warmup_epochs_(warmup_epochs),
       params_size_(model.params().size()),
       buffers_size_(model.buffers().size()) {
   params_ = backend_.allocate(std::max<size_t>(params_size_, 1) * sizeof(float));
@@ -61,6 +63,23 @@ void ModelEma::update(ResNet& model) {
     nbt_ = average_count(nbt_, model.num_batches_tracked(), d, omd);
   }
   ++n_averaged_;
+}
+
+void ModelEma::start(ResNet& model, dist::Comm& comm, bool resumed, int64_t n_averaged, int64_t num_batches_tracked) {
+  if (!resumed) {
+    restart(model);
+    return;
+  }
+  comm.broadcast(params_.get(), params_size_ * sizeof(float), 0);
+  comm.broadcast(buffers_.get(), buffers_size_ * sizeof(float), 0);
+  n_averaged_ = n_averaged;
+  nbt_ = num_batches_tracked;
+}
+
+void ModelEma::after_optimizer_step(ResNet& model, int64_t epoch, int64_t step_in_epoch) {
+  if (step_in_epoch % every_steps_ != 0) return;
+  update(model);
+  if (epoch < warmup_epochs_) reset_count();
 }
 
 void ModelEma::restart(ResNet& model) {

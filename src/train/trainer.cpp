@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "resnet_ddp/train/commands.h"
-#include "resnet_ddp/train/recipes.h"
 #include "resnet_ddp/dist/launcher.h"
 #include "train/lr_scaling.h"
 #include "train/trainer.h"
@@ -51,17 +50,7 @@ int Trainer::run() {
   setup_device();
   lock_output();
   resolve_resume();
-  setup_data();
-  if (!o_.recipe.empty())
-    say("Recipe " + o_.recipe + ": " + recipe_flags_line(o_.recipe) + " (flags given on the command line win)");
-  if (!lr.line.empty()) say(lr.line);
-  if (!lr.warning.empty() && rank0()) std::fprintf(stderr, "resnet_ddp: warning: %s\n", lr.warning.c_str());
-  if (train_set_)
-    say("Train set size: " + std::to_string(train_set_->size()) +
-        ", Validation set size: " + std::to_string(val_set_->size()));
-  else
-    say("Validation set size: " + std::to_string(val_set_->size()));
-  setup_model();
+  run_ = setup_parts(lr);
   check_output_space();
   load_start_state();
   if (o_.eval_only) {
@@ -83,15 +72,15 @@ void Trainer::evaluate_only() {
   double loss = 0, acc = 0, acc5 = 0;
   validate(loss, acc, &acc5);
   say("");
-  const size_t unreadable = val_set_->unreadable_files();
+  const size_t unreadable = run_.val_set->unreadable_files();
   say("Evaluated " + (plan_.checkpoint.empty() ? o_.init : plan_.checkpoint) + " on " +
-      std::to_string(val_set_->size()) + " validation images" +
+      std::to_string(run_.val_set->size()) + " validation images" +
       (unreadable ? " (" + std::to_string(unreadable) + " unreadable file(s) skipped, not scored)" : ""));
   say("Val loss: " + py_float(loss) + ", Val accuracy: " + py_float(acc));
   say(torchvision_accuracy_line("", acc, acc5));
-  if (ema_) {  // --model-ema: the checkpoint's average too, as the reference's --test-only evaluates it
+  if (run_.ema) {  // --model-ema: the checkpoint's average too, as the reference's --test-only evaluates it
     EpochResult r;
-    validate_ema(r);
+    run_.ema->evaluate_average(*run_.model, [&] { validate(r.ema_val_loss, r.ema_val_acc, &r.ema_val_acc5); });
     say(ema_accuracy_line(r.ema_val_acc, r.ema_val_acc5, r.ema_val_loss));
   }
 }
@@ -105,7 +94,7 @@ void Trainer::train_epochs() {
     const auto t0 = Clock::now();
     EpochResult r;
     r.epoch = epoch;
-    r.lr_used = opt_->lr();
+    r.lr_used = run_.opt->lr();
     const EpochStats st = train_one_epoch(epoch);
     if (st.preempted) throw CollectiveExit{0};
     state_.step_in_epoch = 0;
@@ -119,15 +108,18 @@ void Trainer::train_epochs() {
     r.train_loss = counts[1] ? sums[0] / static_cast<double>(counts[1]) : 0.0;
     r.train_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
     validate(r.val_loss, r.val_acc, &r.val_acc5);
-    stop_if_diverged(r, step_->scaler().enabled(), rank0());
-    if (ema_) validate_ema(r);
+    stop_if_diverged(r, run_.step->scaler().enabled(), rank0());
+    // The average as the reference's "Test: EMA" (printed with the epoch's summary);
+    // best_model.h5 stays chosen by the model's own accuracy, as there.
+    if (run_.ema)
+      run_.ema->evaluate_average(*run_.model, [&] { validate(r.ema_val_loss, r.ema_val_acc, &r.ema_val_acc5); });
     r.seconds = seconds_since(t0);
     const bool improved = r.val_acc > state_.best_val_acc;
     if (improved) {
       state_.best_val_acc = r.val_acc;
       state_.best_val_loss = r.val_loss;
     }
-    opt_->set_lr(sched_->step(opt_->lr(), r.val_loss));
+    run_.opt->set_lr(run_.sched->step(run_.opt->lr(), r.val_loss));
     // Images this epoch actually trained on (all ranks).
     r.images = static_cast<double>(counts[1]) -
                (epoch == state_.epoch ? static_cast<double>(state_.partial_count) : 0.0);
@@ -150,88 +142,53 @@ void Trainer::train_epochs() {
 
 // The epoch's permutation for this rank, minus what an interrupted epoch already
 // consumed (rank 0's sums take over that part's), and the loader started on it.
-Trainer::EpochShape Trainer::start_epoch(int64_t epoch, EpochStats& st) {
-  EpochShape e;
-  sampler_->set_epoch(epoch);
-  std::vector<int64_t> indices = sampler_->indices();
+void Trainer::start_epoch(EpochRun& e) {
+  e.started = Clock::now();
+  run_.sampler->set_epoch(e.epoch);
+  std::vector<int64_t> indices = run_.sampler->indices();
   const int64_t per_step = static_cast<int64_t>(o_.batch_size) * o_.accum_steps;
   e.micro_total = (static_cast<int64_t>(indices.size()) + o_.batch_size - 1) / o_.batch_size;
   e.steps_total = (e.micro_total + o_.accum_steps - 1) / o_.accum_steps;
   if (o_.max_steps > 0) e.steps_total = std::min(e.steps_total, o_.max_steps);
-  if (epoch == state_.epoch && state_.step_in_epoch > 0) {
+  if (e.epoch == state_.epoch && state_.step_in_epoch > 0) {
     e.first_step = std::min(state_.step_in_epoch, e.steps_total);
     const size_t skip = std::min(indices.size(), static_cast<size_t>(e.first_step * per_step));
     indices.erase(indices.begin(), indices.begin() + static_cast<long>(skip));
     if (rank0()) {
-      st.loss_sum += state_.partial_loss_sum;
-      st.correct += state_.partial_correct;
-      st.seen += state_.partial_count;
+      e.stats.loss_sum += state_.partial_loss_sum;
+      e.stats.correct += state_.partial_correct;
+      e.stats.seen += state_.partial_count;
     }
   }
-  train_loader_->restart(std::move(indices), epoch);
-  model_->train(true);
-  if (progress_) progress_->start_epoch(epoch + 1, o_.epochs, e.steps_total);
-  return e;
+  run_.train_loader->restart(std::move(indices), e.epoch);
+  run_.model->train(true);
+  if (progress_) progress_->start_epoch(e.epoch + 1, o_.epochs, e.steps_total);
 }
 
-// The steps of one epoch around TrainStep; stops early (st.preempted) once the ranks
-// agreed on a preemption and last.h5 is written.
+// The steps of one epoch; stops early (preempted) once the ranks agreed on a preemption
+// and last.h5 is written.
 EpochStats Trainer::train_one_epoch(int64_t epoch) {
-  EpochStats st;
-  const auto t_start = Clock::now();
-  const EpochShape e = start_epoch(epoch, st);
-  const int64_t steps_total = e.steps_total, micro_total = e.micro_total;
-  int64_t step = e.first_step;
-  StepSums local;  // this rank's running sums for the progress display
-  data::Batch batch;
-  bool loader_done = false;
+  EpochRun e;
+  e.epoch = epoch;
+  start_epoch(e);
+  EpochStats& st = e.stats;
   agreed_at_ = Clock::now();
   steps_since_agree_ = 0;
-  while (step < steps_total && !loader_done) {
-    const auto t_step = Clock::now();
-    announce_stop_point(epoch, step, steps_total);
-    const double data_before = st.times.data;
-    StepRecord r;
-    r.epoch = epoch;
-    r.step = step;
-    r.bank = static_cast<int>(step % 2);
-    const int group = micro_batches_in_step(step, micro_total, o_.accum_steps);
-    mix_key_.epoch = epoch;  // MixUp / CutMix draws: a resume at this step redraws the same
-    mix_key_.step = step;
-    double* sums = step_sums_slot(step);
-    const int micro = forward_backward(group, r.bank, batch, st.times, sums, r.seen, r.host_comm);
-    if (inject_step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inject_step_delay_ms_));
-    if (micro < group) {
-      // The loader ran dry inside a group: every rank has the same batch count,
-      // so all ranks get here together. Finish the partial group's communication.
-      loader_done = true;
-      if (micro == 0) break;
-      step_->reduce_partial_group();
-    }
-    update(r.bank);
-    if (ema_) update_ema(epoch, step);
+  for (int64_t step = e.first_step; step < e.steps_total && !e.loader_done;) {
+    announce_stop_point(epoch, step, e.steps_total);
+    if (train_step(e, step) == 0) break;
     ++step;
-    ++st.steps;
-    ++steps_since_agree_;
-    r.seconds = seconds_since(t_step);
-    measured_step(r.seconds);
-    r.global_step = state_.global_step;
-    r.lr = opt_->lr();
-    r.epoch_seconds = seconds_since(t_start);
-    r.times.data = st.times.data - data_before;
-    r.micro = micro;
-    queue_step(std::move(r), sums, st, local);
     const bool periodic = o_.checkpoint_every > 0 && state_.global_step % o_.checkpoint_every == 0 &&
-                          step < steps_total && !loader_done;
-    const bool last = step >= steps_total || loader_done;
+                          step < e.steps_total && !e.loader_done;
+    const bool last = step >= e.steps_total || e.loader_done;
     // One rank agrees with itself: only a stop signal (or a save) needs the sums now.
     const bool agree = env_.world > 1 ? steps_since_agree_ >= agree_every_ || periodic || last
                                       : periodic || last || preemption_signal() != 0;
     bool preempt = false;
-    if (agree) agree_on_steps(st, local, preempt);
+    if (agree) agree_on_steps(st, e.local, preempt);
     if (preempt) {
       if (progress_) progress_->end_epoch();
-      st.seconds += seconds_since(t_start);
+      st.seconds += seconds_since(e.started);
     }
     // The periodic save is the preemption checkpoint without stopping: a crash loses
     // at most N steps.
@@ -245,10 +202,61 @@ EpochStats Trainer::train_one_epoch(int64_t epoch) {
   }
   // Every rank leaves the loop at the same step; what is still queued is read here.
   bool unused = false;
-  if (!records_.empty()) agree_on_steps(st, local, unused);
+  if (!records_.empty()) agree_on_steps(st, e.local, unused);
   if (progress_) progress_->end_epoch();
-  st.seconds += seconds_since(t_start);
+  st.seconds += seconds_since(e.started);
   return st;
+}
+
+// One optimizer step, as llm.c's loop: per micro-batch get the batch, forward, backward
+// (the buckets all-reduced during the group's last); then the update, the hooks and the
+// bookkeeping. No host wait anywhere: the loss sums stay on the device (queue_step reads
+// them a step late), and so do the timing marks of the step's split.
+int Trainer::train_step(EpochRun& e, int64_t step) {
+  const auto t_step = Clock::now();
+  StepRecord r;
+  r.epoch = e.epoch;
+  r.step = step;
+  r.bank = static_cast<int>(step % 2);
+  const auto mark = [&](int micro, StepMark m) { backend_->timing_mark(timing_mark_index(r.bank, micro, m)); };
+  const int group = micro_batches_in_step(step, e.micro_total, o_.accum_steps);
+  double* sums = step_sums_slot(step);
+  int micro = 0;
+  for (; micro < group; ++micro) {
+    const auto t_data = Clock::now();
+    if (!run_.train_loader->next(e.batch)) break;
+    // The upload runs on the copy stream while the host queues the forward behind it.
+    Tensor& uploaded = upload_batch(*run_.model, e.batch, run_.norm);
+    if (micro == 0) sync_buffers();
+    r.times.data += seconds_since(t_data);
+    mark(micro, kForward);
+    const MixedBatch in = run_.mixer.mix(uploaded, e.batch.labels.data(), e.batch.n, e.epoch, step, micro);
+    run_.step->forward_sums(*in.input, e.batch.labels.data(), in.accuracy_targets, sums, micro, group, in.targets);
+    r.seen += e.batch.n;
+    mark(micro, kLoss);
+    r.host_comm.push_back(run_.step->backward_and_reduce(timing_mark_index(r.bank, micro, kBackward)).comm);
+    mark(micro, kBuckets);
+  }
+  if (inject_step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(inject_step_delay_ms_));
+  // The loader ran dry inside a group: every rank has the same batch count, so all
+  // ranks get here together; the partial group's communication is finished.
+  e.loader_done = micro < group;
+  e.stats.times.data += r.times.data;
+  if (micro == 0) return 0;
+  if (e.loader_done) run_.step->reduce_partial_group();
+  // A non-finite loss is caught when its sums are read (fp32: the run stops before
+  // anything is saved); under fp16 the loss scaler skips the update.
+  backend_->timing_mark(optimizer_mark_index(r.bank, 0));
+  run_.step->update();
+  backend_->timing_mark(optimizer_mark_index(r.bank, 1));
+  ++state_.global_step;
+  if (run_.ema) run_.ema->after_optimizer_step(*run_.model, e.epoch, step);
+  ++e.stats.steps;
+  ++steps_since_agree_;
+  r.seconds = seconds_since(t_step);
+  measured_step(r.seconds);
+  queue_step(std::move(r), micro, sums, e);
+  return micro;
 }
 
 // Several ranks see a stop signal at their next agreement (agree_on_steps), so the stop
@@ -265,13 +273,17 @@ void Trainer::announce_stop_point(int64_t epoch, int64_t step, int64_t steps_tot
 
 // The previous step's sums (queued a step ago, long done on the device) are taken, then
 // this step's are queued behind its work.
-void Trainer::queue_step(StepRecord r, const double* device_sums, EpochStats& st, StepSums& local) {
+void Trainer::queue_step(StepRecord r, int micro, const double* device_sums, EpochRun& e) {
+  r.global_step = state_.global_step;
+  r.lr = run_.opt->lr();
+  r.epoch_seconds = seconds_since(e.started);
+  r.micro = micro;
   if (steps_this_run_ == 1) {
-    st.warmup_seconds = r.seconds;
-    st.warmup_seen = static_cast<int64_t>(r.seen);
+    e.stats.warmup_seconds = r.seconds;
+    e.stats.warmup_seen = static_cast<int64_t>(r.seen);
   }
   backend_->wait_queued_copies();
-  take_read_steps(st, local);
+  take_read_steps(e.stats, e.local);
   records_.push_back(std::move(r));
   backend_->copy_to_host_queued(records_.back().sums, device_sums, 3 * sizeof(double));
 }
@@ -353,7 +365,7 @@ void Trainer::agree_on_steps(EpochStats& st, StepSums& local, bool& preempt) {
 void Trainer::stop_on_nonfinite(const StepRecord& r, double nonfinite) {
   // Under fp16 the loss scaler skips such a step instead (AMP's GradScaler): its
   // gradients are not finite either.
-  if (nonfinite == 0 || step_->scaler().enabled()) return;
+  if (nonfinite == 0 || run_.step->scaler().enabled()) return;
   if (rank0())
     std::fprintf(stderr,
                  "resnet_ddp: error: the training loss became NaN or Inf at epoch %lld step %lld (global step "
@@ -374,79 +386,6 @@ void Trainer::read_step_times(StepRecord& r) {
     t.comm += std::max(r.host_comm[static_cast<size_t>(m)], backend_->timing_seconds(at(kBackward), at(kBuckets)));
   }
   t.optimizer = backend_->timing_seconds(optimizer_mark_index(r.bank, 0), optimizer_mark_index(r.bank, 1));
-}
-
-// Forward and backward of up to `group` micro-batches; returns how many the loader had.
-int Trainer::forward_backward(int group, int bank, data::Batch& batch, StepTimes& times, double* sums, double& seen,
-                              std::vector<double>& host_comm) {
-  int micro = 0;
-  for (; micro < group; ++micro) {
-    auto t0 = Clock::now();
-    if (!train_loader_->next(batch)) break;
-    // No host wait here: the upload runs on the copy stream while the host queues
-    // the forward behind it; the backend orders the buffers' reuse with events.
-    Tensor& input = upload_batch(*model_, batch, norm_);
-    if (micro == 0) sync_buffers();
-    auto t1 = Clock::now();
-    times.data += std::chrono::duration<double>(t1 - t0).count();
-    // The split comes from the device's marks, read a step late: no host wait here.
-    backend_->timing_mark(timing_mark_index(bank, micro, kForward));
-    forward_micro(input, batch, micro, group, sums);
-    seen += batch.n;
-    backend_->timing_mark(timing_mark_index(bank, micro, kLoss));
-    const TrainStep::Seconds s = step_->backward_and_reduce(timing_mark_index(bank, micro, kBackward));
-    backend_->timing_mark(timing_mark_index(bank, micro, kBuckets));
-    host_comm.push_back(s.comm);
-  }
-  return micro;
-}
-
-void Trainer::forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, double* sums) {
-  if (!mixing_.enabled()) {
-    step_->forward_sums(input, batch.labels.data(), batch.labels.data(), sums, micro, group);
-    return;
-  }
-  // torchvision mixes the normalised batch; so do we (input is ToTensor + Normalize).
-  // Mixing is affine, so it would commute with the normalisation anyway, up to float
-  // rounding. Each rank mixes its own batch, as torchvision's collate_fn per process.
-  mix_key_.micro = micro;
-  const BatchMixing m = draw_batch_mixing(mixing_, mix_key_, input.shape[2], input.shape[3]);
-  if (!mixed_input_.defined() || mixed_input_.shape != input.shape)
-    mixed_input_ = backend_->activation(input.shape[0], input.shape[1], input.shape[2], input.shape[3]);
-  backend_->mix_images(input, mixed_input_, m.image);
-  partner_labels_ = partner_labels(batch.labels.data(), batch.n);
-  const TrainStep::MixedTargets targets{partner_labels_.data(), m.target_lambda};
-  // Accuracy against the mixed target's argmax, as torchvision's utils.accuracy.
-  target_classes_.resize(static_cast<size_t>(batch.n));
-  for (size_t i = 0; i < target_classes_.size(); ++i)
-    target_classes_[i] = mixed_target_class(batch.labels[i], partner_labels_[i], m.target_lambda);
-  step_->forward_sums(mixed_input_, batch.labels.data(), target_classes_.data(), sums, micro, group, &targets);
-}
-
-// The optimizer update. A non-finite loss is caught when its sums are read (fp32: the
-// run stops before anything is saved); under fp16 the loss scaler skips the step.
-void Trainer::update(int bank) {
-  backend_->timing_mark(optimizer_mark_index(bank, 0));
-  step_->update();
-  backend_->timing_mark(optimizer_mark_index(bank, 1));
-  ++state_.global_step;
-}
-
-// The reference's EMA step: every --model-ema-steps-th step of an epoch (counted from its
-// first), and during warmup epochs the average restarts from the weights each time.
-void Trainer::update_ema(int64_t epoch, int64_t step) {
-  if (step % o_.model_ema_steps != 0) return;
-  ema_->update(*model_);
-  if (epoch < o_.lr_warmup_epochs) ema_->reset_count();
-}
-
-// The average evaluated as the reference's "Test: EMA" (printed with the epoch's summary),
-// in the model's arenas for the time of it; best_model.h5 stays chosen by the model's own
-// accuracy, as there.
-void Trainer::validate_ema(EpochResult& r) {
-  ema_->swap_in(*model_);
-  validate(r.ema_val_loss, r.ema_val_acc, &r.ema_val_acc5);
-  ema_->swap_out(*model_);
 }
 
 // last.h5 inside an epoch, with the epoch's training sums so far (global).
@@ -477,13 +416,13 @@ void Trainer::step_flags(bool nonfinite, bool& preempt, bool& any_nonfinite, Ste
 void Trainer::sync_buffers() {
   // DDP's broadcast_buffers: without SyncBatchNorm each rank's running statistics
   // drift apart; rank 0's are the model (they are what the checkpoint holds).
-  if (env_.world > 1 && !sync_bn_) grad_->broadcast_stream_ordered(model_->buffers().data(), model_->buffers().bytes(), 0);
+  if (env_.world > 1 && !run_.sync_bn) grad_->broadcast_stream_ordered(run_.model->buffers().data(), run_.model->buffers().bytes(), 0);
 }
 
 void Trainer::validate(double& val_loss, double& val_acc, double* val_acc5) {
   sync_buffers();
-  val_loader_->restart(data::shard_exact(val_set_->size(), env_.world, env_.rank), 0);
-  const ScoreSums s = score(*model_, *val_loader_, norm_, static_cast<float>(o_.label_smoothing));
+  run_.val_loader->restart(data::shard_exact(run_.val_set->size(), env_.world, env_.rank), 0);
+  const ScoreSums s = score(*run_.model, *run_.val_loader, run_.norm, static_cast<float>(o_.label_smoothing));
   // Global and exact: every validation sample counted once across ranks.
   double loss = s.loss;
   int64_t counts[3] = {s.correct, s.count, s.correct_top5};
@@ -492,13 +431,13 @@ void Trainer::validate(double& val_loss, double& val_acc, double* val_acc5) {
   val_loss = counts[1] ? loss / static_cast<double>(counts[1]) : 0.0;
   val_acc = counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
   if (val_acc5) *val_acc5 = counts[1] ? static_cast<double>(counts[2]) / static_cast<double>(counts[1]) : 0.0;
-  model_->train(true);
+  run_.model->train(true);
 }
 
 // DDP keeps replicas identical; a cheap hash per epoch proves it (a mismatch means a
 // broken all-reduce or a rank that took a different path).
 void Trainer::check_replicas(int64_t epoch) {
-  const dist::ChecksumReport report = dist::compare_across_ranks(*ctrl_, *backend_, model_->params());
+  const dist::ChecksumReport report = dist::compare_across_ranks(*ctrl_, *backend_, run_.model->params());
   if (report.identical) return;
   if (rank0())
     std::fprintf(stderr, "resnet_ddp: error: model replicas diverged after epoch %lld: %s\n",

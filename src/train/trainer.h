@@ -32,6 +32,7 @@
 #include "resnet_ddp/train/mixing.h"
 #include "resnet_ddp/train/train_step.h"
 #include "train/evaluate.h"
+#include "train/lr_scaling.h"
 #include "train/resume_plan.h"
 #include "train/train_state.h"
 
@@ -92,6 +93,26 @@ struct EpochResult {
   double seconds = 0;  // the whole epoch, validation included
 };
 
+// What set-up builds for a run (Trainer::setup_parts), as one value: the data, the model
+// and what trains it. Heap parts throughout: the loaders hold references to the sets and
+// transforms, the step to the model and optimizer, so the value moves without breaking them.
+struct RunParts {
+  std::unique_ptr<data::Dataset> train_set, val_set;  // no train_set under --eval-only
+  std::unique_ptr<data::TransformPipeline> train_tf, val_tf;
+  std::unique_ptr<data::Loader> train_loader, val_loader;
+  std::unique_ptr<data::EpochSampler> sampler;  // DistributedSampler, or RASampler (--ra-sampler)
+  std::vector<std::string> class_names;
+  Normalization norm;
+  BatchMixer mixer;  // --mixup-alpha, --cutmix-alpha
+  std::unique_ptr<ResNet> model;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<ModelEma> ema;                        // --model-ema
+  std::unique_ptr<dist::GradientBucketer> bucketer;     // several ranks
+  std::unique_ptr<dist::SyncBatchNormReducer> sync_bn;  // --sync-bn, several ranks
+  std::unique_ptr<TrainStep> step;
+};
+
 class Trainer {
  public:
   Trainer(const TrainOptions& opts, const dist::ProcessEnv& env) : o_(opts), env_(env) {}
@@ -117,8 +138,10 @@ class Trainer {
   Device choose_device();
   int resolve_threads();
   void lock_output();
-  void setup_data();
-  void setup_model();
+  // The run's parts; prints, between data and model, the recipe, `lr`'s lines and the set sizes.
+  RunParts setup_parts(const LrChoice& lr);
+  void setup_data(RunParts& p);
+  void setup_model(RunParts& p);
   void check_output_space();
 
   // trainer_checkpoint.cpp
@@ -135,20 +158,20 @@ class Trainer {
 
   // trainer.cpp
   void train_epochs();
-  struct EpochShape {
-    int64_t micro_total = 0, steps_total = 0, first_step = 0;
+  // One epoch's loop state on this rank.
+  struct EpochRun {
+    int64_t epoch = 0, micro_total = 0, steps_total = 0, first_step = 0;
+    Clock::time_point started;
+    data::Batch batch;  // kept across the epoch's steps: the loader refills it
+    EpochStats stats;
+    StepSums local;     // this rank's running sums for the progress display
+    bool loader_done = false;
   };
-  EpochShape start_epoch(int64_t epoch, EpochStats& st);
+  void start_epoch(EpochRun& e);
   EpochStats train_one_epoch(int64_t epoch);
-  // `sums`: the step's device sums (loss, correct, non-finite); `seen`: the images it took;
-  // `host_comm`: per micro-batch, the host's wait for the buckets. The device's split comes
-  // from the timing marks of `bank` (timing_mark_index).
-  int forward_backward(int group, int bank, data::Batch& batch, StepTimes& times, double* sums, double& seen,
-                       std::vector<double>& host_comm);
-  // Forward and loss of one micro-batch (mixed under --mixup-alpha / --cutmix-alpha), its
-  // loss and the samples training accuracy counts as right added to the device `sums`.
-  void forward_micro(Tensor& input, const data::Batch& batch, int micro, int group, double* sums);
-  void update(int bank);
+  // One optimizer step (step 0-based in the epoch); returns the micro-batches the loader
+  // had (0: none, the epoch is over).
+  int train_step(EpochRun& e, int64_t step);
   // The step split's timing marks (Backend::timing_mark): two banks, steps alternate, so a
   // step's marks are read one step late. Per micro-batch: forward start, loss done,
   // backward done, buckets done; then the optimizer's start and end.
@@ -180,8 +203,9 @@ class Trainer {
   double* step_sums_slot(int64_t step);
   // The stop line's position and the step at which the ranks would stop.
   void announce_stop_point(int64_t epoch, int64_t step, int64_t steps_total);
-  // Records a finished step (r.step 0-based) and queues its device sums' read-back.
-  void queue_step(StepRecord r, const double* device_sums, EpochStats& st, StepSums& local);
+  // Records a finished step (r.step 0-based) of `micro` micro-batches and queues its
+  // device sums' read-back.
+  void queue_step(StepRecord r, int micro, const double* device_sums, EpochRun& e);
   // The records whose sums arrived: into the epoch's and the progress display's sums
   // (one rank: also their scalars and the non-finite check).
   void take_read_steps(EpochStats& st, StepSums& local);
@@ -238,31 +262,9 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<dist::Comm> ctrl_;  // host communicator: flags, metrics, metadata
   std::unique_ptr<dist::Comm> grad_;  // gradients and model state (device memory)
-  std::unique_ptr<data::Dataset> train_set_, val_set_;
-  std::optional<data::TransformPipeline> train_tf_, val_tf_;
-  std::unique_ptr<data::Loader> train_loader_, val_loader_;
-  std::unique_ptr<data::EpochSampler> sampler_;  // DistributedSampler, or RASampler (--ra-sampler)
-  std::unique_ptr<ResNet> model_;
-  std::unique_ptr<Optimizer> opt_;
-  std::unique_ptr<Scheduler> sched_;
-  std::unique_ptr<ModelEma> ema_;  // --model-ema
-  void update_ema(int64_t epoch, int64_t step);
-  void validate_ema(EpochResult& r);
-  void apply_ema_state();
-  std::unique_ptr<dist::GradientBucketer> bucketer_;
-  std::unique_ptr<dist::SyncBatchNormReducer> sync_bn_;
-  std::unique_ptr<TrainStep> step_;
+  RunParts run_;
   int64_t skipped_reported_ = 0;  // fp16 updates skipped and already reported
-  std::vector<std::string> class_names_;
   std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's
-  Normalization norm_;
-  // MixUp / CutMix (--mixup-alpha, --cutmix-alpha): the draws' key (epoch, step set by
-  // the epoch loop), the mixed copy of the input, the partners' labels, the classes
-  // training accuracy counts as right.
-  MixingOptions mixing_;
-  MixingDrawKey mix_key_;
-  Tensor mixed_input_;
-  std::vector<int32_t> partner_labels_, target_classes_;
   ResumePlan plan_;    // decided on rank 0, the same value on every rank
   TrainState state_;   // the run's live state: starts as plan_.state
   std::unique_ptr<MetricsCsv> metrics_;

@@ -53,7 +53,7 @@ void Trainer::load_start_state() {
         if (plan_.resumed) {
           load_checkpoint();
         } else if (!o_.init.empty()) {
-          if (o_.eval_only && ema_)
+          if (o_.eval_only && run_.ema)
             throw UsageError("--model-ema --eval-only: evaluates a checkpoint's weight EMA, and --init " + o_.init +
                              " holds weights only; pass --resume CHECKPOINT, or leave out --model-ema");
           load_init();
@@ -74,10 +74,10 @@ void Trainer::load_checkpoint() {
     // Streamed into the arenas: no host copy of the weights and optimizer state.
     io::CheckpointReader ck(path, false);
     const io::CheckpointMeta& m = ck.meta();
-    io::check_compatible(m, *model_, class_names_, path);
-    ck.load_model(*model_, false);
-    if (plan_.state.has_optimizer_state) ck.load_optimizer(*model_, opt_->export_state());
-    if (ema_ && plan_.state.has_ema_state) ck.load_ema(*model_, ema_->export_state());
+    io::check_compatible(m, *run_.model, run_.class_names, path);
+    ck.load_model(*run_.model, false);
+    if (plan_.state.has_optimizer_state) ck.load_optimizer(*run_.model, run_.opt->export_state());
+    if (run_.ema && plan_.state.has_ema_state) ck.load_ema(*run_.model, run_.ema->export_state());
     args_history_ = m.args_history.empty() && !m.args.empty() ? std::vector<std::string>{m.args} : m.args_history;
   } catch (const UsageError& e) {
     // A checkpoint that does not fit this run (classes, tensors, optimizer state).
@@ -88,9 +88,9 @@ void Trainer::load_checkpoint() {
 void Trainer::load_init() {
   io::CheckpointReader ck(o_.init, true, init_weights(o_));
   check_init(o_, ck.meta());
-  auto skipped = ck.load_model(*model_, true);
+  auto skipped = ck.load_model(*run_.model, true);
   if (!skipped.empty())
-    notice("--init: the head in " + o_.init + " does not fit " + std::to_string(class_names_.size()) +
+    notice("--init: the head in " + o_.init + " does not fit " + std::to_string(run_.class_names.size()) +
            " classes / --head " + head_name(o_.head) + "; it keeps its fresh initialisation");
   if (const std::string w = init_warning(o_, ck.meta()); !w.empty()) say("Warning: " + w);
   say("Initialised weights from " + o_.init + (o_.init_ema ? " (its weight EMA, " + ck.weights_origin() + ")" : ""));
@@ -98,52 +98,38 @@ void Trainer::load_init() {
 
 // Rank 0's weights everywhere (a fresh init too: one source of truth).
 void Trainer::broadcast_weights() {
-  int64_t nbt = model_->num_batches_tracked();
+  int64_t nbt = run_.model->num_batches_tracked();
   ctrl_->broadcast(&nbt, sizeof nbt, 0);
-  dist::broadcast_model(*grad_, model_->params(), model_->buffers());
-  model_->set_num_batches_tracked(nbt);
+  dist::broadcast_model(*grad_, run_.model->params(), run_.model->buffers());
+  run_.model->set_num_batches_tracked(nbt);
 }
 
 // The plan's optimizer and scheduler state on every rank (rank 0 read the tensors).
 void Trainer::apply_start_state() {
   if (state_.has_optimizer_state) {
-    for (size_t k = 0; k < opt_->state_count(); ++k) grad_->broadcast(opt_->state(k), model_->params().bytes(), 0);
-    io::OptimizerState os = opt_->export_state();
+    for (size_t k = 0; k < run_.opt->state_count(); ++k) grad_->broadcast(run_.opt->state(k), run_.model->params().bytes(), 0);
+    io::OptimizerState os = run_.opt->export_state();
     os.step = state_.optimizer_steps;
     os.lr = state_.lr;
-    opt_->import_state(os);
+    run_.opt->import_state(os);
   }
-  if (ema_) apply_ema_state();
+  if (run_.ema)
+    run_.ema->start(*run_.model, *grad_, state_.has_ema_state, state_.ema_n_averaged, state_.ema_num_batches_tracked);
   if (state_.has_scheduler_state) {
-    io::SchedulerState ss = sched_->export_state();
+    io::SchedulerState ss = run_.sched->export_state();
     ss.last_epoch = state_.scheduler_last_epoch;
     ss.plateau = state_.plateau;
     ss.cosine = state_.cosine;
-    sched_->import_state(ss);
+    run_.sched->import_state(ss);
   }
   for (const auto& line : plan_.start_lines) say(line);
-}
-
-// --model-ema: rank 0's average (read from the checkpoint) everywhere, or a fresh one
-// from the weights every rank now holds.
-void Trainer::apply_ema_state() {
-  if (!state_.has_ema_state) {
-    ema_->restart(*model_);
-    return;
-  }
-  io::EmaState es = ema_->export_state();
-  grad_->broadcast(es.params, model_->params().bytes(), 0);
-  grad_->broadcast(es.buffers, model_->buffers().bytes(), 0);
-  es.n_averaged = state_.ema_n_averaged;
-  es.num_batches_tracked = state_.ema_num_batches_tracked;
-  ema_->import_state(es);
 }
 
 io::CheckpointMeta Trainer::base_meta() const {
   io::CheckpointMeta m;
   m.arch = name_of(arch_names(), o_.arch);
   m.head = head_name(o_.head);
-  m.num_classes = static_cast<int64_t>(class_names_.size());
+  m.num_classes = static_cast<int64_t>(run_.class_names.size());
   m.image_size = o_.image_size;
   m.val_resize_size = o_.val_resize_size;
   m.val_crop_size = o_.val_crop_size;
@@ -155,7 +141,7 @@ io::CheckpointMeta Trainer::base_meta() const {
   m.args_history = args_history_;
   m.created_by = std::string("resnet_ddp ") + RESNET_DDP_VERSION;
   m.normalize = name_of(normalize_names(), o_.normalize);
-  m.class_names = class_names_;
+  m.class_names = run_.class_names;
   record_slurm_job(m);
   return m;
 }
@@ -177,11 +163,11 @@ void Trainer::save(const std::string& path, int64_t epoch, int64_t step_in_epoch
         m.partial_count = partial_count;
         m.val_acc = val_acc;
         m.val_loss = val_loss;
-        const io::OptimizerState opt = opt_ && !weights_only ? opt_->export_state() : io::OptimizerState{};
-        const io::SchedulerState sched = sched_ && !weights_only ? sched_->export_state() : io::SchedulerState{};
-        const io::EmaState ema = ema_ && !weights_only ? ema_->export_state() : io::EmaState{};
-        io::write_checkpoint(path, *model_, weights_only || !opt_ ? nullptr : &opt,
-                             weights_only || !sched_ ? nullptr : &sched, m,
+        const io::OptimizerState opt = run_.opt && !weights_only ? run_.opt->export_state() : io::OptimizerState{};
+        const io::SchedulerState sched = run_.sched && !weights_only ? run_.sched->export_state() : io::SchedulerState{};
+        const io::EmaState ema = run_.ema && !weights_only ? run_.ema->export_state() : io::EmaState{};
+        io::write_checkpoint(path, *run_.model, weights_only || !run_.opt ? nullptr : &opt,
+                             weights_only || !run_.sched ? nullptr : &sched, m,
                              ema.present ? &ema : nullptr);  // straight from the arenas
       },
       rank0());
@@ -198,15 +184,15 @@ void Trainer::evaluate_best() {
   if (!have_best) return;
   // Training is over: its loader threads and batches and the optimizer state go
   // before the evaluation, which needs only the model and the validation loader.
-  train_loader_.reset();
-  opt_.reset();
+  run_.train_loader.reset();
+  run_.opt.reset();
   // Weights only, straight into the arenas: a host copy of the file (weights and
   // Adam state, 3x the parameters) made this the peak of the whole run.
   agree(
       [&] {
         io::CheckpointReader ck(best_path_, false);
-        io::check_compatible(ck.meta(), *model_, class_names_, best_path_);
-        ck.load_model(*model_, false);
+        io::check_compatible(ck.meta(), *run_.model, run_.class_names, best_path_);
+        ck.load_model(*run_.model, false);
       },
       rank0());
   broadcast_weights();

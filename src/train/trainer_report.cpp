@@ -25,9 +25,9 @@ void Trainer::report_start() {
   std::snprintf(buf, sizeof buf,
                 "Model: %s (%s head, %zu classes, %.2fM parameters), %d rank(s) x batch %d x accum %d = global "
                 "batch %d, %s lr %s, scheduler %s",
-                name_of(arch_names(), o_.arch).c_str(), head_name(o_.head), class_names_.size(), model_->num_parameters() / 1e6, env_.world,
-                o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, opt_->type_name().c_str(),
-                py_float(opt_->lr()).c_str(), sched_->type().c_str());
+                name_of(arch_names(), o_.arch).c_str(), head_name(o_.head), run_.class_names.size(), run_.model->num_parameters() / 1e6, env_.world,
+                o_.batch_size, o_.accum_steps, env_.world * o_.batch_size * o_.accum_steps, run_.opt->type_name().c_str(),
+                py_float(run_.opt->lr()).c_str(), run_.sched->type().c_str());
   say(buf);
 }
 
@@ -96,13 +96,13 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
                   steady ? ", left out of the throughput" : "");
     say(buf);
   }
-  if (step_->scaler().enabled()) {
+  if (run_.step->scaler().enabled()) {
     // Every rank skips the same updates (the all-reduce spreads a non-finite value).
-    const int64_t skipped = step_->skipped_steps() - skipped_reported_;
-    skipped_reported_ = step_->skipped_steps();
+    const int64_t skipped = run_.step->skipped_steps() - skipped_reported_;
+    skipped_reported_ = run_.step->skipped_steps();
     if (skipped > 0)
       say(tag + " fp16: " + std::to_string(skipped) + (skipped == 1 ? " step" : " steps") +
-          " skipped for non-finite gradients (loss scale now " + py_float(step_->scaler().scale()) + ")");
+          " skipped for non-finite gradients (loss scale now " + py_float(run_.step->scaler().scale()) + ")");
   }
   say("");
   say("");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "resnet_ddp/backend/nccl_comm.h"
+#include "resnet_ddp/train/recipes.h"
 #include "train/dataset_warnings.h"
 #include "train/trainer.h"
 
@@ -221,7 +222,25 @@ void Trainer::lock_output() {
            ") ended without releasing it (crashed or killed); this run holds it now");
 }
 
-void Trainer::setup_data() {
+// Data first (its scan and warnings), then the lines that describe the run, then the
+// model: the order a user reads them in.
+RunParts Trainer::setup_parts(const LrChoice& lr) {
+  RunParts p;
+  setup_data(p);
+  if (!o_.recipe.empty())
+    say("Recipe " + o_.recipe + ": " + recipe_flags_line(o_.recipe) + " (flags given on the command line win)");
+  if (!lr.line.empty()) say(lr.line);
+  if (!lr.warning.empty() && rank0()) std::fprintf(stderr, "resnet_ddp: warning: %s\n", lr.warning.c_str());
+  if (p.train_set)
+    say("Train set size: " + std::to_string(p.train_set->size()) +
+        ", Validation set size: " + std::to_string(p.val_set->size()));
+  else
+    say("Validation set size: " + std::to_string(p.val_set->size()));
+  setup_model(p);
+  return p;
+}
+
+void Trainer::setup_data(RunParts& p) {
   data::ScanOptions scan;
   scan.strict = o_.strict_data;
   scan.jpeg_draft = o_.jpeg_draft ? std::max({o_.image_size, o_.train_crop_size, o_.val_resize_size}) : 0;
@@ -248,17 +267,17 @@ void Trainer::setup_data() {
     }
   }
   agree([&] {
-    if (!o_.eval_only) train_set_ = data::open_dataset(o_.data, data::Split::Train, scan);
-    val_set_ = data::open_dataset(o_.data, data::Split::Validation, scan);
+    if (!o_.eval_only) p.train_set = data::open_dataset(o_.data, data::Split::Train, scan);
+    p.val_set = data::open_dataset(o_.data, data::Split::Validation, scan);
   });
-  class_names_ = train_set_ ? train_set_->class_names() : val_set_->class_names();
+  p.class_names = p.train_set ? p.train_set->class_names() : p.val_set->class_names();
   if (rank0())
-    for (const auto& w : dataset_warnings(train_set_ ? *train_set_ : *val_set_, o_.image_size))
+    for (const auto& w : dataset_warnings(p.train_set ? *p.train_set : *p.val_set, o_.image_size))
       std::fprintf(stderr, "resnet_ddp: warning: %s\n", w.c_str());
   const data::TransformConfig tc = transform_config(o_);  // the train/eval presets or the tutorial's
-  train_tf_.emplace(tc, true);
-  val_tf_.emplace(tc, false);
-  norm_ = normalization(name_of(normalize_names(), o_.normalize));
+  p.train_tf = std::make_unique<data::TransformPipeline>(tc, true);
+  p.val_tf = std::make_unique<data::TransformPipeline>(tc, false);
+  p.norm = normalization(name_of(normalize_names(), o_.normalize));
   data::LoaderOptions lo;
   lo.batch_size = o_.batch_size;
   lo.workers = loader_workers(o_, env_, *ctrl_, backend_->device() == DeviceKind::CUDA);
@@ -277,45 +296,39 @@ void Trainer::setup_data() {
     lo.before_reuse = [b](const void* slot) { b->wait_upload_source(slot); };
   }
   if (rank0()) lo.log = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
-  if (train_set_) {
+  if (p.train_set) {
     agree([&] {  // RASampler refuses a training set too small for it (every rank alike)
       if (o_.ra_sampler)
-        sampler_ = std::make_unique<data::RASampler>(train_set_->size(), env_.world, env_.rank, o_.ra_reps, true,
+        p.sampler = std::make_unique<data::RASampler>(p.train_set->size(), env_.world, env_.rank, o_.ra_reps, true,
                                                      static_cast<uint64_t>(o_.seed));
       else
-        sampler_ = std::make_unique<data::DistributedSampler>(train_set_->size(), env_.world, env_.rank, true,
+        p.sampler = std::make_unique<data::DistributedSampler>(p.train_set->size(), env_.world, env_.rank, true,
                                                               static_cast<uint64_t>(o_.seed), false);
     });
-    mixing_ = MixingOptions{o_.mixup_alpha, o_.cutmix_alpha};
-    mix_key_.seed = static_cast<uint64_t>(o_.seed);
-    mix_key_.rank = env_.rank;
-    if (mixing_.enabled())
-      say(std::string("Batch mixing: ") +
-          (o_.mixup_alpha > 0 && o_.cutmix_alpha > 0 ? "MixUp or CutMix (one per batch)"
-           : o_.mixup_alpha > 0                     ? "MixUp"
-                                                    : "CutMix") +
-          " on each rank's batch, lambda ~ Beta(alpha, alpha)");
-    train_loader_ = std::make_unique<data::Loader>(*train_set_, *train_tf_, lo, std::vector<int64_t>{}, 0);
+    p.mixer = BatchMixer(*backend_, MixingOptions{o_.mixup_alpha, o_.cutmix_alpha}, static_cast<uint64_t>(o_.seed),
+                         env_.rank);
+    if (p.mixer.enabled()) say(p.mixer.description());
+    p.train_loader = std::make_unique<data::Loader>(*p.train_set, *p.train_tf, lo, std::vector<int64_t>{}, 0);
   }
   data::LoaderOptions vo = lo;
   vo.batch_size = o_.effective_val_batch();
-  val_loader_ = std::make_unique<data::Loader>(*val_set_, *val_tf_, vo, std::vector<int64_t>{}, 0);
+  p.val_loader = std::make_unique<data::Loader>(*p.val_set, *p.val_tf, vo, std::vector<int64_t>{}, 0);
 }
 
-void Trainer::setup_model() {
+void Trainer::setup_model(RunParts& p) {
   ResNetConfig mc;
   mc.arch = name_of(arch_names(), o_.arch);
   mc.head = o_.head;
-  mc.num_classes = static_cast<int>(class_names_.size());
+  mc.num_classes = static_cast<int>(p.class_names.size());
   mc.init_seed = static_cast<uint64_t>(o_.seed);
   agree([&] {
-    model_ = std::make_unique<ResNet>(*backend_, mc);
-    model_->init_parameters(static_cast<uint64_t>(o_.seed));
+    p.model = std::make_unique<ResNet>(*backend_, mc);
+    p.model->init_parameters(static_cast<uint64_t>(o_.seed));
   });
-  model_->train(true);
+  p.model->train(true);
   if (o_.sync_bn && env_.world > 1) {
-    sync_bn_ = std::make_unique<dist::SyncBatchNormReducer>(*grad_);
-    model_->set_batchnorm_reducer(sync_bn_.get());
+    p.sync_bn = std::make_unique<dist::SyncBatchNormReducer>(*grad_);
+    p.model->set_batchnorm_reducer(p.sync_bn.get());
   }
   OptimizerConfig oc;
   oc.type = o_.optimizer;
@@ -326,26 +339,27 @@ void Trainer::setup_model() {
     oc.nesterov = o_.nesterov;
   }
   set_optim_config(oc, o_);
-  opt_ = std::make_unique<Optimizer>(*backend_, model_->params(), model_->grads(), oc);
-  opt_->set_clip_grad_norm(o_.clip_grad_norm);
-  sched_ = std::make_unique<Scheduler>(scheduler_config(o_));
-  opt_->set_lr(sched_->initial_lr());  // a warmup starts below --lr (a resume's state replaces it)
+  p.opt = std::make_unique<Optimizer>(*backend_, p.model->params(), p.model->grads(), oc);
+  p.opt->set_clip_grad_norm(o_.clip_grad_norm);
+  p.sched = std::make_unique<Scheduler>(scheduler_config(o_));
+  p.opt->set_lr(p.sched->initial_lr());  // a warmup starts below --lr (a resume's state replaces it)
   // Per-rank images per optimizer step stand for the reference's (per-GPU) batch size.
   const int64_t step_images = int64_t{o_.batch_size} * o_.accum_steps;
   if (o_.model_ema)
-    ema_ = std::make_unique<ModelEma>(
-        *model_, ModelEma::adjusted_decay(env_.world, step_images, o_.model_ema_steps, o_.epochs, o_.model_ema_decay));
+    p.ema = std::make_unique<ModelEma>(
+        *p.model, ModelEma::adjusted_decay(env_.world, step_images, o_.model_ema_steps, o_.epochs, o_.model_ema_decay),
+        o_.model_ema_steps, o_.lr_warmup_epochs);
   dist::BucketOptions bo;
   bo.bucket_mb = o_.bucket_mb;
   bo.progress_thread = o_.progress_thread;
   // One rank: its gradients are already the sum, so no reducer and no collective per step.
-  if (env_.world > 1) bucketer_ = std::make_unique<dist::GradientBucketer>(*grad_, model_->grads(), bo);
-  step_ = std::make_unique<TrainStep>(*model_, *opt_, bucketer_.get(), static_cast<float>(o_.label_smoothing),
+  if (env_.world > 1) p.bucketer = std::make_unique<dist::GradientBucketer>(*grad_, p.model->grads(), bo);
+  p.step = std::make_unique<TrainStep>(*p.model, *p.opt, p.bucketer.get(), static_cast<float>(o_.label_smoothing),
                                       o_.precision == Precision::FP16, o_.loss_scale);
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
   if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
     const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");
-    if (env_.rank == (r && *r ? std::atoi(r) : 0)) step_->inject_overflow_at(std::atoll(at));
+    if (env_.rank == (r && *r ? std::atoi(r) : 0)) p.step->inject_overflow_at(std::atoll(at));
   }
   // A step longer by this many milliseconds on every rank: the Ctrl-C tests need steps
   // longer than Open MPI's kill grace on any machine (tests/e2e/stop_mpirun_long_step.sh).
@@ -353,15 +367,15 @@ void Trainer::setup_model() {
   // Every convolution shape of an epoch planned now, before any timer: the full and the
   // short last training batch (forward and backward), and validation's (forward).
   auto plan_batches = [&](size_t count, int64_t batch, int64_t size, bool training) {
-    if (count >= static_cast<size_t>(batch)) model_->plan_convolutions(batch, size, size, training);
+    if (count >= static_cast<size_t>(batch)) p.model->plan_convolutions(batch, size, size, training);
     if (count % static_cast<size_t>(batch))
-      model_->plan_convolutions(static_cast<int64_t>(count % static_cast<size_t>(batch)), size, size, training);
+      p.model->plan_convolutions(static_cast<int64_t>(count % static_cast<size_t>(batch)), size, size, training);
   };
   agree([&] {
-    if (train_set_ && !o_.eval_only)
-      plan_batches(sampler_->indices().size(), o_.batch_size, train_tf_->output_size(), true);
-    plan_batches(data::shard_exact(val_set_->size(), env_.world, env_.rank).size(), o_.effective_val_batch(),
-                 val_tf_->output_size(), false);
+    if (p.train_set && !o_.eval_only)
+      plan_batches(p.sampler->indices().size(), o_.batch_size, p.train_tf->output_size(), true);
+    plan_batches(data::shard_exact(p.val_set->size(), env_.world, env_.rank).size(), o_.effective_val_batch(),
+                 p.val_tf->output_size(), false);
   });
 }
 
@@ -369,8 +383,8 @@ void Trainer::check_output_space() {
   if (o_.eval_only) return;
   agree(
       [&] {
-        const double per_copy = static_cast<double>(model_->params().bytes()) * (1.0 + opt_->state_count()) +
-                                static_cast<double>(model_->buffers().bytes());
+        const double per_copy = static_cast<double>(run_.model->params().bytes()) * (1.0 + run_.opt->state_count()) +
+                                static_cast<double>(run_.model->buffers().bytes());
         const double needed = per_copy * 1.05 + 1e6;  // the temp file sits next to the old one
         struct statvfs st {};
         if (::statvfs(o_.output_dir.c_str(), &st) != 0) return;  // probed writable before MPI

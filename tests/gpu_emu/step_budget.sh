@@ -78,6 +78,8 @@ budget fp32_1rank 1 1 0 0 --precision fp32
 budget bf16_1rank 1 1 0 0 --precision bf16
 budget fp16_1rank 1 2 0 0 --precision fp16
 budget ema_1rank 1 1 0 0 --precision fp32 --model-ema --model-ema-steps 1
+# MixUp / CutMix: the mixed copy of the input is allocated once (warm-up), then reused.
+budget mixing_1rank 1 1 0 0 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0
 budget syncbn_accum_2ranks 2 1 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2
 budget fp16_2ranks 2 2 $((BUCKETS + SYNC_BN)) 0 --precision fp16 --sync-bn
 echo "step budget: every case within its bounds"

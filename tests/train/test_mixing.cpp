@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/data/sampler.h"
 #include "resnet_ddp/errors.h"
 #include "resnet_ddp/train/mixing.h"
 #include "train/parse_cli.h"
+#include "train/train_test_util.h"  // random_floats
 
 using namespace rd;
 using namespace rd::train;
@@ -105,6 +107,45 @@ TEST_CASE("partners are the batch rolled by one, accuracy counts the mixed targe
   CHECK(mixed_target_class(3, 7, 0.3f) == 7);
   CHECK(mixed_target_class(7, 3, 0.5f) == 3);  // a tie: the lower class, as torch's max
   CHECK(mixed_target_class(4, 4, 0.1f) == 4);
+}
+
+TEST_CASE("BatchMixer: the batch itself when off; when on, the drawn mix and its targets", "[train][mixing]") {
+  auto be = make_cpu_backend({});
+  Tensor input = be->activation(4, 3, 8, 6);
+  const std::vector<float> pixels = rd::test::random_floats(static_cast<size_t>(input.numel()), 3);
+  be->copy_from_host_nchw(pixels.data(), input);
+  const int32_t labels[4] = {2, 0, 7, 7};
+
+  BatchMixer off;
+  const MixedBatch same = off.mix(input, labels, 4, 0, 0, 0);
+  CHECK(same.input == &input);
+  CHECK(same.accuracy_targets == labels);
+  CHECK(same.targets == nullptr);
+  CHECK(off.description().empty());
+
+  const MixingOptions options{0.2, 1.0};
+  BatchMixer mixer(*be, options, 11, 3);
+  CHECK(mixer.description() == "Batch mixing: MixUp or CutMix (one per batch) on each rank's batch, lambda ~ "
+                               "Beta(alpha, alpha)");
+  for (int64_t step = 0; step < 6; ++step) {
+    const MixedBatch got = mixer.mix(input, labels, 4, 2, step, 1);
+    // What the trainer did before the mixer existed, from the same draw key.
+    const BatchMixing want = draw_batch_mixing(options, MixingDrawKey{11, 2, step, 1, 3}, 8, 6);
+    Tensor expected = be->activation(4, 3, 8, 6);
+    be->mix_images(input, expected, want.image);
+    REQUIRE(got.input != &input);
+    std::vector<float> got_pixels(pixels.size()), want_pixels(pixels.size());
+    be->copy_to_host_nchw(*got.input, got_pixels.data());
+    be->copy_to_host_nchw(expected, want_pixels.data());
+    CHECK(got_pixels == want_pixels);
+    REQUIRE(got.targets != nullptr);
+    CHECK(got.targets->lambda == want.target_lambda);
+    const std::vector<int32_t> partners = partner_labels(labels, 4);
+    for (size_t i = 0; i < 4; ++i) {
+      CHECK(got.targets->partner_labels[i] == partners[i]);
+      CHECK(got.accuracy_targets[i] == mixed_target_class(labels[i], partners[i], want.target_lambda));
+    }
+  }
 }
 
 TEST_CASE("RASampler: counts per rank, repetitions over ranks, refusals", "[train][mixing]") {

@@ -15,8 +15,10 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/math/image.h"
 
 namespace rd::train {
@@ -59,5 +61,46 @@ std::vector<int32_t> partner_labels(const int32_t* labels, int n);
 // weight (float, as torch's target) is larger, the partner's when smaller, and the
 // lower class index on a tie (torch's max returns the first maximum).
 int32_t mixed_target_class(int32_t label, int32_t partner, float lambda);
+
+// Soft targets for the loss (TrainStep::forward_sums): sample i's target is
+// lambda onehot(labels[i]) + (1 - lambda) onehot(partner_labels[i]).
+struct MixedTargets {
+  const int32_t* partner_labels = nullptr;
+  float lambda = 1.f;
+};
+
+// What a training micro-batch feeds the forward: the input (mixed, or the batch's own),
+// the class per sample that training accuracy counts as right, and the soft targets
+// (null: the labels alone). Valid until the mixer's next mix().
+struct MixedBatch {
+  const Tensor* input = nullptr;
+  const int32_t* accuracy_targets = nullptr;
+  const MixedTargets* targets = nullptr;
+};
+
+// MixUp / CutMix for the epoch loop: one call per micro-batch hands back what the forward
+// takes, so the loop is the same with mixing on or off. The mixed copy and the label
+// buffers are kept between calls (a step allocates nothing once the shape is known).
+class BatchMixer {
+ public:
+  BatchMixer() = default;
+  // `seed`: the run's; `rank`: each rank mixes its own batch, as torchvision's collate_fn
+  // does per process.
+  BatchMixer(Backend& backend, const MixingOptions& options, uint64_t seed, int rank);
+  bool enabled() const { return options_.enabled(); }
+  // The run's line naming what is on ("Batch mixing: ..."); empty when off.
+  std::string description() const;
+  // Micro-batch `micro` of step `step` (within `epoch`): a resume at that step redraws
+  // the same. `input` is the batch uploaded and normalised; `labels` its n labels.
+  MixedBatch mix(const Tensor& input, const int32_t* labels, int n, int64_t epoch, int64_t step, int micro);
+
+ private:
+  Backend* backend_ = nullptr;
+  MixingOptions options_;
+  MixingDrawKey key_;
+  Tensor mixed_input_;
+  std::vector<int32_t> partner_labels_, target_classes_;
+  MixedTargets targets_;
+};
 
 }  // namespace rd::train

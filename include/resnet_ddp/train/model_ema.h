@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "resnet_ddp/backend/backend.h"
+#include "resnet_ddp/dist/comm.h"
 #include "resnet_ddp/io/optimizer_state.h"
 #include "resnet_ddp/nn/resnet.h"
 
@@ -25,7 +26,27 @@ class ModelEma {
   static int64_t average_count(int64_t averaged, int64_t current, float decay, float one_minus_decay);
 
   // Starts as a copy of `model` with n_averaged = 0 (AveragedModel deep-copies it).
-  ModelEma(ResNet& model, double decay);
+  // `every_steps` (--model-ema-steps) and `warmup_epochs` (--lr-warmup-epochs) drive
+  // after_optimizer_step as the reference's loop does.
+  ModelEma(ResNet& model, double decay, int64_t every_steps = 1, int64_t warmup_epochs = 0);
+
+  // The training loop's hooks.
+  // Training starts: rank 0's resumed average on every rank (`resumed`, with the
+  // checkpoint's counters; `comm` carries device memory), or a fresh copy of the
+  // weights every rank now holds.
+  void start(ResNet& model, dist::Comm& comm, bool resumed, int64_t n_averaged, int64_t num_batches_tracked);
+  // After each optimizer update, step_in_epoch 0-based: the reference's EMA step, every
+  // every_steps-th step of an epoch (counted from its first); during warmup epochs the
+  // average restarts from the weights each time.
+  void after_optimizer_step(ResNet& model, int64_t epoch, int64_t step_in_epoch);
+  // `evaluate` run with the average in the model's arenas (the reference's "Test: EMA"),
+  // the model's own weights back afterwards.
+  template <class Evaluate>
+  void evaluate_average(ResNet& model, Evaluate&& evaluate) {
+    swap_in(model);
+    evaluate();
+    swap_out(model);
+  }
 
   double decay() const { return decay_; }
   int64_t n_averaged() const { return n_averaged_; }
@@ -50,6 +71,7 @@ class ModelEma {
 
   Backend& backend_;
   double decay_;
+  int64_t every_steps_, warmup_epochs_;
   int64_t n_averaged_ = 0;
   int64_t nbt_ = 0;
   size_t params_size_, buffers_size_;

@@ -20,6 +20,7 @@
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/dist/reducer.h"
 #include "resnet_ddp/nn/resnet.h"
+#include "resnet_ddp/train/mixing.h"
 #include "resnet_ddp/train/optimizer.h"
 
 namespace rd::train {
@@ -49,12 +50,8 @@ class TrainStep {
   TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
             bool loss_scaling = false, double initial_loss_scale = 65536.0);
 
-  // MixUp / CutMix targets (train/mixing.h): sample i's target is
-  // lambda onehot(labels[i]) + (1 - lambda) onehot(partner_labels[i]).
-  struct MixedTargets {
-    const int32_t* partner_labels = nullptr;
-    float lambda = 1.f;
-  };
+  // MixUp / CutMix soft targets (train/mixing.h, which BatchMixer hands back).
+  using MixedTargets = train::MixedTargets;
 
   // Forward and label-smoothed cross-entropy of micro-batch `micro` of `group`.
   // Returns the batch's summed (unscaled) loss; `predictions` (optional) receives each
