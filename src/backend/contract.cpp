@@ -431,6 +431,19 @@ void Backend::softmax_xent_sums(const Tensor& logits, const int32_t* labels, con
   softmax_xent_sums_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, accuracy_targets, sums);
 }
 
+void Backend::stage_loss_labels(const int32_t* labels, const int32_t* partner_labels,
+                                const int32_t* accuracy_targets, int64_t n) {
+  const char* op = "stage_loss_labels";
+  RD_CHECK(n >= 0, op << ": n " << n << " is negative");
+  RD_CHECK((labels && accuracy_targets) || n == 0, op << ": labels or accuracy targets missing");
+  // The class count is the loss's: a label outside it is refused when the loss is recorded
+  // (softmax_xent_sums checks the host arrays it is called with, the ones staged here).
+  for (int64_t i = 0; i < n; ++i)
+    RD_CHECK(labels[i] >= 0 && accuracy_targets[i] >= 0 && (!partner_labels || partner_labels[i] >= 0),
+             op << ": a label of row " << i << " is negative");
+  stage_loss_labels_impl(labels, partner_labels, accuracy_targets, n);
+}
+
 // ---- optimizers ------------------------------------------------------------------------------
 
 void Backend::adam_step(float* params, const float* grads, float* m, float* v, size_t count,

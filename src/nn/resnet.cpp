@@ -245,6 +245,9 @@ Arena& ResNet::grads() { return impl_->grads; }
 Arena& ResNet::buffers() { return impl_->buffers; }
 int64_t ResNet::num_batches_tracked() const { return impl_->num_batches_tracked; }
 void ResNet::set_num_batches_tracked(int64_t n) { impl_->num_batches_tracked = n; }
+void ResNet::forward_replayed() {
+  if (impl_->training) ++impl_->num_batches_tracked;
+}
 size_t ResNet::num_parameters() const {
   size_t n = 0;
   for (const ParamSlice& s : impl_->params.slices()) n += s.count;

@@ -1,5 +1,7 @@
 #include "resnet_ddp/train/train_step.h"
 
+#include "resnet_ddp/errors.h"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -65,10 +67,61 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
 
 void TrainStep::forward_sums(const Tensor& input, const int32_t* labels, const int32_t* accuracy_targets,
                              double* sums, int micro, int group, const MixedTargets* mixed) {
+  // A replay reads the labels the backend staged before it; the mixing weight and an injected
+  // overflow would be replayed as recorded, so those steps run eagerly.
+  const bool injecting = inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0;
+  if (graphs_on_ && !reducer_ && !mixed && !injecting) {
+    const float scale = static_cast<float>(scaler_.scale() / group);
+    backend_.stage_loss_labels(labels, nullptr, accuracy_targets, input.shape[0]);
+    micro_ = micro;
+    group_ = group;
+    const bool replayed = replay_or_record(GraphKey{input.data, sums, input.shape[0], scale, false, true}, [&] {
+      begin_forward(input, micro, group);
+      backend_.softmax_xent_sums(*logits_, labels, nullptr, 1.f, label_smoothing_, scale, &dlogits_, accuracy_targets,
+                                 sums);
+    });
+    if (replayed) model_.forward_replayed();
+    return;
+  }
   const float scale = begin_forward(input, micro, group);
   backend_.softmax_xent_sums(*logits_, labels, mixed ? mixed->partner_labels : nullptr, mixed ? mixed->lambda : 1.f,
                              label_smoothing_, scale, &dlogits_, accuracy_targets, sums);
   after_loss(micro);
+}
+
+template <class Work> bool TrainStep::replay_or_record(const GraphKey& key, Work&& work) {
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    if (backend_.graph_launch(it->second)) {
+      ++graph_replays_;
+      return true;
+    }
+    graphs_.erase(it);  // dropped: memory it used was freed, or a staged weight changed
+  }
+  GraphKey shape = key;
+  shape.sums = nullptr;
+  shape.grad_scale = 0.f;
+  bool& settled = settled_[shape];
+  if (settled && backend_.graph_begin()) {
+    work();
+    const int graph = backend_.graph_end();
+    ++graph_recordings_;
+    // fp16's scale moved on: the graphs of the old one are not launched again.
+    for (auto it = graphs_.begin(); it != graphs_.end();) {
+      const bool same_but_scale = it->first.forward && key.forward && it->first.input == key.input &&
+                                  it->first.sums == key.sums && it->first.rows == key.rows;
+      if (same_but_scale) backend_.graph_drop(it->second);
+      it = same_but_scale ? graphs_.erase(it) : std::next(it);
+    }
+    graphs_[key] = graph;
+    RD_CHECK(backend_.graph_launch(graph), "a CUDA graph could not be launched right after it was recorded");
+    ++graph_replays_;
+    return false;
+  }
+  if (settled) graphs_on_ = false;  // graph_begin said no: this backend records no graphs
+  const uint64_t before = backend_.memory_events();
+  work();
+  settled = backend_.memory_events() == before;
+  return false;
 }
 
 TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
@@ -81,7 +134,11 @@ TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
   const bool host_timing = backward_mark < 0;
   if (!reducer_) {
     const auto t0 = Clock::now();
-    model_.backward(dlogits_, accumulate, nullptr);
+    if (graphs_on_)
+      replay_or_record(GraphKey{dlogits_.data, nullptr, dlogits_.shape[0], 0.f, accumulate, false},
+                       [&] { model_.backward(dlogits_, accumulate, nullptr); });
+    else
+      model_.backward(dlogits_, accumulate, nullptr);
     if (!host_timing) {
       backend_.timing_mark(backward_mark);
       return {};

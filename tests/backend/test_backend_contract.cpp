@@ -45,6 +45,11 @@ class ProbeBackend final : public Backend {
   void scale(float*, float, size_t) override {}
   bool all_finite(const float*, size_t) override { return true; }
   bool unscale_and_check(float*, float, size_t) override { return true; }
+  bool graph_begin() override { return false; }
+  int graph_end() override { return -1; }
+  bool graph_launch(int) override { return false; }
+  void graph_drop(int) override {}
+  uint64_t memory_events() override { return 0; }
 
  protected:
   // Every contracted op records its name and returns a value-initialised result

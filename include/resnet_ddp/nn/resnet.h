@@ -56,6 +56,9 @@ class ResNet {
   Arena& buffers();  // running_mean / running_var of every BN
   int64_t num_batches_tracked() const;
   void set_num_batches_tracked(int64_t n);
+  // A recorded training forward (a CUDA graph) ran again without forward(): its host-side
+  // bookkeeping (num_batches_tracked).
+  void forward_replayed();
   // Trainable elements (the arena's alignment padding not counted), as PyTorch counts them.
   size_t num_parameters() const;
 

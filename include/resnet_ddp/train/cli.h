@@ -71,6 +71,9 @@ struct TrainOptions {
   // the CPU, fp16 on a GPU); a later --precision turns it off again.
   bool amp = false;
   ConvAlgo conv_algo = ConvAlgo::Auto;  // CPU fp32 3x3 convolutions
+  // CUDA, one rank: each micro-batch's forward and backward replayed as CUDA graphs after
+  // warm-up (train_step.h); no effect on the CPU.
+  bool cuda_graphs = true;
   int64_t max_steps = 0;             // optimizer steps per epoch, 0 = whole epoch
   bool eval_only = false;
   std::string metrics;               // "" = OUTPUT_DIR/metrics.csv

@@ -15,7 +15,9 @@
 // tell backward from the communication it did not hide.
 #pragma once
 
+#include <compare>
 #include <cstdint>
+#include <map>
 
 #include "resnet_ddp/backend/backend.h"
 #include "resnet_ddp/dist/reducer.h"
@@ -90,6 +92,18 @@ class TrainStep {
   // all-reduce spreads it, so every rank must skip that update.
   void inject_overflow_at(int64_t update) { inject_at_ = update; }
 
+  // CUDA graphs (Backend::graph_begin): with one process (no reducer), each micro-batch's
+  // forward (with the loss) and its backward are recorded as two graphs once a run of the
+  // same shape allocated nothing, and replayed from then on: ~600 kernel launches of a
+  // ResNet-34 step become two. The timing marks and the optimizer stay outside them.
+  // Eager instead: several ranks (their buckets wait on the host), MixUp / CutMix, an
+  // injected overflow, a backend without graphs. Replays compute what the eager step
+  // computes, bit for bit (tests/gpu_emu/graphs_emu.sh).
+  void use_graphs(bool on) { graphs_on_ = on; }
+  // Graph launches and recordings so far (the trainer's report, the tests).
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_recordings() const { return graph_recordings_; }
+
  private:
   ResNet& model_;
   Backend& backend_;
@@ -100,6 +114,24 @@ class TrainStep {
   // forward's and forward_sums' common start: the model's forward; returns the loss gradient's scale.
   float begin_forward(const Tensor& input, int micro, int group);
   void after_loss(int micro);
+  // One graph per distinct set of addresses and constants its work was recorded with.
+  struct GraphKey {
+    const void* input;   // forward: the input; backward: the loss gradient
+    const void* sums;    // forward: the step's sums slot
+    int64_t rows;
+    float grad_scale;    // forward: the loss gradient's scale (fp16's changes)
+    bool accumulate;     // backward: a later micro-batch adds to the gradients
+    bool forward;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  // Runs `work` as the graph of `key`, recording it once the work of its shape (the key
+  // without its sums slot and scale) ran eagerly without allocating or freeing memory.
+  // True: a recorded graph replayed it, and `work`'s host side did not run.
+  template <class Work> bool replay_or_record(const GraphKey& key, Work&& work);
+  bool graphs_on_ = false;
+  std::map<GraphKey, int> graphs_;     // recorded graph ids
+  std::map<GraphKey, bool> settled_;   // by shape: the last eager run allocated and freed nothing
+  int64_t graph_replays_ = 0, graph_recordings_ = 0;
   const Tensor* logits_ = nullptr;
   Tensor dlogits_;
   int micro_ = 0, group_ = 1;

@@ -67,7 +67,19 @@ std::shared_ptr<void> CpuBackend::allocate(size_t bytes) {
   void* p = std::aligned_alloc(64, rounded);
   if (!p) RD_FAIL("CPU backend: out of memory allocating " << bytes << " bytes");
   std::memset(p, 0, rounded);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  ++*memory_events_;
+  return std::shared_ptr<void>(p, [events = memory_events_](void* q) {
+    std::free(q);
+    ++*events;
+  });
+}
+
+int CpuBackend::graph_end() { RD_FAIL("graph_end: the CPU backend records no graphs (graph_begin returned false)"); }
+bool CpuBackend::graph_launch(int graph) {
+  RD_FAIL("graph_launch: the CPU backend has no graph " << graph << " (it records no graphs)");
+}
+void CpuBackend::graph_drop(int graph) {
+  RD_FAIL("graph_drop: the CPU backend has no graph " << graph << " (it records no graphs)");
 }
 
 void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
@@ -528,6 +540,9 @@ double CpuBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t* 
 }
 
 // Host memory is this backend's device memory: the same loss, added into `sums` at once.
+// The CPU records no graphs, so a loss always reads the host arrays it is called with.
+void CpuBackend::stage_loss_labels_impl(const int32_t*, const int32_t*, const int32_t*, int64_t) {}
+
 void CpuBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                         float lam, float smoothing, float grad_scale, Tensor* dlogits,
                                         const int32_t* accuracy_targets, double* sums) {

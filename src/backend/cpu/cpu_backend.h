@@ -11,6 +11,7 @@
 #include <dnnl.hpp>
 #include <map>
 #include <chrono>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,12 @@ class CpuBackend final : public Backend {
   void scale(float* data, float factor, size_t count) override;
   bool all_finite(const float* data, size_t count) override;
   bool unscale_and_check(float* data, float factor, size_t count) override;
+  // No graphs: every call's work is done when it returns, there is nothing to replay.
+  bool graph_begin() override { return false; }
+  int graph_end() override;
+  bool graph_launch(int graph) override;
+  void graph_drop(int graph) override;
+  uint64_t memory_events() override { return *memory_events_; }
 
  protected:
   // Every contracted op's implementation (include/resnet_ddp/backend/ops.def).
@@ -99,6 +106,8 @@ class CpuBackend final : public Backend {
                                  const dnnl::reorder& to_blocked, dnnl::memory& blocked);
   const void* convert_grad(ConvPlan& p, const Tensor& dy, bool may_reuse);
 
+  // Allocations and frees (memory_events); shared with the deleters, which may run later.
+  std::shared_ptr<std::atomic<uint64_t>> memory_events_ = std::make_shared<std::atomic<uint64_t>>(0);
   Layout layout_;
   Precision precision_;
   int threads_;

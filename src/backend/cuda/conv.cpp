@@ -53,6 +53,7 @@ void Scratch::release() {
     cudaFreeHost(ptr_);
   else
     cudaFree(ptr_);
+  count_memory_event();
   ptr_ = nullptr;
   bytes_ = 0;
 }
@@ -67,6 +68,7 @@ void* Scratch::try_get(size_t bytes) {
     return nullptr;
   }
   if (e != cudaSuccess) fail_cuda(e, pinned_ ? "cudaMallocHost" : "cudaMalloc", __FILE__, __LINE__);
+  count_memory_event();
   release();
   ptr_ = fresh;
   bytes_ = want;
@@ -93,6 +95,7 @@ void* Scratch::get(size_t bytes, const char* what) {
     ptr_ = nullptr;
     fail_cuda(e, pinned_ ? "cudaMallocHost" : "cudaMalloc", __FILE__, __LINE__);
   }
+  count_memory_event();
   bytes_ = want;
   return ptr_;
 }
@@ -254,6 +257,12 @@ const void* CudaBackend::staged_weight(const Tensor& w) {
   const bool fresh = slot.buffer && slot.version == weights_version_ && slot.bytes == bytes;
   slot.last_used_step = optimizer_steps_;
   convs_since_step_ = true;
+  if (recording_) {
+    // A graph may not allocate: its weights were staged by the run before it was recorded.
+    RD_CHECK(slot.buffer && slot.buffer->capacity() >= bytes,
+             "a convolution weight had no staged copy when a graph was recorded: run the work once first");
+    (fresh ? recording_->relies : recording_->converts).push_back(w.data);
+  }
   if (fresh) return slot.buffer->get(bytes, "staged conv weight");
   if (!slot.buffer) {
     slot.buffer = std::make_unique<Scratch>();

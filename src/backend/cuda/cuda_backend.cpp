@@ -143,6 +143,12 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
 CudaBackend::~CudaBackend() {
   // Bounded, see Note [Bounded teardown waits] (cuda_backend.h): the watchdog or the
   // caller's error path ends the process.
+  if (recording_) {  // an error left a capture open: end it, or the stream refuses every wait
+    cudaGraph_t unfinished = nullptr;
+    if (cudaStreamEndCapture(compute_, &unfinished) == cudaSuccess && unfinished) cudaGraphDestroy(unfinished);
+    cudaGetLastError();
+    recording_ = nullptr;
+  }
   const bool idle = wait_stream_bounded(compute_, collective_timeout_s_) &&
                     wait_stream_bounded(copy_, collective_timeout_s_);
   if (!idle) {
@@ -154,6 +160,7 @@ CudaBackend::~CudaBackend() {
   }
   // Buffers first: Scratch::release queries the streams it is bound to, so it must
   // run while they exist (members are destroyed only after this body).
+  drop_all_graphs();
   staged_weights_.clear();
   for (Scratch* buf : scratch_buffers()) buf->release();
   plans_.clear();
@@ -230,8 +237,12 @@ std::shared_ptr<void> CudaBackend::allocate(size_t bytes) {
   if (e == cudaErrorMemoryAllocation) fail_oom(want, "a tensor", __FILE__, __LINE__);
   if (e != cudaSuccess) fail_cuda(e, "cudaMalloc", __FILE__, __LINE__);
   RD_CUDA(cudaMemsetAsync(p, 0, want, compute_));
+  count_memory_event();
   // cudaFree waits for the device, so memory still used by queued work is safe.
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return std::shared_ptr<void>(p, [](void* q) {
+    cudaFree(q);
+    count_memory_event();
+  });
 }
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
@@ -687,6 +698,17 @@ int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, siz
   return dev;
 }
 
+void CudaBackend::stage_loss_labels_impl(const int32_t* labels, const int32_t* partner_labels,
+                                         const int32_t* accuracy_targets, int64_t n) {
+  RD_CHECK(!recording_, "stage_loss_labels: called while a graph is recorded; stage before graph_begin");
+  const size_t N = static_cast<size_t>(n);
+  const int32_t* plain[2] = {labels, accuracy_targets};
+  const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
+  staged_loss_labels_ = N == 0 ? nullptr : partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+  staged_loss_rows_ = n;
+  staged_loss_partners_ = partner_labels != nullptr;
+}
+
 void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                          float lam, float smoothing, float grad_scale, Tensor* dlogits,
                                          const int32_t* accuracy_targets, double* sums) {
@@ -697,7 +719,18 @@ void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* la
   // Device labels as the kernels read them: labels, then partners (mixed), then targets.
   const int32_t* plain[2] = {labels, accuracy_targets};
   const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
-  const int32_t* lab = partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+  const int32_t* lab = nullptr;
+  if (recording_) {
+    // Staging waits on the host for a free pinned slot, which a graph cannot record: the
+    // graph reads the copy stage_loss_labels queued before each launch.
+    RD_CHECK(staged_loss_labels_ && staged_loss_rows_ == n && staged_loss_partners_ == (partner_labels != nullptr),
+             "softmax_xent_sums recorded in a graph: call stage_loss_labels with its " << n << " rows"
+                                                                                     << (partner_labels ? " and partner labels" : "")
+                                                                                     << " first");
+    lab = staged_loss_labels_;
+  } else {
+    lab = partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+  }
   float* loss = row_loss_device_.as<float>(N, "row losses");
   int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");
   float* dz = dlogits ? dlogits->f32() : nullptr;

@@ -75,6 +75,11 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
+// Device and pinned allocations and frees by this process's CUDA backends and scratch
+// buffers so far (Backend::memory_events): a recorded graph must not outlive memory it uses.
+uint64_t memory_events_so_far();
+void count_memory_event();
+
 // Waits until `s` finished its queued work, for at most `seconds`; false on
 // timeout. Destructors and buffer releases use it, bounded by the collective
 // deadline (BackendOptions::collective_timeout_s).
@@ -114,6 +119,12 @@ class CudaBackend final : public Backend {
   void plan_convolution(const Shape& x, const Shape& w, const ConvGeometry& g, bool backward_data,
                         bool backward_weights) override;
   void wait_upload_source(const void* host) override;
+  // CUDA graphs (graphs.cpp): stream capture of the compute stream, thread-local mode.
+  bool graph_begin() override;
+  int graph_end() override;
+  bool graph_launch(int graph) override;
+  void graph_drop(int graph) override;
+  uint64_t memory_events() override;
 
  protected:
   // Every contracted op's implementation (include/resnet_ddp/backend/ops.def).
@@ -284,6 +295,20 @@ class CudaBackend final : public Backend {
   void* upload_segment_table(const std::vector<char>& table, Scratch& device, Scratch& host,
                              std::vector<char>& uploaded);
   Scratch erase_boxes_;  // erase_rectangles' boxes on the device
+  // Recorded graphs (graphs.cpp), by id; a dropped one keeps its slot with a null exec.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t memory_events = 0;       // memory_events() when recorded
+    std::vector<const void*> converts;  // staged weights the graph converts (staged_weight's keys)
+    std::vector<const void*> relies;    // staged weights it reads as they were when recorded
+  };
+  std::vector<Graph> graphs_;
+  Graph* recording_ = nullptr;  // between graph_begin and graph_end
+  void drop_all_graphs();
+  // The labels stage_loss_labels queued last (for a loss recorded in a graph).
+  const int32_t* staged_loss_labels_ = nullptr;
+  int64_t staged_loss_rows_ = -1;
+  bool staged_loss_partners_ = false;
 };
 
 }  // namespace rd::cuda
