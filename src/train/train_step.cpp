@@ -100,7 +100,10 @@ template <class Work> bool TrainStep::replay_or_record(const GraphKey& key, Work
   GraphKey shape = key;
   shape.sums = nullptr;
   shape.grad_scale = 0.f;
-  bool& settled = settled_[shape];
+  // Settled: the last eager run of this shape allocated and freed nothing, and nothing
+  // has since (a shape's buffers may have been given back and re-made elsewhere meanwhile).
+  const auto entry = settled_.try_emplace(shape, kUnsettled).first;
+  const bool settled = entry->second == backend_.memory_events();
   if (settled && backend_.graph_begin()) {
     work();
     const int graph = backend_.graph_end();
@@ -120,7 +123,8 @@ template <class Work> bool TrainStep::replay_or_record(const GraphKey& key, Work
   if (settled) graphs_on_ = false;  // graph_begin said no: this backend records no graphs
   const uint64_t before = backend_.memory_events();
   work();
-  settled = backend_.memory_events() == before;
+  const uint64_t after = backend_.memory_events();
+  entry->second = after == before ? after : kUnsettled;
   return false;
 }
 

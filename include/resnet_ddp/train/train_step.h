@@ -130,7 +130,10 @@ class TrainStep {
   template <class Work> bool replay_or_record(const GraphKey& key, Work&& work);
   bool graphs_on_ = false;
   std::map<GraphKey, int> graphs_;     // recorded graph ids
-  std::map<GraphKey, bool> settled_;   // by shape: the last eager run allocated and freed nothing
+  // By shape: memory_events() after its last eager run when that run allocated and freed
+  // nothing, else kUnsettled.
+  static constexpr uint64_t kUnsettled = ~uint64_t{0};
+  std::map<GraphKey, uint64_t> settled_;
   int64_t graph_replays_ = 0, graph_recordings_ = 0;
   const Tensor* logits_ = nullptr;
   Tensor dlogits_;

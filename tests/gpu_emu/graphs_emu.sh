@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# --cuda-graphs on the emulated device, one rank: the same run with graphs on and off prints
+# the same loss and accuracy at every step and the same validation, and writes bit-identical
+# weights, buffers and optimizer state (h5diff), over two epochs (the second re-records
+# after validation and the short last batch changed the memory), and the "on" run replayed
+# graphs (RD_EMU_STATS graph_launches), so a change that makes recording fail (an
+# allocation, a host wait or a query in the recorded work: the emulator refuses them and
+# the run exits non-zero) or silently falls back to eager work turns this red.
+#   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = case:
+#   fp32 | fp16_overflow (an injected overflow: that step runs eagerly and is skipped) |
+#   accum_ema_bf16 (--accum-steps 2: two backward graphs; --model-ema) | mixing (MixUp /
+#   CutMix: the forward stays eager, the backward is replayed)
+set -euo pipefail
+EMU_BIN=$1
+CPU_BIN=$2
+CASE=$3
+
+# shellcheck source=tests/gpu_emu/common.sh
+source "$(dirname "$0")/common.sh" graphs
+
+# 26 images in batches of 4: 7 steps an epoch, the last one of 2 images (another shape).
+"$CPU_BIN" synth --out "$WORK/data" --train 26 --val 8 --size 32x32 --format png --threads 1 >/dev/null
+COMMON=(--device cuda --data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4
+  --augment none --epochs 2 --log-every 1 --progress lines --tensorboard off --lr 1e-3 --seed 3)
+
+# run ON|OFF ARGS...: one training run; log, counters and checkpoints under $WORK/ON|OFF.
+run() {
+  local mode=$1
+  shift
+  mkdir -p "$WORK/$mode"
+  RD_EMU_STATS="$WORK/$mode/stats" "$EMU_BIN" "${COMMON[@]}" --output-dir "$WORK/$mode/out" --cuda-graphs "$mode" \
+    "$@" >"$WORK/$mode/log" 2>&1 || { cat "$WORK/$mode/log"; fail "--cuda-graphs $mode $* exited non-zero"; }
+}
+
+# both MIN_LAUNCHES ARGS...: the run with and without graphs; the same output and state.
+both() {
+  local min_launches=$1
+  shift
+  run on "$@"
+  run off "$@"
+  local printed=(-E '^\(Epoch [0-9]+/[0-9]+\) (step|Val|Average)')
+  grep "${printed[@]}" "$WORK/on/log" | sed 's/ [0-9.]* img\/s.*//' >"$WORK/on.lines"
+  grep "${printed[@]}" "$WORK/off/log" | sed 's/ [0-9.]* img\/s.*//' >"$WORK/off.lines"
+  [ "$(grep -c step "$WORK/on.lines")" -ge 14 ] || { cat "$WORK/on/log"; fail "$CASE: fewer than 14 step lines"; }
+  diff "$WORK/on.lines" "$WORK/off.lines" || fail "$CASE: the printed losses differ with and without graphs"
+  local group
+  for group in /state_dict /optimizer; do
+    h5diff -q "$WORK/on/out/last.h5" "$WORK/off/out/last.h5" "$group" "$group" ||
+      { h5diff -r "$WORK/on/out/last.h5" "$WORK/off/out/last.h5" "$group" "$group" | head -20; fail "$CASE: $group differs"; }
+  done
+  local launches eager
+  launches=$(counter "$WORK/on/stats.rank0" graph_launches)
+  eager=$(counter "$WORK/off/stats.rank0" graph_launches)
+  echo "$CASE: graph launches $launches with graphs on, $eager off; kernel launches" \
+    "$(counter "$WORK/on/stats.rank0" kernel_launches) on, $(counter "$WORK/off/stats.rank0" kernel_launches) off"
+  [ "$eager" = 0 ] || fail "$CASE: --cuda-graphs off launched $eager graphs"
+  [ "$launches" -ge "$min_launches" ] || fail "$CASE: $launches graph launches, expected at least $min_launches"
+}
+
+# Graph launches at least: per epoch, the 6 full batches' forward and backward, less the
+# warm-up (a shape's first eager run; the next records) and the two sums slots' recordings.
+case "$CASE" in
+  fp32) both 14 --precision fp32 ;;
+  fp16_overflow) RD_INJECT_OVERFLOW_STEP=4 both 12 --precision fp16 ;;
+  accum_ema_bf16) RD_EMU_DEVICE=a100 both 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
+  mixing) both 6 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
+  *) fail "unknown case $CASE" ;;
+esac
+[ "$CASE" != fp16_overflow ] || grep -Eq "fp16: [0-9]+ steps? skipped for non-finite gradients" "$WORK/on/log" ||
+  { cat "$WORK/on/log"; fail "fp16_overflow: no step was skipped"; }
+echo "graphs: $CASE replayed bit for bit"
