@@ -819,6 +819,88 @@ inline void check_timing_marks(Backend& be) {
   CHECK_THROWS_AS(be.timing_mark(-1), Error);
 }
 
+// Graphs (graph_begin .. graph_launch) with stage_loss_labels: a loss recorded once is not
+// run until launched; each launch computes, bit for bit, what the eager op computes on the
+// logits and labels of that moment (staged before the launch); a free since the recording
+// makes the launch refuse and drop the graph; memory_events counts allocations and frees.
+// A backend without graphs says so (graph_begin false), and staging leaves its losses alone.
+inline void check_graphs(Backend& be) {
+  INFO("graphs and staged loss labels on " << be.name());
+  const int64_t n = 6, k = 5;
+  const float smoothing = 0.1f, grad_scale = 4.f;
+  auto labels_for = [&](int shift) {
+    std::vector<int32_t> l(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) l[static_cast<size_t>(i)] = static_cast<int32_t>((i * 3 + shift) % k);
+    return l;
+  };
+  const std::vector<int32_t> first = labels_for(1), second = labels_for(4), targets = labels_for(2);
+  const uint64_t events_before = be.memory_events();
+  std::shared_ptr<void> buf = be.allocate(3 * sizeof(double));
+  CHECK(be.memory_events() > events_before);
+  auto* sums = static_cast<double*>(buf.get());
+  auto zh = random_floats(static_cast<size_t>(n * k), 91, -2.f, 2.f);
+  auto zh_next = zh;
+  zh_next[3] += 1.5f;
+  // The eager results for both batches, first: a launch refuses once memory was allocated
+  // after its recording.
+  auto eager = [&](const std::vector<float>& logits, const std::vector<int32_t>& labels, std::vector<float>& grad) {
+    std::shared_ptr<void> ref = be.allocate(3 * sizeof(double));
+    Tensor ref_z = upload_rowmajor(be, logits, Shape{n, k});
+    Tensor ref_dz = upload_rowmajor(be, filled(logits.size(), 0.f), Shape{n, k});
+    be.softmax_xent_sums(ref_z, labels.data(), nullptr, 1.f, smoothing, grad_scale, &ref_dz, targets.data(),
+                         static_cast<double*>(ref.get()));
+    std::vector<double> out(3);
+    be.copy_to_host(out.data(), ref.get(), 3 * sizeof(double));
+    grad = download_rowmajor(be, ref_dz);
+    return out;
+  };
+  std::vector<float> grad_first, grad_second;
+  const std::vector<double> want_first = eager(zh, first, grad_first), want_second = eager(zh_next, second, grad_second);
+  Tensor z = upload_rowmajor(be, zh, Shape{n, k});
+  Tensor dz = upload_rowmajor(be, filled(zh.size(), 0.f), Shape{n, k});
+  auto read_sums = [&] {
+    std::vector<double> out(3);
+    be.copy_to_host(out.data(), sums, 3 * sizeof(double));
+    return out;
+  };
+  be.stage_loss_labels(first.data(), nullptr, targets.data(), n);
+  if (!be.graph_begin()) {
+    // No graphs: staging changed nothing, the loss reads the arrays it is given.
+    CHECK_THROWS_AS(be.graph_end(), Error);
+    CHECK_THROWS_AS(be.graph_launch(0), Error);
+    be.copy_from_host(z.data, zh_next.data(), zh_next.size() * sizeof(float));
+    be.softmax_xent_sums(z, second.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums);
+    CHECK(read_sums() == want_second);
+    CHECK(download_rowmajor(be, dz) == grad_second);
+    return;
+  }
+  be.softmax_xent_sums(z, first.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums);
+  const int graph = be.graph_end();
+  REQUIRE(graph >= 0);
+  CHECK(read_sums() == std::vector<double>(3, 0.0));  // recorded, not run
+  REQUIRE(be.graph_launch(graph));
+  CHECK(read_sums() == want_first);
+  CHECK(download_rowmajor(be, dz) == grad_first);
+  // New logits and labels at the same addresses: the replay computes on them.
+  be.copy_from_host(z.data, zh_next.data(), zh_next.size() * sizeof(float));
+  be.fill(reinterpret_cast<float*>(sums), 0.f, 3 * sizeof(double) / sizeof(float));
+  be.stage_loss_labels(second.data(), nullptr, targets.data(), n);
+  REQUIRE(be.graph_launch(graph));
+  CHECK(read_sums() == want_second);
+  CHECK(download_rowmajor(be, dz) == grad_second);
+  // Staging inside a recording is refused.
+  REQUIRE(be.graph_begin());
+  CHECK_THROWS_AS(be.stage_loss_labels(first.data(), nullptr, targets.data(), n), Error);
+  be.graph_drop(be.graph_end());
+  // Memory freed since the recording: the launch refuses and the graph is gone.
+  const uint64_t events = be.memory_events();
+  be.allocate(64).reset();
+  CHECK(be.memory_events() >= events + 2);
+  CHECK_FALSE(be.graph_launch(graph));
+  CHECK_THROWS_AS(be.graph_launch(graph), Error);
+  CHECK_THROWS_AS(be.graph_drop(-1), Error);
+}
+
 inline void check_softmax_xent_sums_all(Backend& be) {
   for (bool mixed : {false, true}) {
     check_softmax_xent_sums(be, 4, 3, mixed);

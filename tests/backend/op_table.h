@@ -180,6 +180,8 @@ inline const OpCheck softmax{"label-smoothed softmax cross-entropy", kFlatBuffer
                              }};
 inline const OpCheck softmax_sums{"softmax_xent_sums equals softmax_xent", kFlatBuffers, false,
                                   [](Backend& be, const OpCheckConfig&) { check_softmax_xent_sums_all(be); }};
+inline const OpCheck graphs{"graphs replay the recorded loss on staged labels", kFlatBuffers, false,
+                            [](Backend& be, const OpCheckConfig&) { check_graphs(be); }};
 inline const OpCheck mixing{"MixUp / CutMix batch mixing and the mixed-target loss", kActivations, false,
                             [](Backend& be, const OpCheckConfig& cfg) { check_mixing_ops(be, cfg.mix_tol); }};
 inline const OpCheck adam{"Adam steps", kFlatBuffers, false, [](Backend& be, const OpCheckConfig& cfg) {
@@ -208,7 +210,7 @@ inline const std::vector<const OpCheck*>& all() {
   static const std::vector<const OpCheck*> checks{
       &memory, &fill_scale, &unscale, &synchronize, &nchw_copies, &images_u8, &erase, &queued_copies,
       &timing, &conv, &batchnorm, &bn_running, &bn_sync, &eltwise, &maxpool, &global_avgpool,
-      &linear, &softmax, &softmax_sums, &mixing, &adam, &sgd, &ema, &segments};
+      &linear, &softmax, &softmax_sums, &graphs, &mixing, &adam, &sgd, &ema, &segments};
   return checks;
 }
 
@@ -254,6 +256,7 @@ inline const std::vector<OpRow>& op_table() {
       {"mix_images", {&mixing}},
       {"softmax_xent_mixed", {&mixing}},
       {"softmax_xent_sums", {&softmax_sums}},
+      {"stage_loss_labels", {&graphs}},
       {"adam_step", {&adam}},
       {"sgd_step", {&sgd}},
       {"segment_sum_squares", {&segments}},
@@ -262,6 +265,11 @@ inline const std::vector<OpRow>& op_table() {
       {"scale", {&fill_scale}},
       {"all_finite", {&fill_scale}},
       {"unscale_and_check", {&unscale}},
+      {"graph_begin", {&graphs}},
+      {"graph_end", {&graphs}},
+      {"graph_launch", {&graphs}},
+      {"graph_drop", {&graphs}},
+      {"memory_events", {&graphs}},
   };
   return rows;
 }

@@ -136,7 +136,7 @@ std::vector<Scratch*> CudaBackend::scratch_buffers() {
           &uploads_[1].pinned, &labels_device_, &row_loss_device_,
           &argmax_device_, &loss_host_, &flag_device_, &flag_host_, &norm_table_device_, &norm_table_host_,
           &step_table_device_, &step_table_host_, &partials_device_, &partials_host_, &erase_boxes_,
-          &timing_x_, &timing_y_, &timing_w_, &sum_labels_device_, &label_slots_[0].pinned,
+          &timing_x_, &timing_y_, &timing_w_, &sum_labels_device_, &graph_labels_device_, &label_slots_[0].pinned,
           &label_slots_[1].pinned, &label_slots_[2].pinned, &label_slots_[3].pinned, &queued_pinned_};
 }
 
@@ -670,7 +670,7 @@ double CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* label
 // The host arrays `parts` (n ints each) copied into the next pinned slot and uploaded on the
 // compute stream; returns their device copy. Waits only when that slot's previous upload
 // is still queued (the device is kLabelSlots losses behind the host).
-int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, size_t n) {
+int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, size_t n, Scratch& device) {
   LabelSlot& slot = label_slots_[next_label_slot_];
   next_label_slot_ = (next_label_slot_ + 1) % kLabelSlots;
   if (!slot.uploaded) RD_CUDA(cudaEventCreateWithFlags(&slot.uploaded, cudaEventDisableTiming));
@@ -691,7 +691,7 @@ int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, siz
     }
   auto* host = slot.pinned.as<int32_t>(ints, "pinned labels");
   for (size_t p = 0; p * n < ints; ++p) std::memcpy(host + p * n, parts[p], n * 4);
-  int32_t* dev = sum_labels_device_.as<int32_t>(ints, "labels");
+  int32_t* dev = device.as<int32_t>(ints, "labels");
   RD_CUDA(cudaMemcpyAsync(dev, host, ints * 4, cudaMemcpyHostToDevice, compute_));
   RD_CUDA(cudaEventRecord(slot.uploaded, compute_));
   slot.pending = true;
@@ -704,7 +704,10 @@ void CudaBackend::stage_loss_labels_impl(const int32_t* labels, const int32_t* p
   const size_t N = static_cast<size_t>(n);
   const int32_t* plain[2] = {labels, accuracy_targets};
   const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
-  staged_loss_labels_ = N == 0 ? nullptr : partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+  // Its own device buffer: an eager loss before the launch must not overwrite it.
+  staged_loss_labels_ = N == 0                ? nullptr
+                        : partner_labels ? stage_labels(3 * N, mixed, N, graph_labels_device_)
+                                         : stage_labels(2 * N, plain, N, graph_labels_device_);
   staged_loss_rows_ = n;
   staged_loss_partners_ = partner_labels != nullptr;
 }
@@ -729,7 +732,8 @@ void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* la
                                                                                      << " first");
     lab = staged_loss_labels_;
   } else {
-    lab = partner_labels ? stage_labels(3 * N, mixed, N) : stage_labels(2 * N, plain, N);
+    lab = partner_labels ? stage_labels(3 * N, mixed, N, sum_labels_device_)
+                         : stage_labels(2 * N, plain, N, sum_labels_device_);
   }
   float* loss = row_loss_device_.as<float>(N, "row losses");
   int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");

@@ -273,8 +273,8 @@ class CudaBackend final : public Backend {
   };
   LabelSlot label_slots_[kLabelSlots];
   size_t next_label_slot_ = 0;
-  Scratch sum_labels_device_;
-  int32_t* stage_labels(size_t ints, const int32_t* const* parts, size_t n);
+  Scratch sum_labels_device_, graph_labels_device_;  // eager losses' labels; stage_loss_labels'
+  int32_t* stage_labels(size_t ints, const int32_t* const* parts, size_t n, Scratch& device);
   // copy_to_host_queued: the copies land in pinned memory (one event after the last), and
   // wait_queued_copies moves them to their destinations.
   struct QueuedCopy {
