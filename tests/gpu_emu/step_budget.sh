@@ -24,7 +24,8 @@ COMMON=(--data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --worker
   --epochs 1 --log-every 0 --progress none --tensorboard off --lr 1e-3 --seed 3 --device cuda)
 
 
-# budget NAME NP MAX_HOST_WAITS NCCL_PER_STEP ALLOCS_PER_STEP ARGS...: one case.
+# budget NAME NP MAX_HOST_WAITS NCCL_PER_STEP ALLOCS_PER_STEP ARGS...: one case. With
+# GRAPHS_PER_STEP set: that many CUDA graph launches per step, asserted (and N from the caller).
 budget() {
   local name=$1 np=$2 max_waits=$3 nccl_expected=$4 allocs_expected=$5
   shift 5
@@ -40,7 +41,7 @@ budget() {
   for ((rank = 0; rank < np; ++rank)); do
     local line="$name rank $rank per step:"
     declare -A got=()
-    for what in host_waits allocs frees cudnn_find nccl kernel_launches host_waits.stream_sync \
+    for what in host_waits allocs frees cudnn_find nccl kernel_launches graph_launches host_waits.stream_sync \
       host_waits.event_sync host_waits.blocking_copy host_waits.pageable_copy host_waits.query_not_ready; do
       short=$(counter "$WORK/$name.$N.rank$rank" "$what")
       long=$(counter "$WORK/$name.$((2 * N)).rank$rank" "$what")
@@ -62,6 +63,8 @@ budget() {
     done
     [ "${got[cudnn_find]}" = 0 ] || fail "$name: ${got[cudnn_find]} cuDNN Finds per step, expected 0"
     [ "${got[nccl]}" = "$nccl_expected" ] || fail "$name: ${got[nccl]} NCCL calls per step, expected $nccl_expected"
+    [ -z "${GRAPHS_PER_STEP:-}" ] || [ "${got[graph_launches]}" = "$GRAPHS_PER_STEP" ] ||
+      fail "$name: ${got[graph_launches]} graph launches per step, expected $GRAPHS_PER_STEP"
     unset got
   done
 }
@@ -82,4 +85,7 @@ budget ema_1rank 1 1 0 0 --precision fp32 --model-ema --model-ema-steps 1
 budget mixing_1rank 1 1 0 0 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0
 budget syncbn_accum_2ranks 2 1 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2
 budget fp16_2ranks 2 2 $((BUCKETS + SYNC_BN)) 0 --precision fp16 --sync-bn
+# --cuda-graphs (on by default; the cases above with one rank record in steps 3-4): from step 5
+# on, each step replays its forward and its backward, two launches, and stays in budget.
+N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_1rank 1 2 0 0 --precision fp16
 echo "step budget: every case within its bounds"
