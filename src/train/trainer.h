@@ -264,6 +264,7 @@ class Trainer {
   std::unique_ptr<dist::Comm> grad_;  // gradients and model state (device memory)
   RunParts run_;
   int64_t skipped_reported_ = 0;  // fp16 updates skipped and already reported
+  int64_t graph_replays_reported_ = 0, graph_recordings_reported_ = 0;  // --cuda-graphs, likewise
   std::vector<std::string> args_history_;  // rank 0: the checkpoint's command lines, then this run's
   ResumePlan plan_;    // decided on rank 0, the same value on every rank
   TrainState state_;   // the run's live state: starts as plan_.state

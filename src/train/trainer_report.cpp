@@ -104,6 +104,13 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
       say(tag + " fp16: " + std::to_string(skipped) + (skipped == 1 ? " step" : " steps") +
           " skipped for non-finite gradients (loss scale now " + py_float(run_.step->scaler().scale()) + ")");
   }
+  const int64_t replays = run_.step->graph_replays() - graph_replays_reported_;
+  const int64_t recordings = run_.step->graph_recordings() - graph_recordings_reported_;
+  graph_replays_reported_ = run_.step->graph_replays();
+  graph_recordings_reported_ = run_.step->graph_recordings();
+  if (replays > 0)  // replays include the launch that follows each recording
+    say(tag + " CUDA graphs: " + std::to_string(replays) + " forward/backward passes replayed, " +
+        std::to_string(recordings) + " recorded");
   say("");
   say("");
   return m;

@@ -356,7 +356,7 @@ void Trainer::setup_model(RunParts& p) {
   if (env_.world > 1) p.bucketer = std::make_unique<dist::GradientBucketer>(*grad_, p.model->grads(), bo);
   p.step = std::make_unique<TrainStep>(*p.model, *p.opt, p.bucketer.get(), static_cast<float>(o_.label_smoothing),
                                       o_.precision == Precision::FP16, o_.loss_scale);
-  p.step->use_graphs(o_.cuda_graphs);
+  p.step->use_graphs(o_.cuda_graphs && backend_->device() == DeviceKind::CUDA);
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
   if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
     const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");

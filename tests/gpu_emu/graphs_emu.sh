@@ -55,6 +55,9 @@ both() {
   echo "$CASE: graph launches $launches with graphs on, $eager off; kernel launches" \
     "$(counter "$WORK/on/stats.rank0" kernel_launches) on, $(counter "$WORK/off/stats.rank0" kernel_launches) off"
   [ "$eager" = 0 ] || fail "$CASE: --cuda-graphs off launched $eager graphs"
+  grep -Eq '^\(Epoch 2/2\) CUDA graphs: [0-9]+ forward/backward passes replayed, [0-9]+ recorded$' "$WORK/on/log" ||
+    { cat "$WORK/on/log"; fail "$CASE: no 'CUDA graphs' line for epoch 2"; }
+  ! grep -q 'CUDA graphs' "$WORK/off/log" || fail "$CASE: a 'CUDA graphs' line with --cuda-graphs off"
   [ "$launches" -ge "$min_launches" ] || fail "$CASE: $launches graph launches, expected at least $min_launches"
 }
 
