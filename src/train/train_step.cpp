@@ -68,9 +68,11 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
 void TrainStep::forward_sums(const Tensor& input, const int32_t* labels, const int32_t* accuracy_targets,
                              double* sums, int micro, int group, const MixedTargets* mixed) {
   // A replay reads the labels the backend staged before it; the mixing weight and an injected
-  // overflow would be replayed as recorded, so those steps run eagerly.
+  // overflow would be replayed as recorded, so those steps run eagerly. SyncBatchNorm's
+  // collectives are stream-ordered (no host wait), so they are recorded too: every rank
+  // issues the same collectives in the same order, replayed or not.
   const bool injecting = inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0;
-  if (graphs_on_ && !reducer_ && !mixed && !injecting) {
+  if (graphs_on_ && !mixed && !injecting) {
     const float scale = static_cast<float>(scaler_.scale() / group);
     backend_.stage_loss_labels(labels, nullptr, accuracy_targets, input.shape[0]);
     micro_ = micro;

@@ -6,20 +6,30 @@
 # graphs (RD_EMU_STATS graph_launches), so a change that makes recording fail (an
 # allocation, a host wait or a query in the recorded work: the emulator refuses them and
 # the run exits non-zero) or silently falls back to eager work turns this red.
-#   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = case:
-#   fp32 | fp16_overflow (an injected overflow: that step runs eagerly and is skipped) |
-#   accum_ema_bf16 (--accum-steps 2: two backward graphs; --model-ema) | mixing (MixUp /
-#   CutMix: the forward stays eager, the backward is replayed)
+#   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = mpiexec,
+#   $4 = case: fp32 | fp16_overflow (an injected overflow: that step runs eagerly and is
+#   skipped) | accum_ema_bf16 (--accum-steps 2: two backward graphs; --model-ema) | mixing
+#   (MixUp / CutMix: the forward stays eager, the backward is replayed) | syncbn_2ranks (two
+#   ranks: the forward, with SyncBatchNorm's all-reduces, replayed; the backward, whose
+#   gradient buckets wait on the host, eager)
 set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
-CASE=$3
+RD_MPIEXEC=$3
+CASE=$4
+LAUNCH=()
+TRAIN=26
+if [ "$CASE" = syncbn_2ranks ]; then
+  export RD_EMU_DEVICE_COUNT=2
+  LAUNCH=("$RD_MPIEXEC" --oversubscribe --bind-to none -np 2)
+  TRAIN=52
+fi
 
 # shellcheck source=tests/gpu_emu/common.sh
 source "$(dirname "$0")/common.sh" graphs
 
-# 26 images in batches of 4: 7 steps an epoch, the last one of 2 images (another shape).
-"$CPU_BIN" synth --out "$WORK/data" --train 26 --val 8 --size 32x32 --format png --threads 1 >/dev/null
+# 26 images a rank in batches of 4: 7 steps an epoch, the last one of 2 images (another shape).
+"$CPU_BIN" synth --out "$WORK/data" --train "$TRAIN" --val 8 --size 32x32 --format png --threads 1 >/dev/null
 COMMON=(--device cuda --data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4
   --augment none --epochs 2 --log-every 1 --progress lines --tensorboard off --lr 1e-3 --seed 3)
 
@@ -28,7 +38,7 @@ run() {
   local mode=$1
   shift
   mkdir -p "$WORK/$mode"
-  RD_EMU_STATS="$WORK/$mode/stats" "$EMU_BIN" "${COMMON[@]}" --output-dir "$WORK/$mode/out" --cuda-graphs "$mode" \
+  RD_EMU_STATS="$WORK/$mode/stats" "${LAUNCH[@]}" "$EMU_BIN" "${COMMON[@]}" --output-dir "$WORK/$mode/out" --cuda-graphs "$mode" \
     "$@" >"$WORK/$mode/log" 2>&1 || { cat "$WORK/$mode/log"; fail "--cuda-graphs $mode $* exited non-zero"; }
 }
 
@@ -69,6 +79,8 @@ case "$CASE" in
   fp16_overflow) RD_INJECT_OVERFLOW_STEP=4 both 12 14 --precision fp16 ;;
   accum_ema_bf16) RD_EMU_DEVICE=a100 both 8 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
   mixing) both 6 14 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
+  # Forward graphs only: half the launches.
+  syncbn_2ranks) both 5 14 --precision fp32 --sync-bn ;;
   *) fail "unknown case $CASE" ;;
 esac
 [ "$CASE" != fp16_overflow ] || grep -Eq "fp16: [0-9]+ steps? skipped for non-finite gradients" "$WORK/on/log" ||

@@ -85,7 +85,9 @@ budget ema_1rank 1 1 0 0 --precision fp32 --model-ema --model-ema-steps 1
 budget mixing_1rank 1 1 0 0 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0
 budget syncbn_accum_2ranks 2 1 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2
 budget fp16_2ranks 2 2 $((BUCKETS + SYNC_BN)) 0 --precision fp16 --sync-bn
-# --cuda-graphs (on by default; the cases above with one rank record in steps 3-4): from step 5
+# --cuda-graphs (on by default): the cases above record their forward graphs (and, with one
+# rank, backward graphs) in steps 3-4, so their counts are those of the work as issued; an
+# NCCL call made while recording counts once, its replays are graph launches. From step 5
 # on, each step replays its forward and its backward, two launches, and stays in budget.
 N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_1rank 1 2 0 0 --precision fp16
 echo "step budget: every case within its bounds"
