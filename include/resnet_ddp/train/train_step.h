@@ -92,13 +92,13 @@ class TrainStep {
   // all-reduce spreads it, so every rank must skip that update.
   void inject_overflow_at(int64_t update) { inject_at_ = update; }
 
-  // CUDA graphs (Backend::graph_begin): with one process (no reducer), each micro-batch's
-  // forward (with the loss) and its backward are recorded as two graphs once a run of the
+  // CUDA graphs (Backend::graph_begin): each micro-batch's forward (with the loss) and,
+  // without a reducer (one process), its backward are recorded as graphs once a run of the
   // same shape allocated nothing, and replayed from then on: ~600 kernel launches of a
   // ResNet-34 step become two. The timing marks and the optimizer stay outside them.
-  // Eager instead: several ranks (their buckets wait on the host), MixUp / CutMix, an
-  // injected overflow, a backend without graphs. Replays compute what the eager step
-  // computes, bit for bit (tests/gpu_emu/graphs_emu.sh).
+  // Eager instead: the backward with a reducer (its buckets wait on the host), MixUp /
+  // CutMix's forward, an injected overflow, a backend without graphs. Replays compute what
+  // the eager step computes, bit for bit (tests/gpu_emu/graphs_emu.sh).
   void use_graphs(bool on) { graphs_on_ = on; }
   // Graph launches and recordings so far (the trainer's report, the tests).
   int64_t graph_replays() const { return graph_replays_; }
