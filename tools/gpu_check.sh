@@ -9,9 +9,10 @@
 #
 # --e2e: each rank's allowed CPUs under mpirun's default binding and under the corrected
 # one, `nvidia-smi topo -m`, whether nsys exists; resnet_ddp --device cuda 120 steps of
-# ResNet-34 @244 b16 (--log-every 1) in fp32 and fp16, each under the default binding
-# (--workers 15, as a bare `mpirun -np 1` runs) and the corrected one (the default
-# --workers, from the rank's allowed cores), step 1 reported apart from the median of
+# ResNet-34 @244 b16 (--log-every 1) in fp32 and fp16 under the corrected binding (the
+# default --workers, from the rank's allowed cores), fp32 also under the default one
+# (--workers 15, as a bare `mpirun -np 1` runs), fp16 also with --cuda-graphs off (every
+# kernel launched by the host), step 1 reported apart from the median of
 # steps 20-120 (TensorBoard step/time_ms); 30 steps under `nsys profile --stats=true`
 # if nsys exists; gpu_train_bench fp32 NHWC vs NCHW with RD_CONV_REPORT=1; PyTorch's
 # DDP recipe (bench/pytorch_gpu_ddp_recipe.py --device cuda) on the same data.
@@ -336,7 +337,7 @@ PLAN_E2E=(
   "placement     20  -       each rank's allowed CPUs (default and corrected binding), nvidia-smi topo -m, nsys"
   "fp32_default  45  device  resnet_ddp 120 steps R34 @244 b16 fp32, mpirun's default binding, --workers 15"
   "fp32_placed   40  device  the same, each rank on its own cores, default --workers"
-  "fp16_default  40  device  fp16, default binding, --workers 15"
+  "fp16_eager    40  device  fp16, each rank on its own cores, --cuda-graphs off (every kernel launched by the host)"
   "fp16_placed   35  device  fp16, each rank on its own cores"
   "nsys          50  device  30 steps fp16 (placed) under nsys profile --stats=true, if nsys exists"
   "conv_nhwc     25  device  gpu_train_bench R34 fp32 NHWC, RD_CONV_REPORT=1"
@@ -550,11 +551,15 @@ if ((E2E)); then
     cp "$WORK/$1"/metrics.csv "$WORK/$1"/events.out.tfevents.* "$LOG/$1/" 2>/dev/null || true
     archive
   }
+  # mpirun's default binding (one core for <= 2 ranks) with 15 loader threads: a bare `mpirun -np 1`.
+  step fp32_default "${RUN[@]}" mpirun -np "$NP" "${TRAIN[@]}" --max-steps 120 --precision fp32 --workers 15 \
+    --output-dir "$WORK/fp32_default"
+  keep_run fp32_default
+  # fp16, where launches weigh most: the step with and without CUDA graphs.
+  step fp16_eager "${RUN[@]}" mpirun -np "$NP" "${PLACED[@]}" "${TRAIN[@]}" --max-steps 120 --precision fp16 \
+    --cuda-graphs off --output-dir "$WORK/fp16_eager"
+  keep_run fp16_eager
   for prec in fp32 fp16; do
-    # mpirun's default binding (one core for <= 2 ranks) with 15 loader threads: a bare `mpirun -np 1`.
-    step "${prec}_default" "${RUN[@]}" mpirun -np "$NP" "${TRAIN[@]}" --max-steps 120 --precision "$prec" --workers 15 \
-      --output-dir "$WORK/${prec}_default"
-    keep_run "${prec}_default"
     step "${prec}_placed" "${RUN[@]}" mpirun -np "$NP" "${PLACED[@]}" "${TRAIN[@]}" --max-steps 120 --precision "$prec" \
       --output-dir "$WORK/${prec}_placed"
     keep_run "${prec}_placed"
@@ -666,7 +671,7 @@ def scalars(path):  # {tag: {step: value}}
     return out
 
 log = sys.argv[1]
-runs = sys.argv[3:] or ["fp32_default", "fp32_placed", "fp16_default", "fp16_placed"]
+runs = sys.argv[3:] or ["fp32_default", "fp32_placed", "fp16_eager", "fp16_placed"]
 print("resnet_ddp --device cuda, 120 steps (rank 0's step times, TensorBoard step/time_ms)")
 print(f"{'run':14} {'step 1 ms':>10} {'median 20-120 ms':>17} {'img/s/rank':>11} {'data ms':>8}")
 for run in runs:

@@ -17,7 +17,7 @@ done
 e2e_total=$(echo "$out" | awk '/^e2e plan/ { e = 1 } e && $1 == "total" { sub("s", "", $2); print $2; exit }')
 [[ -n $e2e_total ]] || fail "the dry run does not print the e2e plan"
 ((e2e_total <= 470)) || fail "the e2e plan's timeouts add up to ${e2e_total}s (8 minutes less the kill-after: 470s)"
-for part in placement fp32_default fp32_placed fp16_default fp16_placed nsys conv_nhwc conv_nchw torch_fp32 torch_fp16; do
+for part in placement fp32_default fp32_placed fp16_eager fp16_placed nsys conv_nhwc conv_nchw torch_fp32 torch_fp16; do
   echo "$out" | awk '/^e2e plan/ { e = 1 } e' | grep -q "^  $part " || fail "the e2e plan has no step $part"
 done
 grep -qF 'tools/gpu_check.sh --e2e --out OUT_DIR' <<<"$out" || fail "the --e2e command is not printed"
