@@ -106,14 +106,21 @@ void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool ac
                  cudaStream_t s);
 
 // ---- loss and accuracy ---------------------------------------------------------------
+// The loss gradient's scale: grad_scale, or with `amp` (device; fp16) read there as
+// float(amp->loss_scale / grad_scale), grad_scale being the divisor. The kernel divides it by
+// the row count, as the host did.
+struct RowGradScale {
+  float grad_scale;
+  const math::AmpStepState* amp;
+};
 // softmax_xent with mixed targets (math::softmax_xent_mixed_row); `labels` holds n labels then
 // n partner labels.
 void softmax_xent_mixed(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
-                        float smoothing, float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                        float smoothing, RowGradScale scale, float* dlogits, float* row_loss, int32_t* argmax,
                         cudaStream_t s);
 // One row per thread through math::softmax_xent_row; dlogits may be null.
 void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
-                  float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                  RowGradScale scale, float* dlogits, float* row_loss, int32_t* argmax,
                   cudaStream_t s);
 // *correct += rows whose first maximum equals the label.
 void count_correct(const float* logits, const int32_t* labels, int64_t n, int64_t k, int* correct,
@@ -125,8 +132,13 @@ void loss_sums(const float* row_loss, const int32_t* argmax, const int32_t* targ
                cudaStream_t s);
 
 // ---- optimizers over a flat arena slice, one launch -----------------------------------
+// Backend::amp_unscale: g *= 1 / state->loss_scale, *nonfinite = 1 on a non-finite result
+// (the caller zeroes it first), then one thread folds the verdict into *state.
+void amp_unscale(float* g, size_t count, math::AmpStepState* state, int* nonfinite, bool found_inf_elsewhere,
+                 cudaStream_t s);
+// amp (device, may be null): the step count comes from it, and a skipped step changes nothing.
 void adam_step(float* p, const float* g, float* m, float* v, size_t count,
-               const math::AdamHyper& h, cudaStream_t s);
+               const math::AdamHyper& h, const math::AmpStepState* amp, cudaStream_t s);
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
               cudaStream_t s);
 // Per-segment ops (ranges, decay, scale in device memory; see Backend::segment_step).

@@ -22,9 +22,14 @@ __global__ void column_sums_kernel(const float* m, int64_t rows, int64_t cols, f
   }
 }
 
+__device__ float row_grad_scale_of(RowGradScale s, int64_t n) {
+  return (s.amp ? math::amp_grad_scale(*s.amp, s.grad_scale) : s.grad_scale) / static_cast<float>(n);
+}
+
 __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                            float smoothing, float row_grad_scale, float* dlogits, float* row_loss,
+                            float smoothing, RowGradScale scale, float* dlogits, float* row_loss,
                             int32_t* argmax) {
+  const float row_grad_scale = row_grad_scale_of(scale, n);
   RD_GRID_STRIDE(r, n) {
     int amax = 0;
     row_loss[r] = math::softmax_xent_row(logits + r * k, static_cast<int>(k), labels[r], smoothing,
@@ -34,8 +39,9 @@ __global__ void xent_kernel(const float* logits, const int32_t* labels, int64_t 
 }
 
 __global__ void xent_mixed_kernel(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
-                                  float smoothing, float row_grad_scale, float* dlogits, float* row_loss,
+                                  float smoothing, RowGradScale scale, float* dlogits, float* row_loss,
                                   int32_t* argmax) {
+  const float row_grad_scale = row_grad_scale_of(scale, n);
   RD_GRID_STRIDE(r, n) {
     int amax = 0;
     row_loss[r] = math::softmax_xent_mixed_row(logits + r * k, static_cast<int>(k), labels[r], labels[n + r], lam,
@@ -70,12 +76,36 @@ __global__ void loss_sums_kernel(const float* row_loss, const int32_t* argmax, c
   sums[2] += isfinite(total) ? 0.0 : 1.0;
 }
 
+// fp16's unscale: the loss scale, read from the device, divided out of the gradients, and
+// *nonfinite = 1 when an unscaled value is not finite (the caller zeroes it first).
+__global__ void amp_unscale_kernel(float* g, int64_t n, const math::AmpStepState* state, int* nonfinite) {
+  const float factor = math::amp_unscale_factor(*state);
+  bool bad = false;
+  RD_GRID_STRIDE(i, n) {
+    const float v = g[i] * factor;
+    g[i] = v;
+    bad |= !isfinite(v);
+  }
+  // One store per warp that saw a bad value: cheap, and any store suffices.
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *nonfinite = 1;
+}
+
+// One thread: the verdict folded into the step scalars (GradScaler.update).
+__global__ void amp_finish_kernel(math::AmpStepState* state, const int* nonfinite, bool found_inf_elsewhere) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  math::amp_finish_step(*state, found_inf_elsewhere || *nonfinite != 0);
+}
+
+// The update kernels below return at once on a skipped step; each thread derives the
+// step's scalars from the device step count itself (a few flops per thread, no launch).
 __global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                            math::AdamHyper h) {
+                            math::AdamHyper h, const math::AmpStepState* amp) {
+  if (!math::adam_hyper_for_step(h, amp)) return;
   RD_GRID_STRIDE(i, n) math::adam_update(p[i], g[i], m[i], v[i], h);
 }
 
 __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, math::SgdHyper h) {
+  if (!math::sgd_hyper_for_step(h)) return;
   RD_GRID_STRIDE(i, n) {
     float dummy = 0.f;  // no buffer without momentum (PyTorch keeps none)
     math::sgd_update(p[i], g[i], buf ? buf[i] : dummy, h);
@@ -105,6 +135,7 @@ __global__ void segment_sum_squares_kernel(const float* x, const int64_t* ranges
 __global__ void segment_step_kernel(float* p, float* g, float* s0, float* s1, const int64_t* ranges,
                                     const float* decay, const float* scale, int64_t first,
                                     math::SegmentHyper h) {
+  if (!math::segment_hyper_for_step(h)) return;
   const int64_t seg = first + blockIdx.y;
   const int64_t b = ranges[2 * seg], e = ranges[2 * seg + 1];
   const float d = decay[seg], k = scale[seg];
@@ -135,19 +166,19 @@ void column_sums(const float* m, int64_t rows, int64_t cols, float* out, bool ac
 }
 
 void softmax_xent_mixed(const float* logits, const int32_t* labels, int64_t n, int64_t k, float lam,
-                        float smoothing, float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                        float smoothing, RowGradScale scale, float* dlogits, float* row_loss, int32_t* argmax,
                         cudaStream_t s) {
   if (!n) return;
-  RD_LAUNCH(xent_mixed_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, lam, smoothing, row_grad_scale,
+  RD_LAUNCH(xent_mixed_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, lam, smoothing, scale,
                                                           dlogits, row_loss, argmax);
   RD_LAUNCH_CHECK("softmax_xent_mixed");
 }
 
 void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float smoothing,
-                  float row_grad_scale, float* dlogits, float* row_loss, int32_t* argmax,
+                  RowGradScale scale, float* dlogits, float* row_loss, int32_t* argmax,
                   cudaStream_t s) {
   if (!n) return;
-  RD_LAUNCH(xent_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, smoothing, row_grad_scale, dlogits,
+  RD_LAUNCH(xent_kernel, grid_for(n, 64), 64, 0, s)(logits, labels, n, k, smoothing, scale, dlogits,
                                              row_loss, argmax);
   RD_LAUNCH_CHECK("softmax_xent");
 }
@@ -165,10 +196,20 @@ void loss_sums(const float* row_loss, const int32_t* argmax, const int32_t* targ
   RD_LAUNCH_CHECK("loss_sums");
 }
 
+void amp_unscale(float* g, size_t count, math::AmpStepState* state, int* nonfinite, bool found_inf_elsewhere,
+                 cudaStream_t s) {
+  if (count) {
+    RD_LAUNCH(amp_unscale_kernel, grid_for(count), kThreads, 0, s)(g, static_cast<int64_t>(count), state, nonfinite);
+    RD_LAUNCH_CHECK("amp_unscale");
+  }
+  RD_LAUNCH(amp_finish_kernel, 1, 1, 0, s)(state, nonfinite, found_inf_elsewhere);
+  RD_LAUNCH_CHECK("amp_finish_step");
+}
+
 void adam_step(float* p, const float* g, float* m, float* v, size_t count, const math::AdamHyper& h,
-               cudaStream_t s) {
+               const math::AmpStepState* amp, cudaStream_t s) {
   if (!count) return;
-  RD_LAUNCH(adam_kernel, grid_for(count), kThreads, 0, s)(p, g, m, v, static_cast<int64_t>(count), h);
+  RD_LAUNCH(adam_kernel, grid_for(count), kThreads, 0, s)(p, g, m, v, static_cast<int64_t>(count), h, amp);
   RD_LAUNCH_CHECK("adam_step");
 }
 

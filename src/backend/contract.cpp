@@ -410,7 +410,7 @@ double Backend::softmax_xent_mixed(const Tensor& logits, const int32_t* labels, 
 
 void Backend::softmax_xent_sums(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                 float lam, float smoothing, float grad_scale, Tensor* dlogits,
-                                const int32_t* accuracy_targets, double* sums) {
+                                const int32_t* accuracy_targets, double* sums, const math::AmpStepState* amp) {
   const char* op = "softmax_xent_sums";
   expect_matrix(*this, logits, -1, -1, op, "logits");
   const int64_t n = logits.shape[0], k = logits.shape[1];
@@ -419,6 +419,7 @@ void Backend::softmax_xent_sums(const Tensor& logits, const int32_t* labels, con
   RD_CHECK(lam >= 0.f && lam <= 1.f, op << ": lam " << lam << " not in [0, 1]");
   RD_CHECK((labels && accuracy_targets) || n == 0, op << ": labels or accuracy targets missing");
   RD_CHECK(sums, op << ": the sums buffer is missing");
+  RD_CHECK(!amp || grad_scale > 0.f, op << ": with a device loss scale, the divisor " << grad_scale << " must be > 0");
   for (int64_t i = 0; i < n; ++i) {
     RD_CHECK(labels[i] >= 0 && labels[i] < k,
              op << ": label " << labels[i] << " of row " << i << " is outside [0, " << k << ")");
@@ -428,7 +429,8 @@ void Backend::softmax_xent_sums(const Tensor& logits, const int32_t* labels, con
              op << ": accuracy target " << accuracy_targets[i] << " of row " << i << " is outside [0, " << k << ")");
   }
   if (dlogits) expect_matrix(*this, *dlogits, n, k, op, "dlogits");
-  softmax_xent_sums_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, accuracy_targets, sums);
+  softmax_xent_sums_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits, accuracy_targets, sums,
+                         amp);
 }
 
 void Backend::stage_loss_labels(const int32_t* labels, const int32_t* partner_labels,
@@ -445,6 +447,12 @@ void Backend::stage_loss_labels(const int32_t* labels, const int32_t* partner_la
 }
 
 // ---- optimizers ------------------------------------------------------------------------------
+
+void Backend::amp_unscale(float* grads, size_t count, math::AmpStepState* state, bool found_inf_elsewhere) {
+  RD_CHECK(state, "amp_unscale: the step state is missing");
+  RD_CHECK(count == 0 || grads, "amp_unscale: the gradient buffer is missing");
+  amp_unscale_impl(grads, count, state, found_inf_elsewhere);
+}
 
 void Backend::adam_step(float* params, const float* grads, float* m, float* v, size_t count,
                         const math::AdamArgs& a) {

@@ -69,11 +69,26 @@ float* Optimizer::state(size_t i) {
   return static_cast<float*>(state_[i].get());
 }
 
+math::AmpStepState Optimizer::read_device_step() const {
+  math::AmpStepState s;
+  backend_.copy_to_host(&s, amp_, sizeof s);
+  return s;
+}
+
+int64_t Optimizer::steps() const { return amp_ ? static_cast<int64_t>(read_device_step().steps) : step_; }
+
+// --clip-grad-norm, LARS and LAMB read gradient norms on the host every step anyway
+// (segment_sum_squares waits): they read the device's verdict there too and run with the
+// host's step count, which costs them no extra stall.
+bool Optimizer::device_decides() const {
+  return amp_ && clip_grad_norm_ <= 0.0 && cfg_.type != OptimizerKind::Lars && cfg_.type != OptimizerKind::Lamb;
+}
+
 OptimizerState Optimizer::export_state() {
   OptimizerState s;
   s.present = true;
   s.config = cfg_;
-  s.step = step_;
+  s.step = steps();
   s.lr = lr_;
   for (size_t i = 0; i < state_count(); ++i) s.tensors.push_back({state_name(i), state(i)});
   return s;
@@ -83,6 +98,11 @@ void Optimizer::import_state(const OptimizerState& s) {
   RD_CHECK(s.config.type == cfg_.type, "Optimizer: state of another optimizer type");
   step_ = s.step;
   lr_ = s.lr;
+  if (amp_) {
+    math::AmpStepState device = read_device_step();
+    device.steps = static_cast<double>(s.step);
+    backend_.copy_from_host(amp_, &device, sizeof device);
+  }
 }
 
 double Optimizer::clip_gradients(double max_norm) {
@@ -97,7 +117,13 @@ double Optimizer::clip_gradients(double max_norm) {
 }
 
 void Optimizer::step() {
-  ++step_;
+  if (amp_ && !device_decides()) {
+    const math::AmpStepState device = read_device_step();
+    if (device.found_inf != 0.0) return;
+    step_ = static_cast<int64_t>(device.steps);
+  } else {
+    ++step_;  // with amp_ unused: the device counts
+  }
   if (clip_grad_norm_ > 0.0) last_grad_norm_ = clip_gradients(clip_grad_norm_);
   if (!segmented_) return flat_step();
   math::SegmentHyper h = segment_hyper();
@@ -112,6 +138,7 @@ void Optimizer::step() {
       break;
     default: break;
   }
+  if (device_decides()) h.amp = amp_;
   backend_.segment_step(params_.data(), grads_.data(), s0, s1, ranges_.data(), decay_.size(), decay_.data(),
                         scale_.data(), h);
 }
@@ -138,14 +165,10 @@ math::SegmentHyper Optimizer::segment_hyper() const {
   h.momentum = static_cast<float>(cfg_.momentum);
   h.dampening = static_cast<float>(cfg_.dampening);
   h.nesterov = cfg_.nesterov;
-  h.first_step = step_ == 1;
-  if (uses_adam_moments(cfg_.type)) {
-    const double t = static_cast<double>(step_);
-    const double bias_correction1 = 1.0 - std::pow(cfg_.beta1, t);
-    h.bias_correction1 = static_cast<float>(bias_correction1);
-    h.step_size = static_cast<float>(lr_ / bias_correction1);
-    h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, t)));
-  }
+  h.exact_lr = lr_;
+  h.exact_beta1 = cfg_.beta1;
+  h.exact_beta2 = cfg_.beta2;
+  math::segment_step_scalars(h, static_cast<double>(std::max<int64_t>(step_, 1)), uses_adam_moments(cfg_.type));
   return h;
 }
 
@@ -197,7 +220,8 @@ void Optimizer::flat_step() {
     a.beta2 = static_cast<float>(cfg_.beta2);
     a.eps = static_cast<float>(cfg_.eps);
     a.weight_decay = static_cast<float>(cfg_.weight_decay);
-    a.step = step_;
+    a.step = std::max<int64_t>(step_, 1);  // with a.amp the device's count replaces it
+    if (device_decides()) a.amp = amp_;
     backend_.adam_step(params_.data(), grads_.data(), state(0), state(1), n, a);
   } else {
     float* buf = cfg_.momentum != 0.0 ? state(0) : nullptr;
@@ -209,6 +233,7 @@ void Optimizer::flat_step() {
     h.weight_decay = static_cast<float>(cfg_.weight_decay);
     h.nesterov = cfg_.nesterov;
     h.first_step = step_ == 1;
+    if (device_decides()) h.amp = amp_;
     backend_.sgd_step(params_.data(), grads_.data(), buf, n, h);
   }
 }

@@ -16,18 +16,28 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
-bool LossScaler::unscale(Backend& backend, Arena& grads, bool any_nonfinite) {
-  if (!enabled_) return !any_nonfinite;
+LossScaler::LossScaler(Backend& backend, bool enabled, double initial) : backend_(backend), enabled_(enabled) {
+  if (!enabled_) return;
+  memory_ = backend_.allocate(sizeof(math::AmpStepState));
+  state_ = static_cast<math::AmpStepState*>(memory_.get());
+  math::AmpStepState start;
+  start.loss_scale = initial;
+  backend_.copy_from_host(state_, &start, sizeof start);
+}
+
+math::AmpStepState LossScaler::read() const {
+  math::AmpStepState s;
+  if (enabled_) backend_.copy_to_host(&s, state_, sizeof s);
+  return s;
+}
+
+double LossScaler::scale() const { return enabled_ ? read().loss_scale : 1.0; }
+
+int64_t LossScaler::skipped_steps() const { return enabled_ ? static_cast<int64_t>(read().skipped) : 0; }
+
+void LossScaler::unscale(Arena& grads, bool any_nonfinite) {
   // One pass unscales and checks; an overflowing step's unscaled values are discarded.
-  const bool finite =
-      !any_nonfinite && backend.unscale_and_check(grads.data(), static_cast<float>(1.0 / scale_), grads.size());
-  if (!finite) {
-    scale_ = std::max(scale_ * 0.5, 1.0);
-    good_steps_ = 0;
-  } else if (++good_steps_ % 2000 == 0) {
-    scale_ *= 2.0;
-  }
-  return finite;
+  if (enabled_) backend_.amp_unscale(grads.data(), grads.size(), state_, any_nonfinite);
 }
 
 TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer* reducer, float label_smoothing,
@@ -37,16 +47,17 @@ TrainStep::TrainStep(ResNet& model, Optimizer& optimizer, dist::GradientReducer*
       optimizer_(optimizer),
       reducer_(reducer),
       label_smoothing_(label_smoothing),
-      scaler_(loss_scaling, initial_loss_scale) {}
+      scaler_(model.backend(), loss_scaling, initial_loss_scale) {
+  // The optimizer skips and counts its steps by the device's verdict.
+  if (scaler_.enabled()) optimizer_.use_device_step(scaler_.device_state());
+}
 
-float TrainStep::begin_forward(const Tensor& input, int micro, int group) {
+void TrainStep::begin_forward(const Tensor& input, int micro, int group) {
   micro_ = micro;
   group_ = group;
   logits_ = &model_.forward(input);
   const int64_t n = logits_->shape[0], classes = logits_->shape[1];
   if (!dlogits_.defined() || dlogits_.shape[0] != n) dlogits_ = backend_.matrix(n, classes);
-  // Accumulated micro-batches average: each contributes 1/group of the gradient.
-  return static_cast<float>(scaler_.scale() / group);
 }
 
 void TrainStep::after_loss(int micro) {
@@ -56,7 +67,10 @@ void TrainStep::after_loss(int micro) {
 
 double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro, int group, int32_t* predictions,
                           const MixedTargets* mixed) {
-  const float scale = begin_forward(input, micro, group);
+  begin_forward(input, micro, group);
+  // Accumulated micro-batches average: each contributes 1/group of the gradient. The
+  // loss comes back to the host anyway, so reading the loss scale there costs no extra stall.
+  const auto scale = static_cast<float>(scaler_.scale() / group);
   const double loss =
       mixed ? backend_.softmax_xent_mixed(*logits_, labels, mixed->partner_labels, mixed->lambda, label_smoothing_,
                                           scale, &dlogits_, predictions)
@@ -67,27 +81,31 @@ double TrainStep::forward(const Tensor& input, const int32_t* labels, int micro,
 
 void TrainStep::forward_sums(const Tensor& input, const int32_t* labels, const int32_t* accuracy_targets,
                              double* sums, int micro, int group, const MixedTargets* mixed) {
+  // fp16: the loss op reads the scale in the backend's memory and divides it by the group
+  // there, so the host never waits for the last step's verdict (and a replayed graph uses
+  // the scale of its launch).
+  const math::AmpStepState* amp = scaler_.device_state();
+  const float scale = amp ? static_cast<float>(group) : static_cast<float>(1.0 / group);
   // A replay reads the labels the backend staged before it; the mixing weight and an injected
   // overflow would be replayed as recorded, so those steps run eagerly. SyncBatchNorm's
   // collectives are stream-ordered (no host wait), so they are recorded too: every rank
   // issues the same collectives in the same order, replayed or not.
   const bool injecting = inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0;
   if (graphs_on_ && !mixed && !injecting) {
-    const float scale = static_cast<float>(scaler_.scale() / group);
     backend_.stage_loss_labels(labels, nullptr, accuracy_targets, input.shape[0]);
     micro_ = micro;
     group_ = group;
     const bool replayed = replay_or_record(GraphKey{input.data, sums, input.shape[0], scale, false, true}, [&] {
       begin_forward(input, micro, group);
       backend_.softmax_xent_sums(*logits_, labels, nullptr, 1.f, label_smoothing_, scale, &dlogits_, accuracy_targets,
-                                 sums);
+                                 sums, amp);
     });
     if (replayed) model_.forward_replayed();
     return;
   }
-  const float scale = begin_forward(input, micro, group);
+  begin_forward(input, micro, group);
   backend_.softmax_xent_sums(*logits_, labels, mixed ? mixed->partner_labels : nullptr, mixed ? mixed->lambda : 1.f,
-                             label_smoothing_, scale, &dlogits_, accuracy_targets, sums);
+                             label_smoothing_, scale, &dlogits_, accuracy_targets, sums, amp);
   after_loss(micro);
 }
 
@@ -110,13 +128,6 @@ template <class Work> bool TrainStep::replay_or_record(const GraphKey& key, Work
     work();
     const int graph = backend_.graph_end();
     ++graph_recordings_;
-    // fp16's scale moved on: the graphs of the old one are not launched again.
-    for (auto it = graphs_.begin(); it != graphs_.end();) {
-      const bool same_but_scale = it->first.forward && key.forward && it->first.input == key.input &&
-                                  it->first.sums == key.sums && it->first.rows == key.rows;
-      if (same_but_scale) backend_.graph_drop(it->second);
-      it = same_but_scale ? graphs_.erase(it) : std::next(it);
-    }
     graphs_[key] = graph;
     RD_CHECK(backend_.graph_launch(graph), "a CUDA graph could not be launched right after it was recorded");
     ++graph_replays_;
@@ -178,14 +189,19 @@ void TrainStep::reduce_partial_group() {
   reducer_->finish();
 }
 
-bool TrainStep::update(bool any_nonfinite) {
+void TrainStep::update(bool any_nonfinite) {
   ++updates_;
-  if (!scaler_.unscale(backend_, model_.grads(), any_nonfinite)) {
+  if (scaler_.enabled()) {
+    // The optimizer's kernels read the verdict the unscale leaves on the device.
+    scaler_.unscale(model_.grads(), any_nonfinite);
+    optimizer_.step();
+    return;
+  }
+  if (any_nonfinite) {
     ++skipped_;
-    return false;
+    return;
   }
   optimizer_.step();
-  return true;
 }
 
 }  // namespace rd::train

@@ -727,6 +727,22 @@ inline void check_softmax_xent(Backend& be, int64_t n, int64_t k, float smoothin
                     check_gradient<float>(loss, zh, to_double(dz_backend), float_fd(40, 13, 1e-2)));
 }
 
+// fp16's step scalars in the backend's memory (math::AmpStepState), written and read back.
+struct DeviceAmpState {
+  Backend& backend;
+  std::shared_ptr<void> memory;
+  DeviceAmpState(Backend& be, const math::AmpStepState& s) : backend(be), memory(be.allocate(sizeof(s))) {
+    set(s);
+  }
+  math::AmpStepState* ptr() { return static_cast<math::AmpStepState*>(memory.get()); }
+  void set(const math::AmpStepState& s) { backend.copy_from_host(memory.get(), &s, sizeof(s)); }
+  math::AmpStepState get() const {
+    math::AmpStepState s;
+    backend.copy_to_host(&s, memory.get(), sizeof(s));
+    return s;
+  }
+};
+
 // softmax_xent_sums against the ops that return the loss, on the same backend: the loss sum
 // bit for bit, the same dlogits, the accuracy count against the returned predictions, the
 // non-finite flag, and accumulation over calls (partner labels: the mixed loss).
@@ -753,7 +769,7 @@ inline void check_softmax_xent_sums(Backend& be, int64_t n, int64_t k, bool mixe
   std::shared_ptr<void> buf = be.allocate(3 * sizeof(double));
   auto* sums = static_cast<double*>(buf.get());
   const int32_t* partner = mixed ? partners.data() : nullptr;
-  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, &dz, targets.data(), sums);
+  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, &dz, targets.data(), sums, nullptr);
   double host[3] = {-1, -1, -1};
   be.copy_to_host(host, sums, sizeof host);
   CHECK(host[0] == loss);  // exact: the same rows summed in the same order
@@ -761,17 +777,25 @@ inline void check_softmax_xent_sums(Backend& be, int64_t n, int64_t k, bool mixe
   CHECK(host[2] == 0.0);
   CHECK(download_rowmajor(be, dz) == download_rowmajor(be, dz_ref));
   // A second batch adds to the sums; one with an infinite logit sets the flag.
-  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums);
+  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums, nullptr);
   be.copy_to_host(host, sums, sizeof host);
   CHECK(host[0] == loss + loss);
   CHECK(host[1] == 2 * correct);
   CHECK(host[2] == 0.0);
   zh[1] = std::numeric_limits<float>::infinity();
   Tensor bad = upload_rowmajor(be, zh, Shape{n, k});
-  be.softmax_xent_sums(bad, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums);
+  be.softmax_xent_sums(bad, labels.data(), partner, lam, smoothing, grad_scale, nullptr, targets.data(), sums, nullptr);
   be.copy_to_host(host, sums, sizeof host);
   CHECK_FALSE(std::isfinite(host[0]));
   CHECK(host[2] == 1.0);
+  // fp16's loss scale read from the backend's memory (not a power of two, a divisor of 3):
+  // the same dlogits as the host's float(scale / 3) gives.
+  DeviceAmpState amp(be, math::AmpStepState{.loss_scale = 1000.0});
+  const float host_scale = static_cast<float>(1000.0 / 3.0);
+  mixed ? be.softmax_xent_mixed(z, labels.data(), partners.data(), lam, smoothing, host_scale, &dz_ref, pred.data())
+        : be.softmax_xent(z, labels.data(), smoothing, host_scale, &dz_ref, pred.data());
+  be.softmax_xent_sums(z, labels.data(), partner, lam, smoothing, 3.f, &dz, targets.data(), sums, amp.ptr());
+  CHECK(download_rowmajor(be, dz) == download_rowmajor(be, dz_ref));
 }
 
 // copy_to_host_queued delivers the data as it was when queued (work queued after it, here a
@@ -848,7 +872,7 @@ inline void check_graphs(Backend& be) {
     Tensor ref_z = upload_rowmajor(be, logits, Shape{n, k});
     Tensor ref_dz = upload_rowmajor(be, filled(logits.size(), 0.f), Shape{n, k});
     be.softmax_xent_sums(ref_z, labels.data(), nullptr, 1.f, smoothing, grad_scale, &ref_dz, targets.data(),
-                         static_cast<double*>(ref.get()));
+                         static_cast<double*>(ref.get()), nullptr);
     std::vector<double> out(3);
     be.copy_to_host(out.data(), ref.get(), 3 * sizeof(double));
     grad = download_rowmajor(be, ref_dz);
@@ -869,12 +893,12 @@ inline void check_graphs(Backend& be) {
     CHECK_THROWS_AS(be.graph_end(), Error);
     CHECK_THROWS_AS(be.graph_launch(0), Error);
     be.copy_from_host(z.data, zh_next.data(), zh_next.size() * sizeof(float));
-    be.softmax_xent_sums(z, second.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums);
+    be.softmax_xent_sums(z, second.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums, nullptr);
     CHECK(read_sums() == want_second);
     CHECK(download_rowmajor(be, dz) == grad_second);
     return;
   }
-  be.softmax_xent_sums(z, first.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums);
+  be.softmax_xent_sums(z, first.data(), nullptr, 1.f, smoothing, grad_scale, &dz, targets.data(), sums, nullptr);
   const int graph = be.graph_end();
   REQUIRE(graph >= 0);
   CHECK(read_sums() == std::vector<double>(3, 0.0));  // recorded, not run
@@ -1277,6 +1301,107 @@ inline void check_unscale_and_check(Backend& be) {
   h[4098] = INFINITY;
   DeviceVector bad(be, h);
   CHECK_FALSE(be.unscale_and_check(bad.ptr(), 0.5f, h.size()));
+}
+
+// amp_unscale: the gradients divided by the device's loss scale, and GradScaler's update
+// decided in the backend's memory: skip + halve (floor 1), double after 2000 good steps,
+// the step count advanced by good steps only; a non-finite value in the last element
+// (past any vector width) or the caller's flag is an overflow.
+inline void check_amp_unscale(Backend& be) {
+  INFO("amp_unscale on " << be.name());
+  std::vector<float> h(4099, 2.f);
+  DeviceVector good(be, h);
+  DeviceAmpState state(be, math::AmpStepState{.loss_scale = 4.0});
+  be.amp_unscale(good.ptr(), h.size(), state.ptr(), false);
+  CHECK(good.host() == filled(h.size(), 0.5f));
+  math::AmpStepState s = state.get();
+  CHECK(s.found_inf == 0.0);
+  CHECK(s.steps == 1.0);
+  CHECK(s.good_steps == 1.0);
+  CHECK(s.loss_scale == 4.0);
+  h[4098] = INFINITY;
+  DeviceVector bad(be, h);
+  be.amp_unscale(bad.ptr(), h.size(), state.ptr(), false);
+  s = state.get();
+  CHECK(s.found_inf == 1.0);
+  CHECK(s.steps == 1.0);  // a skipped step is not counted
+  CHECK(s.skipped == 1.0);
+  CHECK(s.good_steps == 0.0);
+  CHECK(s.loss_scale == 2.0);
+  // Another rank's overflow (the caller's flag) skips a finite step too; the scale stops at 1.
+  for (double expected_scale : {1.0, 1.0}) {
+    DeviceVector finite(be, filled(8, 1.f));
+    be.amp_unscale(finite.ptr(), 8, state.ptr(), true);
+    s = state.get();
+    CHECK(s.found_inf == 1.0);
+    CHECK(s.loss_scale == expected_scale);
+  }
+  CHECK(s.skipped == 3.0);
+  // The 2000th good step in a row doubles the scale.
+  state.set(math::AmpStepState{.loss_scale = 8.0, .good_steps = 1999.0, .steps = 5.0});
+  DeviceVector finite(be, filled(8, 16.f));
+  be.amp_unscale(finite.ptr(), 8, state.ptr(), false);
+  CHECK(finite.host() == filled(8, 2.f));  // divided by the scale before the doubling
+  s = state.get();
+  CHECK(s.loss_scale == 16.0);
+  CHECK(s.good_steps == 2000.0);
+  CHECK(s.steps == 6.0);
+}
+
+// The update ops given an AmpStepState: a skipped step changes no parameter and no state;
+// otherwise the result is bit for bit that of the host's arguments for the device's step
+// count (Adam's bias corrections, SGD's momentum seed at step 1).
+inline void check_updates_with_amp_state(Backend& be) {
+  INFO("adam_step / sgd_step / segment_step with an AmpStepState on " << be.name());
+  const size_t count = 1000;
+  const auto p0 = random_floats(count, 171), gh = random_floats(count, 172), s0 = random_floats(count, 173);
+  const auto sq = filled(count, 0.25f);
+  const std::vector<int64_t> ranges = {0, 300, 300, 1000};
+  const std::vector<float> decay = {0.f, 0.01f}, scale = {1.f, 0.999f};
+  for (double device_steps : {1.0, 3.0}) {
+    for (bool skipped : {false, true}) {
+      INFO("device step count " << device_steps << (skipped ? " (skipped)" : ""));
+      DeviceAmpState state(be, math::AmpStepState{.found_inf = skipped ? 1.0 : 0.0, .steps = device_steps});
+      const auto t = static_cast<int64_t>(device_steps);
+      DeviceVector g(be, gh);
+      // Adam, flat.
+      DeviceVector pa(be, p0), ma(be, s0), va(be, sq), pb(be, p0), mb(be, s0), vb(be, sq);
+      math::AdamArgs a{.lr = 0.01f, .weight_decay = 1e-3f, .step = 1};
+      math::AdamArgs host_args = a;
+      host_args.step = t;
+      a.amp = state.ptr();
+      be.adam_step(pa.ptr(), g.ptr(), ma.ptr(), va.ptr(), count, a);
+      be.adam_step(pb.ptr(), g.ptr(), mb.ptr(), vb.ptr(), count, host_args);
+      CHECK(pa.host() == (skipped ? p0 : pb.host()));
+      CHECK(ma.host() == (skipped ? s0 : mb.host()));
+      CHECK(va.host() == (skipped ? sq : vb.host()));
+      // SGD with momentum, flat: step 1 seeds the buffer with the gradient.
+      DeviceVector ps(be, p0), bs(be, s0), pt(be, p0), bt(be, s0);
+      math::SgdHyper sh{.lr = 0.05f, .momentum = 0.9f, .dampening = 0.f, .weight_decay = 0.f, .nesterov = false,
+                        .first_step = false};
+      math::SgdHyper host_sgd = sh;
+      host_sgd.first_step = t == 1;
+      sh.amp = state.ptr();
+      be.sgd_step(ps.ptr(), g.ptr(), bs.ptr(), count, sh);
+      be.sgd_step(pt.ptr(), g.ptr(), bt.ptr(), count, host_sgd);
+      CHECK(ps.host() == (skipped ? p0 : pt.host()));
+      CHECK(bs.host() == (skipped ? s0 : bt.host()));
+      // AdamW per segment: the step size from the exact lr and betas.
+      DeviceVector pw(be, p0), mw(be, s0), vw(be, sq), px(be, p0), mx(be, s0), vx(be, sq);
+      math::SegmentHyper wh;
+      wh.rule = math::SegmentRule::AdamW, wh.lr = 0.01f, wh.exact_lr = 0.01;
+      math::SegmentHyper host_w = wh;
+      math::segment_step_scalars(host_w, device_steps, true);
+      wh.amp = state.ptr();
+      be.segment_step(pw.ptr(), g.ptr(), mw.ptr(), vw.ptr(), ranges.data(), 2, decay.data(), scale.data(), wh);
+      be.segment_step(px.ptr(), g.ptr(), mx.ptr(), vx.ptr(), ranges.data(), 2, decay.data(), scale.data(), host_w);
+      CHECK(pw.host() == (skipped ? p0 : px.host()));
+      CHECK(mw.host() == (skipped ? s0 : mx.host()));
+      CHECK(vw.host() == (skipped ? sq : vx.host()));
+      // The ops read the state, never write it.
+      CHECK(state.get().steps == device_steps);
+    }
+  }
 }
 
 // fp16/bf16 storage: finite differences are meaningless, so compare with the

@@ -100,6 +100,10 @@ inline const OpCheck fill_scale{"fill, scale, all_finite", kActivations, false,
                                 }};
 inline const OpCheck unscale{"unscale_and_check", kFlatBuffers, false,
                              [](Backend& be, const OpCheckConfig&) { check_unscale_and_check(be); }};
+inline const OpCheck amp_unscale{"amp_unscale", kFlatBuffers, false,
+                                 [](Backend& be, const OpCheckConfig&) { check_amp_unscale(be); }};
+inline const OpCheck amp_updates{"update ops with an AmpStepState", kFlatBuffers, false,
+                                 [](Backend& be, const OpCheckConfig&) { check_updates_with_amp_state(be); }};
 inline const OpCheck synchronize{"synchronize", kFlatBuffers, false, [](Backend& be, const OpCheckConfig& cfg) {
                                    check_synchronize(be, cfg.read_unordered);
                                  }};
@@ -208,7 +212,8 @@ inline const OpCheck segments{"per-segment sums of squares and steps", kFlatBuff
 // Every check once, in the order the tests register them.
 inline const std::vector<const OpCheck*>& all() {
   static const std::vector<const OpCheck*> checks{
-      &memory, &fill_scale, &unscale, &synchronize, &nchw_copies, &images_u8, &erase, &queued_copies,
+      &memory, &fill_scale, &unscale, &amp_unscale, &amp_updates, &synchronize, &nchw_copies, &images_u8, &erase,
+      &queued_copies,
       &timing, &conv, &batchnorm, &bn_running, &bn_sync, &eltwise, &maxpool, &global_avgpool,
       &linear, &softmax, &softmax_sums, &graphs, &mixing, &adam, &sgd, &ema, &segments};
   return checks;
@@ -257,10 +262,11 @@ inline const std::vector<OpRow>& op_table() {
       {"softmax_xent_mixed", {&mixing}},
       {"softmax_xent_sums", {&softmax_sums}},
       {"stage_loss_labels", {&graphs}},
-      {"adam_step", {&adam}},
-      {"sgd_step", {&sgd}},
+      {"amp_unscale", {&amp_unscale}},
+      {"adam_step", {&adam, &amp_updates}},
+      {"sgd_step", {&sgd, &amp_updates}},
       {"segment_sum_squares", {&segments}},
-      {"segment_step", {&segments}},
+      {"segment_step", {&segments, &amp_updates}},
       {"ema_update", {&ema}},
       {"scale", {&fill_scale}},
       {"all_finite", {&fill_scale}},

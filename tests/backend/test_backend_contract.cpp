@@ -285,14 +285,14 @@ TEST_CASE("contract: softmax_xent_sums checks labels, targets and the sums buffe
   Tensor logits = be.matrix(3, 4), dlogits = be.matrix(3, 4), wrong = be.matrix(3, 5);
   const int32_t labels[3] = {0, 3, 1}, partners[3] = {1, 0, 3}, bad[3] = {1, 4, 0};
   double sums[3] = {0, 0, 0};
-  REQUIRE_NOTHROW(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums));
+  REQUIRE_NOTHROW(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums, nullptr));
   CHECK(called(be, "softmax_xent_sums"));
-  CHECK_NOTHROW(be.softmax_xent_sums(logits, labels, partners, 0.4f, 0.1f, 1.f, nullptr, partners, sums));
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, bad, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, bad, 0.4f, 0.1f, 1.f, &dlogits, labels, sums), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, bad, sums), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, nullptr, sums), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, nullptr), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, partners, 1.5f, 0.1f, 1.f, &dlogits, labels, sums), Error);
-  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &wrong, labels, sums), Error);
+  CHECK_NOTHROW(be.softmax_xent_sums(logits, labels, partners, 0.4f, 0.1f, 1.f, nullptr, partners, sums, nullptr));
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, bad, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, sums, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, bad, 0.4f, 0.1f, 1.f, &dlogits, labels, sums, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, bad, sums, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, nullptr, sums, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &dlogits, labels, nullptr, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, partners, 1.5f, 0.1f, 1.f, &dlogits, labels, sums, nullptr), Error);
+  CHECK_THROWS_AS(be.softmax_xent_sums(logits, labels, nullptr, 1.f, 0.1f, 1.f, &wrong, labels, sums, nullptr), Error);
 }

@@ -133,7 +133,7 @@ TEST_CASE("math: Adam and SGD element updates follow torch.optim", "[math]") {
       ref::SgdState st;
       for (int step = 1; step <= 3; ++step) {
         const auto g = test::random_floats(count, 20 + static_cast<uint64_t>(step));
-        const math::SgdHyper hp{0.1f, 0.9f, damp, 1e-3f, nesterov, step == 1};
+        const math::SgdHyper hp{0.1f, 0.9f, damp, 1e-3f, nesterov, step == 1, nullptr};
         for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf[i], hp);
         ref::sgd_step(pr, test::to_double(g), st, 0.1, 0.9, damp, 1e-3, nesterov);
       }

@@ -77,6 +77,15 @@ const Tensor& images(ResNet& m, int n, uint64_t seed) {
 
 std::vector<float> all(Backend& be, const Arena& a) { return host(be, a.data(), a.size()); }
 
+// LossScaler::unscale, then the verdict it left in the backend's memory (read back here:
+// the trainer never reads it). True: the step goes ahead.
+bool unscaled_finite(Backend& be, LossScaler& s, Arena& grads, bool any_nonfinite) {
+  s.unscale(grads, any_nonfinite);
+  math::AmpStepState state;
+  be.copy_to_host(&state, s.device_state(), sizeof state);
+  return state.found_inf == 0.0;
+}
+
 // Forward and backward of micro-batch `micro` of `group` (2 samples, seeded by `seed`).
 void micro_batch(TrainStep& step, ResNet& m, int micro, int group, uint64_t seed) {
   const int32_t labels[2] = {static_cast<int32_t>(seed % kClasses), static_cast<int32_t>((seed + 1) % kClasses)};
@@ -86,13 +95,15 @@ void micro_batch(TrainStep& step, ResNet& m, int micro, int group, uint64_t seed
 
 }  // namespace
 
-TEST_CASE("LossScaler disabled: scale 1, gradients untouched, only the caller's flag skips", "[train]") {
+TEST_CASE("LossScaler disabled: scale 1, gradients untouched, no device state", "[train]") {
   auto be = cpu();
   Grads g(*be, {1.f, 2.f, std::numeric_limits<float>::infinity()});
-  LossScaler s(false);
+  LossScaler s(*be, false);
   CHECK(s.scale() == 1.0);
-  CHECK(s.unscale(*be, g.arena, false));  // not checked: fp32 runs check the loss instead
-  CHECK_FALSE(s.unscale(*be, g.arena, true));
+  CHECK(s.device_state() == nullptr);  // fp32 runs check the loss instead (TrainStep skips on the caller's flag)
+  s.unscale(g.arena, false);
+  s.unscale(g.arena, true);
+  CHECK(s.skipped_steps() == 0);
   const std::vector<float> v = g.read(*be);
   CHECK(v[0] == 1.f);
   CHECK(v[1] == 2.f);
@@ -101,51 +112,52 @@ TEST_CASE("LossScaler disabled: scale 1, gradients untouched, only the caller's 
 
 TEST_CASE("LossScaler: a finite step unscales, an overflowing one is skipped and halves the scale", "[train]") {
   auto be = cpu();
-  LossScaler s(true, 1024.0);
+  LossScaler s(*be, true, 1024.0);
   Grads g(*be, {1024.f, -2048.f, 512.f});
-  CHECK(s.unscale(*be, g.arena, false));
+  CHECK(unscaled_finite(*be, s, g.arena, false));
   CHECK(g.read(*be) == std::vector<float>{1.f, -2.f, 0.5f});
   CHECK(s.scale() == 1024.0);
 
   Grads inf(*be, {1.f, std::numeric_limits<float>::infinity(), 1.f});
-  CHECK_FALSE(s.unscale(*be, inf.arena, false));
+  CHECK_FALSE(unscaled_finite(*be, s, inf.arena, false));
   CHECK(s.scale() == 512.0);
   Grads nan(*be, {std::nanf(""), 1.f});
-  CHECK_FALSE(s.unscale(*be, nan.arena, false));
+  CHECK_FALSE(unscaled_finite(*be, s, nan.arena, false));
   CHECK(s.scale() == 256.0);
   // Another rank's non-finite loss skips a step whose own gradients are finite.
   Grads fine(*be, {1.f, 1.f});
-  CHECK_FALSE(s.unscale(*be, fine.arena, true));
+  CHECK_FALSE(unscaled_finite(*be, s, fine.arena, true));
   CHECK(s.scale() == 128.0);
+  CHECK(s.skipped_steps() == 3);
 }
 
 TEST_CASE("LossScaler doubles after 2000 good steps in a row, an overflow restarts the count", "[train]") {
   auto be = cpu();
-  LossScaler s(true, 4.0);
+  LossScaler s(*be, true, 4.0);
   Grads g(*be, {0.f});
   Grads inf(*be, {std::numeric_limits<float>::infinity()});
-  for (int i = 0; i < 1999; ++i) REQUIRE(s.unscale(*be, g.arena, false));
+  for (int i = 0; i < 1999; ++i) REQUIRE(unscaled_finite(*be, s, g.arena, false));
   CHECK(s.scale() == 4.0);
-  CHECK(s.unscale(*be, g.arena, false));
+  CHECK(unscaled_finite(*be, s, g.arena, false));
   CHECK(s.scale() == 8.0);
-  for (int i = 0; i < 1000; ++i) REQUIRE(s.unscale(*be, g.arena, false));
-  CHECK_FALSE(s.unscale(*be, inf.arena, false));  // 1000 good, then an overflow
+  for (int i = 0; i < 1000; ++i) REQUIRE(unscaled_finite(*be, s, g.arena, false));
+  CHECK_FALSE(unscaled_finite(*be, s, inf.arena, false));  // 1000 good, then an overflow
   CHECK(s.scale() == 4.0);
-  for (int i = 0; i < 1999; ++i) REQUIRE(s.unscale(*be, g.arena, false));
+  for (int i = 0; i < 1999; ++i) REQUIRE(unscaled_finite(*be, s, g.arena, false));
   CHECK(s.scale() == 4.0);  // not 8: the count restarted at the overflow
-  CHECK(s.unscale(*be, g.arena, false));
+  CHECK(unscaled_finite(*be, s, g.arena, false));
   CHECK(s.scale() == 8.0);
 }
 
 TEST_CASE("LossScaler never halves below 1", "[train]") {
   auto be = cpu();
-  LossScaler s(true, 2.0);
+  LossScaler s(*be, true, 2.0);
   Grads inf(*be, {std::numeric_limits<float>::infinity()});
-  CHECK_FALSE(s.unscale(*be, inf.arena, false));
+  CHECK_FALSE(unscaled_finite(*be, s, inf.arena, false));
   CHECK(s.scale() == 1.0);
-  CHECK_FALSE(s.unscale(*be, inf.arena, false));
+  CHECK_FALSE(unscaled_finite(*be, s, inf.arena, false));
   CHECK(s.scale() == 1.0);
-  CHECK_FALSE(s.unscale(*be, inf.arena, true));
+  CHECK_FALSE(unscaled_finite(*be, s, inf.arena, true));
   CHECK(s.scale() == 1.0);
 }
 
@@ -180,7 +192,8 @@ TEST_CASE("TrainStep accumulation: a group of micro-batches gives the mean of th
   CHECK(largest > 1e-3);  // not vacuous
   CHECK(worst <= 1e-5 * largest);
   // The update is plain SGD with the mean gradient (no weight decay, no momentum).
-  REQUIRE(step.update());
+  step.update();
+  REQUIRE(step.skipped_steps() == 0);
   const std::vector<float> after = all(*be, m->params());
   double off = 0;
   for (size_t i = 0; i < after.size(); ++i)
@@ -197,19 +210,20 @@ TEST_CASE("TrainStep fp16: a non-finite gradient skips the update and halves the
   step.inject_overflow_at(2);  // as RD_INJECT_OVERFLOW_STEP=2 does
   std::vector<float> p0 = all(*be, m->params());
   micro_batch(step, *m, 0, 1, 1);
-  CHECK(step.update());
+  step.update();
+  CHECK(step.skipped_steps() == 0);
   std::vector<float> p1 = all(*be, m->params());
   CHECK(p1 != p0);
   CHECK(step.scaler().scale() == 1024.0);
 
   micro_batch(step, *m, 0, 1, 2);
-  CHECK_FALSE(step.update());
+  step.update();
   CHECK(all(*be, m->params()) == p1);  // skipped: parameters untouched
   CHECK(step.skipped_steps() == 1);
   CHECK(step.scaler().scale() == 512.0);
 
   micro_batch(step, *m, 0, 1, 3);
-  CHECK(step.update());
+  step.update();
   CHECK(all(*be, m->params()) != p1);
   CHECK(step.skipped_steps() == 1);
   CHECK(step.scaler().scale() == 512.0);
@@ -218,9 +232,51 @@ TEST_CASE("TrainStep fp16: a non-finite gradient skips the update and halves the
   TrainStep plain(*m, opt, nullptr, 0.0f);
   micro_batch(plain, *m, 0, 1, 4);
   const std::vector<float> p3 = all(*be, m->params());
-  CHECK_FALSE(plain.update(/*any_nonfinite=*/true));
+  plain.update(/*any_nonfinite=*/true);
   CHECK(all(*be, m->params()) == p3);
   CHECK(plain.skipped_steps() == 1);
+}
+
+TEST_CASE("TrainStep fp16 with Adam: a skipped step changes no state and does not advance the step count",
+          "[train]") {
+  auto be = cpu();
+  OptimizerConfig adam;
+  adam.type = OptimizerKind::Adam;
+  adam.lr = 1e-3;
+  auto m = tiny(*be);
+  Optimizer opt(*be, m->params(), m->grads(), adam);
+  TrainStep step(*m, opt, nullptr, 0.0f, /*loss_scaling=*/true, 1024.0);
+  step.inject_overflow_at(2);
+  const size_t n = m->params().size();
+  micro_batch(step, *m, 0, 1, 1);
+  step.update();
+  CHECK(opt.steps() == 1);
+  const std::vector<float> p1 = all(*be, m->params());
+  const std::vector<float> m1 = host(*be, opt.state(0), n), v1 = host(*be, opt.state(1), n);
+  micro_batch(step, *m, 0, 1, 2);
+  step.update();
+  CHECK(step.skipped_steps() == 1);
+  CHECK(opt.steps() == 1);
+  CHECK(all(*be, m->params()) == p1);
+  CHECK(host(*be, opt.state(0), n) == m1);
+  CHECK(host(*be, opt.state(1), n) == v1);
+  CHECK(opt.export_state().step == 1);
+  micro_batch(step, *m, 0, 1, 3);
+  step.update();
+  CHECK(opt.steps() == 2);
+  // The same two batches without the skipped one between them: step 2's bias corrections
+  // (step 3's would move each parameter by ~4e-4 more).
+  auto ref = tiny(*be);
+  Optimizer ref_opt(*be, ref->params(), ref->grads(), adam);
+  TrainStep ref_step(*ref, ref_opt, nullptr, 0.0f);
+  for (uint64_t seed : {1, 3}) {
+    micro_batch(ref_step, *ref, 0, 1, seed);
+    ref_step.update();
+  }
+  const std::vector<float> got = all(*be, m->params()), want = all(*be, ref->params());
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+  CHECK(worst <= 1e-6);
 }
 
 TEST_CASE("TrainStep fp16: the loss scale cancels out of the gradients and grows after 2000 good updates", "[train]") {
@@ -232,8 +288,8 @@ TEST_CASE("TrainStep fp16: the loss scale cancels out of the gradients and grows
   TrainStep scaled(*fp16, opt16, nullptr, 0.1f, /*loss_scaling=*/true, 256.0);
   micro_batch(plain, *fp32, 0, 1, 5);
   micro_batch(scaled, *fp16, 0, 1, 5);
-  REQUIRE(plain.update());
-  REQUIRE(scaled.update());  // unscales the gradients in place before the (lr 0) step
+  plain.update();
+  scaled.update();  // unscales the gradients in place before the (lr 0) step
   const std::vector<float> g32 = all(*be, fp32->grads()), g16 = all(*be, fp16->grads());
   double worst = 0, largest = 0;
   for (size_t i = 0; i < g32.size(); ++i) {
@@ -244,9 +300,9 @@ TEST_CASE("TrainStep fp16: the loss scale cancels out of the gradients and grows
   CHECK(worst <= 1e-5 * largest);  // a power-of-two scale: equal up to rounding
   // Growth counts updates, whatever ran before them: 1999 more good ones keep the
   // scale, the 2000th doubles it.
-  for (int i = 1; i < 1999; ++i) REQUIRE(scaled.update());
+  for (int i = 1; i < 1999; ++i) scaled.update();
   CHECK(scaled.scaler().scale() == 256.0);
-  REQUIRE(scaled.update());
+  scaled.update();
   CHECK(scaled.scaler().scale() == 512.0);
   CHECK(scaled.skipped_steps() == 0);
 }

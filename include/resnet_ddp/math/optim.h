@@ -18,25 +18,69 @@ RD_HD float ema_average(float averaged, float current, float decay, float one_mi
 #endif
 }
 
+// fp16's step scalars (PyTorch AMP's GradScaler and the optimizer's step count), kept in
+// backend memory so that no host read decides whether a step is skipped: the unscale op
+// (Backend::amp_unscale) writes the verdict and advances the counts, and the update ops
+// given a pointer to it (`amp` in their hyper-parameters) skip on found_inf and take their
+// step count from `steps`. Doubles: one type, so a backend copies the block as it is.
+struct AmpStepState {
+  double loss_scale = 65536.0;
+  double good_steps = 0.0;  // finite steps in a row since the scale last changed
+  double found_inf = 0.0;   // the last unscaled step's verdict: 1, skipped
+  double steps = 0.0;       // optimizer steps taken, skipped ones not counted
+  double skipped = 0.0;     // steps skipped so far
+};
+
+// GradScaler.update with its defaults: an overflow halves the scale (not below 1) and
+// skips the step; 2000 finite steps in a row double it.
+RD_HD void amp_finish_step(AmpStepState& s, bool found_inf) {
+  s.found_inf = found_inf ? 1.0 : 0.0;
+  if (found_inf) {
+    s.loss_scale = fmax(s.loss_scale * 0.5, 1.0);
+    s.good_steps = 0.0;
+    s.skipped += 1.0;
+    return;
+  }
+  s.steps += 1.0;
+  s.good_steps += 1.0;
+  if (fmod(s.good_steps, 2000.0) == 0.0) s.loss_scale *= 2.0;
+}
+
+// The loss gradient's scale with the loss scale on the device: float(loss_scale / divisor),
+// rounded as the host's float(scale / group) was.
+RD_HD float amp_grad_scale(const AmpStepState& s, float divisor) {
+  return static_cast<float>(s.loss_scale / static_cast<double>(divisor));
+}
+
+// The factor that divides the loss scale out of the gradients.
+RD_HD float amp_unscale_factor(const AmpStepState& s) { return static_cast<float>(1.0 / s.loss_scale); }
+
 struct AdamHyper {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;       // 1 - beta1^t
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
 };
 
+// The bias corrections of step t (1-based), from the float betas the caller stated.
+RD_HD void adam_bias_corrections(AdamHyper& h, double t) {
+  h.bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), t));
+  h.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), t)));
+}
+
 // One Adam step as the caller states it (torch.optim.Adam's defaults); the
 // backends derive the per-step AdamHyper from it with adam_hyper().
 struct AdamArgs {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
   int64_t step = 1;  // 1-based count of steps taken, this one included
+  // Backend memory, may be null: the step count comes from amp->steps instead of `step`,
+  // and nothing changes when amp->found_inf is set.
+  const AmpStepState* amp = nullptr;
 };
 
 inline AdamHyper adam_hyper(const AdamArgs& a) {
   AdamHyper h{};
   h.lr = a.lr, h.beta1 = a.beta1, h.beta2 = a.beta2, h.eps = a.eps, h.weight_decay = a.weight_decay;
-  const double t = static_cast<double>(a.step);
-  h.bias_correction1 = static_cast<float>(1.0 - pow(static_cast<double>(a.beta1), t));
-  h.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(a.beta2), t)));
+  adam_bias_corrections(h, static_cast<double>(a.step));
   return h;
 }
 
@@ -52,6 +96,9 @@ struct SgdHyper {
   float lr, momentum, dampening, weight_decay;
   bool nesterov;
   bool first_step;  // PyTorch initialises the momentum buffer to the first gradient
+  // Backend memory, may be null: first_step is amp->steps == 1 instead, and nothing
+  // changes when amp->found_inf is set.
+  const AmpStepState* amp = nullptr;
 };
 
 RD_HD void sgd_update(float& p, float g, float& buf, const SgdHyper& h) {
@@ -94,7 +141,49 @@ struct SegmentHyper {
   float grad_divisor = 1.f;                      // LAMB's global clip (timm divides the gradient)
   bool nesterov = false;
   bool first_step = false;                       // SGD / LARS seed the momentum buffer with g
+  // The exact values the step-dependent scalars above come from (segment_step_scalars).
+  double exact_lr = 0.0, exact_beta1 = 0.9, exact_beta2 = 0.999;
+  // Backend memory, may be null: the step-dependent scalars are recomputed from amp->steps
+  // (segment_step_scalars), and nothing changes when amp->found_inf is set.
+  const AmpStepState* amp = nullptr;
 };
+
+// The scalars that depend on the step count t (1-based): SGD's first step, Adam's and
+// LAMB's bias corrections, Adam's step size (the division in double, as torch does).
+RD_HD void segment_step_scalars(SegmentHyper& h, double t, bool adam_moments) {
+  h.first_step = t == 1.0;
+  if (!adam_moments) return;
+  const double bias_correction1 = 1.0 - pow(h.exact_beta1, t);
+  h.bias_correction1 = static_cast<float>(bias_correction1);
+  h.step_size = static_cast<float>(h.exact_lr / bias_correction1);
+  h.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(h.exact_beta2, t)));
+}
+
+// Whether a rule keeps Adam's moments (bias-corrected by the step count).
+RD_HD bool segment_rule_uses_moments(SegmentRule r) {
+  return r == SegmentRule::Adam || r == SegmentRule::AdamW || r == SegmentRule::LambMoments;
+}
+
+// The hyper-parameters an update op applies: `h` itself, or, given an AmpStepState, those
+// of its step count; false: the step was skipped (found_inf) and nothing may change.
+RD_HD bool segment_hyper_for_step(SegmentHyper& h) {
+  if (!h.amp) return true;
+  if (h.amp->found_inf != 0.0) return false;
+  segment_step_scalars(h, h.amp->steps, segment_rule_uses_moments(h.rule));
+  return true;
+}
+RD_HD bool adam_hyper_for_step(AdamHyper& h, const AmpStepState* amp) {
+  if (!amp) return true;
+  if (amp->found_inf != 0.0) return false;
+  adam_bias_corrections(h, amp->steps);
+  return true;
+}
+RD_HD bool sgd_hyper_for_step(SgdHyper& h) {
+  if (!h.amp) return true;
+  if (h.amp->found_inf != 0.0) return false;
+  h.first_step = h.amp->steps == 1.0;
+  return true;
+}
 
 // One element of segment `decay`/`scale`, the rule a template argument: a loop over a
 // segment then holds one straight-line body that the CPU compiler vectorises (a switch per

@@ -37,7 +37,14 @@ class Optimizer {
   std::string type_name() const { return name_of(optimizer_names(), cfg_.type); }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
-  int64_t steps() const { return step_; }
+  // Steps taken (skipped fp16 steps not counted). With a device step count (use_device_step)
+  // a host read of it, which waits for the queued work: not for every step.
+  int64_t steps() const;
+
+  // fp16: the steps are decided and counted in the backend's memory (LossScaler's state):
+  // an update with found_inf set there changes nothing, and the step count (Adam's bias
+  // corrections, SGD's first step) is the device's.
+  void use_device_step(math::AmpStepState* state) { amp_ = state; }
 
   // One update of every parameter from the current gradients (clipped first when
   // set_clip_grad_norm was given a limit).
@@ -75,6 +82,7 @@ class Optimizer {
   OptimizerConfig cfg_;
   double lr_;
   int64_t step_ = 0;
+  math::AmpStepState* amp_ = nullptr;  // backend memory; null: the host counts the steps
   std::shared_ptr<void> state_[2];
   // Per-segment (parameter slice) tables: [begin, end) offsets, decay, scale, and norms.
   std::vector<int64_t> ranges_;
@@ -84,6 +92,9 @@ class Optimizer {
   double clip_grad_norm_ = 0.0;
   double last_grad_norm_ = 0.0;
 
+  math::AmpStepState read_device_step() const;
+  // True when the update ops take the verdict and the step count from amp_ themselves.
+  bool device_decides() const;
   void flat_step();
   void lars_step(math::SegmentHyper h);
   void lamb_step(math::SegmentHyper h);

@@ -29,20 +29,29 @@ namespace rd::train {
 
 // fp16 dynamic loss scaling with PyTorch AMP's GradScaler defaults: start at 2^16,
 // halve (not below 1) on an overflowing step, which is skipped, and double after
-// 2000 good steps in a row. Disabled, the scale is 1 and nothing is checked.
+// 2000 good steps in a row. The scale, the verdict and the counts live in the backend's
+// memory (math::AmpStepState): the loss op reads the scale there, the optimizer the
+// verdict, and no host read decides a step. Disabled, the scale is 1 and nothing is checked.
 class LossScaler {
  public:
-  explicit LossScaler(bool enabled, double initial = 65536.0) : enabled_(enabled), scale_(initial) {}
+  LossScaler(Backend& backend, bool enabled, double initial = 65536.0);
   bool enabled() const { return enabled_; }
-  double scale() const { return enabled_ ? scale_ : 1.0; }
-  // Divides the scale out of `grads` and checks them in one pass; false: the step
-  // must be skipped (some rank's loss or gradient was not finite).
-  bool unscale(Backend& backend, Arena& grads, bool any_nonfinite);
+  // Host reads of the device state (each waits for the queued work): for reports,
+  // checkpoints and tests, never per step.
+  double scale() const;
+  int64_t skipped_steps() const;
+  // The state in backend memory, null when disabled.
+  math::AmpStepState* device_state() const { return state_; }
+  // Queues the scale's division out of `grads`, the overflow check and GradScaler's
+  // update; `any_nonfinite`: some rank's loss was not finite (the step is skipped).
+  void unscale(Arena& grads, bool any_nonfinite);
 
  private:
+  math::AmpStepState read() const;
+  Backend& backend_;
   bool enabled_;
-  double scale_ = 65536.0;
-  int64_t good_steps_ = 0;
+  std::shared_ptr<void> memory_;
+  math::AmpStepState* state_ = nullptr;
 };
 
 class TrainStep {
@@ -81,12 +90,14 @@ class TrainStep {
   void reduce_partial_group();
 
   // One optimizer update from the reduced gradients (fp16: unscaled and checked
-  // first). `any_nonfinite`: some rank's loss was not finite. False: step skipped.
-  bool update(bool any_nonfinite = false);
+  // first, the skip decided on the device). `any_nonfinite`: some rank's loss was not
+  // finite; the update is skipped.
+  void update(bool any_nonfinite = false);
 
   LossScaler& scaler() { return scaler_; }
-  // Updates the loss scaler skipped so far (fp16: a non-finite gradient on some rank).
-  int64_t skipped_steps() const { return skipped_; }
+  // Updates skipped so far (fp16: a non-finite gradient on some rank; a host read of the
+  // device state, not for every step).
+  int64_t skipped_steps() const { return skipped_ + scaler_.skipped_steps(); }
   // Test hook (RD_INJECT_OVERFLOW_STEP, tests/gpu_emu): this rank's loss gradient
   // becomes inf at the given 1-based update, as an fp16 overflow would; the
   // all-reduce spreads it, so every rank must skip that update.
@@ -111,15 +122,15 @@ class TrainStep {
   dist::GradientReducer* reducer_;
   float label_smoothing_;
   LossScaler scaler_;
-  // forward's and forward_sums' common start: the model's forward; returns the loss gradient's scale.
-  float begin_forward(const Tensor& input, int micro, int group);
+  // forward's and forward_sums' common start: the model's forward.
+  void begin_forward(const Tensor& input, int micro, int group);
   void after_loss(int micro);
   // One graph per distinct set of addresses and constants its work was recorded with.
   struct GraphKey {
     const void* input;   // forward: the input; backward: the loss gradient
     const void* sums;    // forward: the step's sums slot
     int64_t rows;
-    float grad_scale;    // forward: the loss gradient's scale (fp16's changes)
+    float grad_scale;    // forward: the loss op's grad_scale (from the accumulation group)
     bool accumulate;     // backward: a later micro-batch adds to the gradients
     bool forward;
     auto operator<=>(const GraphKey&) const = default;

@@ -545,9 +545,11 @@ void CpuBackend::stage_loss_labels_impl(const int32_t*, const int32_t*, const in
 
 void CpuBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                         float lam, float smoothing, float grad_scale, Tensor* dlogits,
-                                        const int32_t* accuracy_targets, double* sums) {
+                                        const int32_t* accuracy_targets, double* sums,
+                                        const math::AmpStepState* amp) {
   const size_t n = static_cast<size_t>(logits.shape[0]);
   sum_predictions_.resize(n);
+  if (amp) grad_scale = math::amp_grad_scale(*amp, grad_scale);  // this backend's memory is the host's
   const double loss =
       partner_labels ? softmax_xent_mixed_impl(logits, labels, partner_labels, lam, smoothing, grad_scale, dlogits,
                                                sum_predictions_.data())
@@ -576,9 +578,15 @@ double CpuBackend::timing_seconds(int from, int to) {
 
 // ---- optimizers -------------------------------------------------------------------------
 
+void CpuBackend::amp_unscale_impl(float* grads, size_t count, math::AmpStepState* state, bool found_inf_elsewhere) {
+  const bool finite = unscale_and_check(grads, math::amp_unscale_factor(*state), count);
+  math::amp_finish_step(*state, found_inf_elsewhere || !finite);
+}
+
 void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,
                                 const math::AdamArgs& a) {
-  const math::AdamHyper h = math::adam_hyper(a);
+  math::AdamHyper h = math::adam_hyper(a);
+  if (!math::adam_hyper_for_step(h, a.amp)) return;
   // firstprivate: each thread's own copy, which the stores to p, m, v cannot alias. Shared,
   // GCC 12 reloaded h every element and, without AVX-512's masks, kept the loop scalar.
 #pragma omp parallel for simd schedule(static) firstprivate(h)
@@ -588,7 +596,8 @@ void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, si
 void CpuBackend::sgd_step_impl(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h) {
   // Two loops, not `buf ? buf[i] : local` in one: that select kept the loop scalar. A
   // private copy of h, as in adam_step_impl: a shared one kept AVX2 builds scalar.
-  const math::SgdHyper hp = h;
+  math::SgdHyper hp = h;
+  if (!math::sgd_hyper_for_step(hp)) return;
   if (buf) {
 #pragma omp parallel for simd schedule(static) firstprivate(hp)
     for (size_t i = 0; i < count; ++i) math::sgd_update(p[i], g[i], buf[i], hp);
@@ -667,8 +676,10 @@ void segment_ranges_with_state(float* p, float* g, float* s0, float* s1, const i
 }  // namespace
 
 void CpuBackend::segment_step_impl(float* p, float* g, float* s0, float* s1, const int64_t* ranges, size_t segments,
-                                   const float* decay, const float* scale, const math::SegmentHyper& h) {
+                                   const float* decay, const float* scale, const math::SegmentHyper& step_hyper) {
   using math::SegmentRule;
+  math::SegmentHyper h = step_hyper;
+  if (!math::segment_hyper_for_step(h)) return;
   auto run = [&](auto rule) {
     segment_ranges_with_state<decltype(rule)::value>(p, g, s0, s1, ranges, segments, decay, scale, h);
   };

@@ -652,7 +652,7 @@ double CudaBackend::softmax_xent_impl(const Tensor& logits, const int32_t* label
   auto* host = static_cast<unsigned char*>(loss_host_.get(N * 12, "pinned loss results"));
   std::memcpy(host, labels, N * 4);
   RD_CUDA(cudaMemcpyAsync(lab, host, N * 4, cudaMemcpyHostToDevice, compute_));
-  kern::softmax_xent(logits.f32(), lab, n, k, smoothing, grad_scale / static_cast<float>(n),
+  kern::softmax_xent(logits.f32(), lab, n, k, smoothing, kern::RowGradScale{grad_scale, nullptr},
                      dlogits ? dlogits->f32() : nullptr, loss, amax, compute_);
   RD_CUDA(cudaMemcpyAsync(host + N * 4, loss, N * 4, cudaMemcpyDeviceToHost, compute_));
   RD_CUDA(cudaMemcpyAsync(host + N * 8, amax, N * 4, cudaMemcpyDeviceToHost, compute_));
@@ -714,7 +714,8 @@ void CudaBackend::stage_loss_labels_impl(const int32_t* labels, const int32_t* p
 
 void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* labels, const int32_t* partner_labels,
                                          float lam, float smoothing, float grad_scale, Tensor* dlogits,
-                                         const int32_t* accuracy_targets, double* sums) {
+                                         const int32_t* accuracy_targets, double* sums,
+                                         const math::AmpStepState* amp) {
   check_matrix(logits, -1, -1, "softmax_xent_sums", "logits");
   const int64_t n = logits.shape[0], k = logits.shape[1];
   if (n == 0) return;
@@ -738,7 +739,7 @@ void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* la
   float* loss = row_loss_device_.as<float>(N, "row losses");
   int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");
   float* dz = dlogits ? dlogits->f32() : nullptr;
-  const float row_scale = grad_scale / static_cast<float>(n);
+  const kern::RowGradScale row_scale{grad_scale, amp};
   if (partner_labels)
     kern::softmax_xent_mixed(logits.f32(), lab, n, k, lam, smoothing, row_scale, dz, loss, amax, compute_);
   else
@@ -785,7 +786,7 @@ double CudaBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t*
   std::memcpy(host, labels, N * 4);
   std::memcpy(host + N * 4, partner_labels, N * 4);
   RD_CUDA(cudaMemcpyAsync(lab, host, N * 8, cudaMemcpyHostToDevice, compute_));
-  kern::softmax_xent_mixed(logits.f32(), lab, n, k, lam, smoothing, grad_scale / static_cast<float>(n),
+  kern::softmax_xent_mixed(logits.f32(), lab, n, k, lam, smoothing, kern::RowGradScale{grad_scale, nullptr},
                            dlogits ? dlogits->f32() : nullptr, loss, amax, compute_);
   RD_CUDA(cudaMemcpyAsync(host + N * 8, loss, N * 4, cudaMemcpyDeviceToHost, compute_));
   RD_CUDA(cudaMemcpyAsync(host + N * 12, amax, N * 4, cudaMemcpyDeviceToHost, compute_));
@@ -799,9 +800,16 @@ double CudaBackend::softmax_xent_mixed_impl(const Tensor& logits, const int32_t*
 
 // ---- optimizers ------------------------------------------------------------------------------------------
 
+void CudaBackend::amp_unscale_impl(float* grads, size_t count, math::AmpStepState* state,
+                                   bool found_inf_elsewhere) {
+  int* flag = flag_device_.as<int>(1, "non-finite flag");
+  RD_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), compute_));
+  kern::amp_unscale(grads, count, state, flag, found_inf_elsewhere, compute_);
+}
+
 void CudaBackend::adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
                                  const math::AdamArgs& a) {
-  kern::adam_step(params, grads, m, v, count, math::adam_hyper(a), compute_);
+  kern::adam_step(params, grads, m, v, count, math::adam_hyper(a), a.amp, compute_);
   weights_changed_by_optimizer();
 }
 
