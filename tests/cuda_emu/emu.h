@@ -120,9 +120,17 @@ enum class Counter {
   NcclRecv,
   KernelLaunches,  // RD_LAUNCH, and every cuBLAS/cuDNN compute call
   GraphLaunches,   // cudaGraphLaunch
+  QueryNotReadyFirst,  // not-ready queries that start a poll (none of the same handle just before)
+  QueryNotReadyGapUs,  // host microseconds between two not-ready queries of one stream or event
   kCount
 };
 void count(Counter c);
+// A stream or event query starts (`handle`: the stream or event) / answered cudaErrorNotReady:
+// counts QueryNotReady, and the host time since this thread's previous not-ready query of
+// the same handle (the poller's sleep; the emulated work inside the queries is left out),
+// or QueryNotReadyFirst when that query was of another handle.
+void query_started(const void* handle);
+void query_not_ready(const void* handle);
 // Every counter by its RD_EMU_STATS name, the totals (host_waits, nccl) included.
 std::map<std::string, uint64_t> stats_snapshot();
 

@@ -1002,6 +1002,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  query_started(s);  // before the lock: waiting for another thread's call is emulated device time
   Lock lock(api_lock());
   CUstream_st* st = stream_of(s, "cudaStreamQuery");
   if (st->capture) {
@@ -1017,7 +1018,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (!pick) fault("cudaStreamQuery: streams wait for each other's events (deadlock):" + pending_summary());
     if (!step(pick)) {
       advance_others(pick);  // as run_until: the device does not idle while the host polls
-      count(Counter::QueryNotReady);
+      query_not_ready(s);
       return cudaErrorNotReady;
     }
   }
@@ -1118,6 +1119,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  query_started(e);
   Lock lock(api_lock());
   CUevent_st* ev = event_of(e, "cudaEventQuery");
   if (ev->captured_in) {  // its work is not scheduled to run: conflicts in every mode
@@ -1136,7 +1138,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!pick) fault("cudaEventQuery: streams wait for each other's events (deadlock):" + pending_summary());
     if (!step(pick)) {
       advance_others(pick);
-      count(Counter::QueryNotReady);
+      query_not_ready(e);
       return cudaErrorNotReady;
     }
   }

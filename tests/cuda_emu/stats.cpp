@@ -4,6 +4,7 @@
 // A fault (_exit) writes nothing, so a budget test reading the file fails loudly
 // instead of reading counts of a run that did not finish.
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,10 @@ const char* name_of(Counter c) {
       return "kernel_launches";
     case Counter::GraphLaunches:
       return "graph_launches";
+    case Counter::QueryNotReadyFirst:
+      return "query_not_ready_first";
+    case Counter::QueryNotReadyGapUs:
+      return "query_not_ready_gap_us";
     case Counter::kCount:
       break;
   }
@@ -123,6 +128,37 @@ struct ExitWriter {
 }  // namespace
 
 void count(Counter c) { g_counts[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed); }
+
+namespace {
+// This thread's last not-ready query, and the start of the query now running.
+struct QueryPoll {
+  bool armed = false;  // a not-ready answer is on record
+  const void* handle = nullptr;  // the default stream's handle is null too
+  std::chrono::steady_clock::time_point answered, started;
+};
+thread_local QueryPoll t_poll;
+}  // namespace
+
+void query_started(const void* handle) {
+  t_poll.started = std::chrono::steady_clock::now();
+  if (t_poll.handle != handle) t_poll.armed = false;
+}
+
+void query_not_ready(const void* handle) {
+  count(Counter::QueryNotReady);
+  // Only gaps between two not-ready answers: a poll that finds the work done adds nothing,
+  // so a single query costs what the other counters say.
+  if (t_poll.armed && t_poll.handle == handle) {
+    const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(t_poll.started - t_poll.answered);
+    g_counts[static_cast<int>(Counter::QueryNotReadyGapUs)].fetch_add(static_cast<uint64_t>(gap.count()),
+                                                                       std::memory_order_relaxed);
+  } else {
+    count(Counter::QueryNotReadyFirst);
+  }
+  t_poll.armed = true;
+  t_poll.handle = handle;
+  t_poll.answered = std::chrono::steady_clock::now();
+}
 
 std::map<std::string, uint64_t> stats_snapshot() {
   std::map<std::string, uint64_t> out;

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -162,8 +163,19 @@ TEST_CASE("emu stats: NCCL calls by kind, and queries that answered not ready", 
   cudaEvent_t after_recv;
   REQUIRE(cudaEventCreateWithFlags(&after_recv, cudaEventDisableTiming) == cudaSuccess);
   REQUIRE(cudaEventRecord(after_recv, a) == cudaSuccess);
-  CHECK(moved_by([&] { REQUIRE(cudaStreamQuery(a) == cudaErrorNotReady); }) == host_wait("query_not_ready"));
-  CHECK(moved_by([&] { REQUIRE(cudaEventQuery(after_recv) == cudaErrorNotReady); }) == host_wait("query_not_ready"));
+  // Each starts a poll (the query before it was of another handle, or none).
+  Counts first_poll = host_wait("query_not_ready");
+  first_poll["query_not_ready_first"] = 1;
+  CHECK(moved_by([&] { REQUIRE(cudaStreamQuery(a) == cudaErrorNotReady); }) == first_poll);
+  CHECK(moved_by([&] { REQUIRE(cudaEventQuery(after_recv) == cudaErrorNotReady); }) == first_poll);
+  // Polled again after a pause: the same poll, and the host time between the two not-ready
+  // answers is counted (what a poller's sleeps cost), the emulated work inside the queries is not.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  Counts polled_again = moved_by([&] { REQUIRE(cudaEventQuery(after_recv) == cudaErrorNotReady); });
+  CHECK(polled_again["query_not_ready_gap_us"] >= 3000);
+  CHECK(polled_again["query_not_ready_gap_us"] < 3'000'000);
+  polled_again.erase("query_not_ready_gap_us");
+  CHECK(polled_again == host_wait("query_not_ready"));
   CHECK(moved_by([&] { REQUIRE(ncclSend(x, 8, ncclFloat32, 0, comm, b) == ncclSuccess); }) == nccl_call("send"));
   REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
@@ -301,7 +313,9 @@ TEST_CASE("emu stats: RD_EMU_STATS writes PATH.rank<R> when any thread calls exi
                            "nccl.send",
                            "nccl.recv",
                            "kernel_launches",
-                           "graph_launches"})
+                           "graph_launches",
+                           "query_not_ready_first",
+                           "query_not_ready_gap_us"})
     CHECK(file.count(name) == 1);
   std::remove((base + ".rank3").c_str());
   rmdir(dir.c_str());

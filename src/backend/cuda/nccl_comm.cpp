@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -32,6 +33,35 @@ Clock::time_point deadline_after(double seconds) {
 }
 
 class NcclComm;
+
+// Note [Bounded host polling]
+// A host wait on a collective polls its completion event. The first kQuickPolls polls
+// come every kQuickPollSleep, so a short collective (a small all-reduce, a bucket that
+// finished with backward) is seen within 20 us; after them each sleep doubles, up to
+// kMaxPollSleep. No sleep is longer than the time already waited, so the event is seen
+// at most min(time waited, kMaxPollSleep) late, and a wait finds the collective still
+// running at most kPollsBeforeCap + S / kMaxPollSleep times, S the host time between
+// those polls (on a GPU, where a query returns at once, the wait's length;
+// tests/gpu_emu/step_budget.sh holds the trainer's steps to this bound). A fixed 20 us
+// poll would keep a host thread busy for the whole of every exposed collective, taking a
+// core from the loader workers.
+class PollBackoff {
+ public:
+  static constexpr std::chrono::microseconds kQuickPollSleep{20};
+  static constexpr int kQuickPolls = 5;
+  static constexpr std::chrono::microseconds kMaxPollSleep{500};
+  // Quick polls, the doubling sleeps 40..320 us, and the first capped one.
+  static constexpr int kPollsBeforeCap = kQuickPolls + 5;
+
+  void sleep() {
+    std::this_thread::sleep_for(next_);
+    if (++slept_ >= kQuickPolls) next_ = std::min(next_ * 2, kMaxPollSleep);
+  }
+
+ private:
+  std::chrono::microseconds next_ = kQuickPollSleep;
+  int slept_ = 0;
+};
 
 // Note [One rank, no NCCL]
 // With one rank every collective is the identity: a sum or average over one rank is
@@ -225,15 +255,17 @@ class NcclComm final : public dist::Comm {
   }
   void progress() override {}  // NCCL progresses on the GPU by itself
 
-  // Host wait for `ev` with the collective deadline, NCCL error and lost-peer checks.
+  // Host wait for `ev` with the collective deadline, NCCL error and lost-peer checks,
+  // polling as Note [Bounded host polling] says.
   void wait_event(cudaEvent_t ev, const std::string& what) {
     const Clock::time_point deadline = deadline_after(timeout_s_);
+    PollBackoff backoff;
     for (;;) {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) fail_cuda(e, ("cudaEventQuery (" + what + ")").c_str(), __FILE__, __LINE__);
       poll_health(what, deadline);
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      backoff.sleep();
     }
   }
   bool query_event(cudaEvent_t ev, const std::string& what) {
