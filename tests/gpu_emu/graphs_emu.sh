@@ -30,7 +30,7 @@ source "$(dirname "$0")/common.sh" graphs
 
 # 26 images a rank in batches of 4: 7 steps an epoch, the last one of 2 images (another shape).
 "$CPU_BIN" synth --out "$WORK/data" --train "$TRAIN" --val 8 --size 32x32 --format png --threads 1 >/dev/null
-COMMON=(--device cuda --data "$WORK/data" --arch resnet18 --image-size 32 --threads 1 --workers 1 --batch-size 4
+COMMON=(--device cuda --data "$WORK/data" --arch resnet_tiny --image-size 32 --threads 1 --workers 1 --batch-size 4
   --augment none --epochs 2 --log-every 1 --progress lines --tensorboard off --lr 1e-3 --seed 3)
 
 # run ON|OFF ARGS...: one training run; log, counters and checkpoints under $WORK/ON|OFF.
