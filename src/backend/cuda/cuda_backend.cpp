@@ -698,16 +698,22 @@ int32_t* CudaBackend::stage_labels(size_t ints, const int32_t* const* parts, siz
   return dev;
 }
 
+// The loss's host arrays on the device as its kernels read them: labels, then partners
+// (mixed loss), then accuracy targets, n each.
+int32_t* CudaBackend::stage_loss_arrays(const int32_t* labels, const int32_t* partner_labels,
+                                        const int32_t* accuracy_targets, size_t n, Scratch& device) {
+  const int32_t* plain[2] = {labels, accuracy_targets};
+  const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
+  return partner_labels ? stage_labels(3 * n, mixed, n, device) : stage_labels(2 * n, plain, n, device);
+}
+
 void CudaBackend::stage_loss_labels_impl(const int32_t* labels, const int32_t* partner_labels,
                                          const int32_t* accuracy_targets, int64_t n) {
   RD_CHECK(!recording_, "stage_loss_labels: called while a graph is recorded; stage before graph_begin");
-  const size_t N = static_cast<size_t>(n);
-  const int32_t* plain[2] = {labels, accuracy_targets};
-  const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
   // Its own device buffer: an eager loss before the launch must not overwrite it.
-  staged_loss_labels_ = N == 0                ? nullptr
-                        : partner_labels ? stage_labels(3 * N, mixed, N, graph_labels_device_)
-                                         : stage_labels(2 * N, plain, N, graph_labels_device_);
+  staged_loss_labels_ =
+      n == 0 ? nullptr
+             : stage_loss_arrays(labels, partner_labels, accuracy_targets, static_cast<size_t>(n), graph_labels_device_);
   staged_loss_rows_ = n;
   staged_loss_partners_ = partner_labels != nullptr;
 }
@@ -720,9 +726,6 @@ void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* la
   const int64_t n = logits.shape[0], k = logits.shape[1];
   if (n == 0) return;
   const size_t N = static_cast<size_t>(n);
-  // Device labels as the kernels read them: labels, then partners (mixed), then targets.
-  const int32_t* plain[2] = {labels, accuracy_targets};
-  const int32_t* mixed[3] = {labels, partner_labels, accuracy_targets};
   const int32_t* lab = nullptr;
   if (recording_) {
     // Staging waits on the host for a free pinned slot, which a graph cannot record: the
@@ -733,8 +736,7 @@ void CudaBackend::softmax_xent_sums_impl(const Tensor& logits, const int32_t* la
                                                                                      << " first");
     lab = staged_loss_labels_;
   } else {
-    lab = partner_labels ? stage_labels(3 * N, mixed, N, sum_labels_device_)
-                         : stage_labels(2 * N, plain, N, sum_labels_device_);
+    lab = stage_loss_arrays(labels, partner_labels, accuracy_targets, N, sum_labels_device_);
   }
   float* loss = row_loss_device_.as<float>(N, "row losses");
   int32_t* amax = argmax_device_.as<int32_t>(N, "predictions");

@@ -275,6 +275,8 @@ class CudaBackend final : public Backend {
   size_t next_label_slot_ = 0;
   Scratch sum_labels_device_, graph_labels_device_;  // eager losses' labels; stage_loss_labels'
   int32_t* stage_labels(size_t ints, const int32_t* const* parts, size_t n, Scratch& device);
+  int32_t* stage_loss_arrays(const int32_t* labels, const int32_t* partner_labels, const int32_t* accuracy_targets,
+                             size_t n, Scratch& device);
   // copy_to_host_queued: the copies land in pinned memory (one event after the last), and
   // wait_queued_copies moves them to their destinations.
   struct QueuedCopy {
