@@ -143,16 +143,37 @@ void GradientBucketer::fire(size_t b) {
   stats_.allreduce_calls += 1;
 }
 
-void GradientBucketer::finish() {
+bool GradientBucketer::fire_remaining() {
   if (!armed_) begin_backward();
   armed_ = false;
-  if (!sync_) return;
-  const Clock::time_point t0 = Clock::now();
+  if (!sync_) return false;
   while (next_to_fire_ < buckets_.size()) fire(next_to_fire_++);
+  return true;
+}
+
+void GradientBucketer::finish() {
+  const Clock::time_point t0 = Clock::now();
+  if (!fire_remaining()) return;
   for (auto& r : requests_) r->wait();
   requests_.clear();
   if (progress_) progress_->set_active(false);
   stats_.exposed_comm_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  stats_.steps += 1;
+}
+
+void GradientBucketer::finish_on_device() {
+  if (!fire_remaining()) return;
+  for (auto& r : requests_) r->wait_on_device();
+  requests_.clear();
+  if (progress_) progress_->set_active(false);
+  stats_.steps += 1;
+}
+
+void GradientBucketer::count_replayed_pass() {
+  armed_ = false;
+  if (!sync_) return;
+  for (const Bucket& b : buckets_) stats_.bytes_allreduced += b.count * sizeof(float);
+  stats_.allreduce_calls += buckets_.size();
   stats_.steps += 1;
 }
 

@@ -73,6 +73,26 @@ struct GradBuffers {
   Tensor p, q, r, u;
 };
 
+// The largest activation one of those buffers holds in a backward pass, noted during the
+// forward. The buffers are sized for it before the pass: one grown midway would leave the
+// layers behind it holding views of the old storage, freed only when the next pass
+// rebinds them, and memory freed in the second step keeps CUDA graphs (which need a step
+// that allocates and frees nothing) from recording until the fourth.
+struct GradNeed {
+  Shape shape{};
+  Layout layout = Layout::NCHW;
+  int64_t elems = 0;
+  void note(const Tensor& t) {
+    if (t.storage_elems() <= elems) return;
+    elems = t.storage_elems();
+    shape = t.shape;
+    layout = t.layout;
+  }
+  void reserve(Backend& be, Tensor& buf) const {
+    if (elems) ensure_tensor(be, buf, shape, layout);
+  }
+};
+
 // A residual block: main path + optional downsample (1x1 conv + BN) + add + ReLU.
 class Block {
  public:
@@ -156,6 +176,7 @@ class Block {
   }
 
   int out_channels = 0;
+  bool has_downsample() const { return down_conv_ != nullptr; }
 
  private:
   std::vector<Conv2d> convs_;
@@ -186,6 +207,9 @@ struct ResNet::Impl {
 
   Tensor input;
   nn::GradBuffers grad_buffers;
+  // P and R hold any activation's gradient, Q a block's output's, U a downsampling
+  // block's input's (Block::backward).
+  nn::GradNeed any_grad, block_out_grad, down_in_grad;
   const Tensor* logits = nullptr;
   Tensor input_grad;
 
@@ -288,8 +312,14 @@ const Tensor& ResNet::forward(const Tensor& x) {
   if (m.training) ++m.num_batches_tracked;
   const Tensor* h = &m.conv1->forward(ctx, x);
   h = &m.bn1->forward(ctx, *h);
+  m.any_grad.note(*h);
   h = &m.maxpool.forward(ctx, *h);
-  for (auto& blk : m.blocks) h = &blk->forward(ctx, *h);
+  for (auto& blk : m.blocks) {
+    if (blk->has_downsample()) m.down_in_grad.note(*h);
+    h = &blk->forward(ctx, *h);
+    m.any_grad.note(*h);
+    m.block_out_grad.note(*h);
+  }
   h = &m.avgpool.forward(ctx, *h);
   h = &m.fc0->forward(ctx, *h);
   if (m.fc2) {
@@ -323,6 +353,10 @@ void ResNet::backward(const Tensor& dlogits, bool accumulate, BackwardHooks* hoo
   }
   g = &m.fc0->backward(ctx, *g);
   nn::GradBuffers& buf = m.grad_buffers;
+  m.any_grad.reserve(*m.backend, buf.p);
+  m.any_grad.reserve(*m.backend, buf.r);
+  m.block_out_grad.reserve(*m.backend, buf.q);
+  m.down_in_grad.reserve(*m.backend, buf.u);
   g = &m.avgpool.backward(ctx, *g, &buf.p);
   for (size_t i = m.blocks.size(); i-- > 0;) g = &m.blocks[i]->backward(ctx, *g, buf);
   g = &m.maxpool.backward(ctx, *g, &buf.r);

@@ -120,6 +120,7 @@ template <class Work> bool TrainStep::replay_or_record(const GraphKey& key, Work
   GraphKey shape = key;
   shape.sums = nullptr;
   shape.grad_scale = 0.f;
+  shape.mark = -1;
   // Settled: the last eager run of this shape allocated and freed nothing, and nothing
   // has since (a shape's buffers may have been given back and re-made elsewhere meanwhile).
   const auto entry = settled_.try_emplace(shape, kUnsettled).first;
@@ -163,7 +164,9 @@ TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
     backend_.synchronize();
     return {seconds_between(t0, Clock::now()), 0.0};
   }
-  reducer_->set_sync(micro_ == group_ - 1);
+  const bool sync = micro_ == group_ - 1;
+  reducer_->set_sync(sync);
+  if (graphs_on_ && reducer_->waits_on_device()) return backward_reduce_on_device(backward_mark, sync);
   const double exposed_before = reducer_->exposed_comm_s();
   const auto t0 = Clock::now();
   reducer_->begin_backward();
@@ -180,6 +183,27 @@ TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
   const double exposed = reducer_->exposed_comm_s() - exposed_before;
   if (!host_timing) return {0.0, exposed};
   return {seconds_between(t0, t1), std::max(exposed, seconds_between(t1, t2))};
+}
+
+// The backward and its buckets with no host wait, so the pass can be recorded: the compute
+// stream waits for the buckets, and the host for that stream at the next read-back, with
+// the collective deadline (CudaBackend::wait_queued_copies). Every rank issues the same
+// collectives in the same order, recorded, replayed or eager. The timing mark sits inside
+// the recorded pass, so the step split still tells backward from exposed communication.
+TrainStep::Seconds TrainStep::backward_reduce_on_device(int backward_mark, bool sync) {
+  const bool accumulate = micro_ > 0;
+  const auto t0 = Clock::now();
+  const GraphKey key{dlogits_.data, nullptr, dlogits_.shape[0], 0.f, accumulate, false, sync, backward_mark};
+  const bool replayed = replay_or_record(key, [&] {
+    reducer_->begin_backward();
+    model_.backward(dlogits_, accumulate, reducer_);
+    if (backward_mark >= 0) backend_.timing_mark(backward_mark);
+    reducer_->finish_on_device();
+  });
+  if (replayed) reducer_->count_replayed_pass();
+  if (backward_mark >= 0) return {};
+  backend_.synchronize();  // the split from the host: backward and its buckets together
+  return {seconds_between(t0, Clock::now()), 0.0};
 }
 
 void TrainStep::reduce_partial_group() {

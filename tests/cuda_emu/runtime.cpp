@@ -407,6 +407,10 @@ struct CUevent_st {
   // Last recorded inside a capture in progress: that capture and the record's slot in it.
   rd::emu::Capture* captured_in = nullptr;
   size_t captured_slot = 0;
+  // Last recorded in a capture (ended or not): that record orders streams inside the graph
+  // and records nothing the host can see, so the host may not wait for or time it (the
+  // driver answers "invalid argument"; cudaEventRecordExternal is the way to do that).
+  bool recorded_in_graph = false;
   // Records complete in any order when they sit on different streams; each wait
   // needs its own record (CUDA: the one most recent at cudaStreamWaitEvent time).
   uint64_t done_upto = 0;              // every generation <= this has completed
@@ -482,6 +486,9 @@ struct GraphOp {
   std::function<bool()> done;
   size_t branch = 0;
   size_t slot = 0;
+  // Record only: an event recorded with cudaEventRecordExternal (an event record node).
+  // Each launch records that event itself, so the host may query or time it afterwards.
+  CUevent_st* external = nullptr;
 };
 
 struct Capture {
@@ -552,6 +559,7 @@ void capture_op(CUstream_st* s, Op op) {
   g.run = std::move(op.run);
   g.done = std::move(op.done);
   g.branch = s->branch;
+  if (op.kind == Op::Record) g.external = op.event;  // ordinary records become slots instead
   c->ops.push_back(std::move(g));
   c->clock(s->branch)[s->branch] = ++c->work[s->branch];
 }
@@ -1097,6 +1105,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (Capture* c = st->capture) {
     if (c->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
     ev->captured_in = c;
+    ev->recorded_in_graph = true;
     ev->captured_slot = c->slot_clocks.size();
     c->slot_clocks.push_back(c->clock(st->branch));
     c->events.push_back(ev);
@@ -1109,12 +1118,31 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return cudaSuccess;
   }
   ev->captured_in = nullptr;  // this record replaces one made in a capture
+  ev->recorded_in_graph = false;
   Op op;
   op.kind = Op::Record;
   op.what = "cudaEventRecord(event #" + std::to_string(ev->id) + ")";
   op.event = ev;
   op.generation = ++ev->recorded;
   push(st, std::move(op));
+  return cudaSuccess;
+}
+
+// cudaEventRecordExternal: inside a capture an event record node (each launch records the
+// event, which the host may then query, wait for or time); the flag is invalid outside one.
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags) {
+  if (!(flags & cudaEventRecordExternal)) return cudaEventRecord(e, s);
+  Lock lock(api_lock());
+  CUevent_st* ev = event_of(e, "cudaEventRecordWithFlags");
+  CUstream_st* st = stream_of(s, "cudaEventRecordWithFlags");
+  if (!st->capture) return set_error(cudaErrorInvalidValue);
+  if (st->capture->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+  ev->recorded_in_graph = false;
+  Op op;
+  op.kind = Op::Record;
+  op.what = "cudaEventRecordWithFlags(event #" + std::to_string(ev->id) + ", external)";
+  op.event = ev;
+  capture_op(st, std::move(op));
   return cudaSuccess;
 }
 
@@ -1127,6 +1155,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     return set_error(cudaErrorCapturedEvent);
   }
   if (forbidden_during_capture("cudaEventQuery")) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (ev->recorded_in_graph) return set_error(cudaErrorInvalidValue);
   const uint64_t target = ev->recorded;
   while (!ev->done(target)) {
     CUstream_st* holder = nullptr;
@@ -1154,6 +1183,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     return set_error(cudaErrorCapturedEvent);
   }
   if (forbidden_during_capture("cudaEventSynchronize")) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (ev->recorded_in_graph) return set_error(cudaErrorInvalidValue);
   const uint64_t target = ev->recorded;
   CUstream_st* holder = nullptr;
   for (CUstream_st* t : sched().streams)
@@ -1167,7 +1197,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   Lock lock(api_lock());
   CUevent_st* a = event_of(start, "cudaEventElapsedTime");
   CUevent_st* b = event_of(end, "cudaEventElapsedTime");
-  if (!ms) return set_error(cudaErrorInvalidValue);
+  if (!ms || a->recorded_in_graph || b->recorded_in_graph) return set_error(cudaErrorInvalidValue);
   if (!a->done(a->recorded) || !b->done(b->recorded)) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
   return cudaSuccess;
@@ -1487,7 +1517,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     CUstream_st* t = g.branch == 0 ? st : x->side[g.branch - 1];
     switch (g.kind) {
       case Op::Record:
-        record(t, x->slot_events[g.slot], g.what);
+        record(t, g.external ? g.external : x->slot_events[g.slot], g.what);
         break;
       case Op::Wait:
         wait_for(t, x->slot_events[g.slot], g.what);

@@ -479,6 +479,53 @@ TEST_CASE("capture: another thread's cudaMalloc invalidates a global capture, no
   CHECK(local.err.find("capture invalidated") == std::string::npos);
 }
 
+TEST_CASE("capture: an external event record inside a graph is recorded by each launch", "[gpu_emu][capture]") {
+  World w = make_world();
+  cudaEvent_t before_touch{}, mark{};
+  CUDA_REQUIRE(cudaEventCreate(&before_touch));
+  CUDA_REQUIRE(cudaEventCreate(&mark));
+  // Outside a capture the flag is invalid (the driver's documentation).
+  CHECK(cudaEventRecordWithFlags(mark, w.s, cudaEventRecordExternal) == cudaErrorInvalidValue);
+  CUDA_REQUIRE(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeThreadLocal));
+  RD_LAUNCH(touch_kernel, 1, 64, 0, w.s)(w.d);
+  CUDA_REQUIRE(cudaEventRecordWithFlags(mark, w.s, cudaEventRecordExternal));
+  RD_LAUNCH(touch_kernel, 1, 64, 0, w.s)(w.d);
+  cudaGraph_t g = nullptr;
+  CUDA_REQUIRE(cudaStreamEndCapture(w.s, &g));
+  cudaGraphExec_t x = nullptr;
+  CUDA_REQUIRE(cudaGraphInstantiate(&x, g, 0));
+  for (int launch = 1; launch <= 2; ++launch) {
+    CUDA_REQUIRE(cudaEventRecord(before_touch, w.s));
+    CUDA_REQUIRE(cudaGraphLaunch(x, w.s));
+    // The host waits for the mark alone: the graph's first kernel ran, perhaps not the second.
+    CUDA_REQUIRE(cudaEventSynchronize(mark));
+    CHECK(w.d[0] >= static_cast<float>(2 * launch - 1));
+    float ms = -1.f;
+    CUDA_REQUIRE(cudaEventElapsedTime(&ms, before_touch, mark));
+    CHECK(ms >= 0.f);
+    CUDA_REQUIRE(cudaStreamSynchronize(w.s));
+    CHECK(w.d[0] == static_cast<float>(2 * launch));
+  }
+  CUDA_REQUIRE(cudaGraphExecDestroy(x));
+  CUDA_REQUIRE(cudaGraphDestroy(g));
+  // A plain record in a capture only orders the graph's streams: the host may not wait for
+  // or time it, until an eager record replaces it.
+  CUDA_REQUIRE(cudaStreamBeginCapture(w.s, cudaStreamCaptureModeThreadLocal));
+  CUDA_REQUIRE(cudaEventRecord(mark, w.s));
+  CUDA_REQUIRE(cudaStreamEndCapture(w.s, &g));
+  CUDA_REQUIRE(cudaGraphInstantiate(&x, g, 0));
+  CUDA_REQUIRE(cudaGraphLaunch(x, w.s));
+  float ms = 0.f;
+  CHECK(cudaEventElapsedTime(&ms, before_touch, mark) == cudaErrorInvalidValue);
+  CHECK(cudaEventSynchronize(mark) == cudaErrorInvalidValue);
+  CHECK(cudaEventQuery(mark) == cudaErrorInvalidValue);
+  CUDA_REQUIRE(cudaEventRecord(mark, w.s));
+  CUDA_REQUIRE(cudaEventSynchronize(mark));
+  CUDA_REQUIRE(cudaEventElapsedTime(&ms, before_touch, mark));
+  CUDA_REQUIRE(cudaGraphExecDestroy(x));
+  CUDA_REQUIRE(cudaGraphDestroy(g));
+}
+
 TEST_CASE("capture: a fork not joined back, and the host-side checks of the libraries at capture time",
           "[gpu_emu][capture]") {
   World w = make_world();

@@ -113,14 +113,16 @@ budget fp16_1rank 1 0 0 0 --precision fp16
 budget ema_1rank 1 1 0 0 --precision fp32 --model-ema --model-ema-steps 1
 # MixUp / CutMix: the mixed copy of the input is allocated once (warm-up), then reused.
 budget mixing_1rank 1 1 0 0 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0
-# Two ranks: the collectives as the eager step issues them (a replayed forward graph issues
-# its SyncBatchNorm all-reduces without a host call; gpu_emu_graphs_syncbn_2ranks checks
-# that replay).
+# Two ranks, eager: the collectives as the step issues them (replayed graphs issue them
+# without a host call: the graphs cases below).
 budget syncbn_accum_2ranks 2 1 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2 --cuda-graphs off
-budget fp16_2ranks 2 0 $((BUCKETS + SYNC_BN)) 0 --precision fp16 --sync-bn --cuda-graphs off
-# --cuda-graphs (on by default): the cases above record their forward graphs (and, with one
-# rank, backward graphs) in steps 3-4, so their counts are those of the work as issued; an
-# NCCL call made while recording counts once, its replays are graph launches. From step 5
-# on, each step replays its forward and its backward, two launches, and stays in budget.
+# --cuda-graphs (on by default): the cases above record their forward and backward graphs in
+# steps 3-4, so their counts are those of the work as issued; an NCCL call made while
+# recording counts once, its replays are graph launches. From step 5 on, each step replays
+# its forward and its backward, two launches, and stays in budget. On two ranks the replays
+# hold every collective (SyncBatchNorm's and the buckets'): no NCCL call and no blocking
+# host wait per step; the host waits for the buckets only at the next read-back, polling
+# within the backoff's bound and the collective deadline.
 N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_1rank 1 0 0 0 --precision fp16
+N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_2ranks 2 0 0 0 --precision fp16 --sync-bn
 echo "step budget: every case within its bounds"

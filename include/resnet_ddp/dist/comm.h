@@ -121,6 +121,11 @@ class Request {
   virtual void wait() = 0;
   // Non-blocking: true once done (then wait() returns immediately).
   virtual bool test() = 0;
+  // The device's compute stream waits for the operation, the host does not (a device
+  // communicator): work queued afterwards sees the result, and the operation may sit in a
+  // CUDA graph. A failure or hang then surfaces at the host's next bounded wait for that
+  // stream (CudaBackend::wait_queued_copies). Host communicators simply wait.
+  virtual void wait_on_device() { wait(); }
 };
 
 class Comm {

@@ -77,6 +77,9 @@ class GradientBucketer : public GradientReducer {
   // gradient arena then holds the average over ranks.
   void finish() override;
   double exposed_comm_s() const override { return stats_.exposed_comm_s; }
+  bool waits_on_device() const override { return comm_.device() == DeviceKind::CUDA; }
+  void finish_on_device() override;
+  void count_replayed_pass() override;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const BucketOptions& options() const { return opts_; }
@@ -85,6 +88,8 @@ class GradientBucketer : public GradientReducer {
  private:
   void fire_ready_buckets();
   void fire(size_t bucket);
+  // finish()'s start: the pass disarmed, the buckets not yet fired fired; false: no sync.
+  bool fire_remaining();
   void start_progress_thread();
   void stop_progress_thread();
 

@@ -17,6 +17,16 @@ class GradientReducer : public BackwardHooks {
   virtual void finish() = 0;
   // Seconds finish() has waited so far (communication backward did not hide).
   virtual double exposed_comm_s() const = 0;
+
+  // A device communicator: finish_on_device() can end the pass without a host wait, so a
+  // backward with its buckets can be recorded as a CUDA graph (train::TrainStep).
+  virtual bool waits_on_device() const { return false; }
+  // As finish(), but the device's compute stream waits for the buckets, not the host
+  // (Request::wait_on_device); a host communicator waits as finish() does.
+  virtual void finish_on_device() { finish(); }
+  // A recorded pass (begin_backward .. finish_on_device) was replayed: what it would have
+  // done on the host (the statistics) is done here.
+  virtual void count_replayed_pass() {}
 };
 
 }  // namespace rd::dist

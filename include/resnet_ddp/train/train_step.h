@@ -103,13 +103,15 @@ class TrainStep {
   // all-reduce spreads it, so every rank must skip that update.
   void inject_overflow_at(int64_t update) { inject_at_ = update; }
 
-  // CUDA graphs (Backend::graph_begin): each micro-batch's forward (with the loss) and,
-  // without a reducer (one process), its backward are recorded as graphs once a run of the
-  // same shape allocated nothing, and replayed from then on: ~600 kernel launches of a
-  // ResNet-34 step become two. The timing marks and the optimizer stay outside them.
-  // Eager instead: the backward with a reducer (its buckets wait on the host), MixUp /
-  // CutMix's forward, an injected overflow, a backend without graphs. Replays compute what
-  // the eager step computes, bit for bit (tests/gpu_emu/graphs_emu.sh).
+  // CUDA graphs (Backend::graph_begin): each micro-batch's forward (with the loss) and its
+  // backward (with the gradient buckets' all-reduces when a reducer can wait on the device:
+  // NCCL) are recorded as graphs once a run of the same shape allocated nothing, and
+  // replayed from then on: ~600 kernel launches of a ResNet-34 step become two. The
+  // optimizer stays outside them; the timing marks sit between them or, with a reducer,
+  // inside the backward's (event record nodes). Eager instead: the backward with a host
+  // communicator (MPI), MixUp / CutMix's forward, an injected overflow, a backend without
+  // graphs. Replays compute what the eager step computes, bit for bit
+  // (tests/gpu_emu/graphs_emu.sh).
   void use_graphs(bool on) { graphs_on_ = on; }
   // Graph launches and recordings so far (the trainer's report, the tests).
   int64_t graph_replays() const { return graph_replays_; }
@@ -133,12 +135,16 @@ class TrainStep {
     float grad_scale;    // forward: the loss op's grad_scale (from the accumulation group)
     bool accumulate;     // backward: a later micro-batch adds to the gradients
     bool forward;
+    bool reduce = false;  // backward: the gradient buckets all-reduced in it (the group's last)
+    int mark = -1;        // backward with a reducer: the timing mark recorded in it
     auto operator<=>(const GraphKey&) const = default;
   };
   // Runs `work` as the graph of `key`, recording it once the work of its shape (the key
-  // without its sums slot and scale) ran eagerly without allocating or freeing memory.
+  // without its sums slot, scale and timing mark) ran eagerly without allocating or freeing memory.
   // True: a recorded graph replayed it, and `work`'s host side did not run.
   template <class Work> bool replay_or_record(const GraphKey& key, Work&& work);
+  // backward_and_reduce with a reducer that waits on the device (recordable).
+  Seconds backward_reduce_on_device(int backward_mark, bool sync);
   bool graphs_on_ = false;
   std::map<GraphKey, int> graphs_;     // recorded graph ids
   // By shape: memory_events() after its last eager run when that run allocated and freed

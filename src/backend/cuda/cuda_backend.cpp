@@ -400,9 +400,13 @@ void CudaBackend::copy_to_host_queued(void* dst, const void* src, size_t bytes) 
 
 void CudaBackend::wait_queued_copies() {
   if (queued_copies_.empty()) return;
-  // A query first: a copy already done costs no wait.
+  // A query first: a copy already done costs no wait. The copies follow the step's
+  // collectives, which the device alone may have waited for (a replayed backward): then
+  // this is the host's wait for them, bounded by the collective deadline.
   const cudaError_t e = cudaEventQuery(queued_done_);
-  if (e == cudaErrorNotReady)
+  if (e == cudaErrorNotReady && collective_wait_)
+    collective_wait_(queued_done_, "the step's read-back (after its gradient all-reduces)");
+  else if (e == cudaErrorNotReady)
     RD_CUDA(cudaEventSynchronize(queued_done_));
   else
     RD_CUDA(e);
@@ -417,7 +421,13 @@ void CudaBackend::timing_mark(int index) {
   const size_t i = static_cast<size_t>(index);
   if (timing_marks_.size() <= i) timing_marks_.resize(i + 1, nullptr);
   if (!timing_marks_[i]) RD_CUDA(cudaEventCreate(&timing_marks_[i]));
-  RD_CUDA(cudaEventRecord(timing_marks_[i], compute_));
+  // In a graph being recorded, an event record node: each launch records the mark, so the
+  // step split still times the parts of a replayed pass (a plain record there would only
+  // order streams inside the graph).
+  if (recording_)
+    RD_CUDA(cudaEventRecordWithFlags(timing_marks_[i], compute_, cudaEventRecordExternal));
+  else
+    RD_CUDA(cudaEventRecord(timing_marks_[i], compute_));
 }
 
 double CudaBackend::timing_seconds(int from, int to) {

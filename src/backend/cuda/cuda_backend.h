@@ -160,6 +160,12 @@ class CudaBackend final : public Backend {
   // Something outside this backend's ops (a collective) wrote device memory that may hold
   // weights: their staged copies are stale.
   void device_memory_written_elsewhere() { ++weights_version_; }
+  // A communicator whose collectives the compute stream may wait for on the device alone
+  // (NcclComm with several ranks) sets how the host waits for an event of that stream: with
+  // the collective deadline and its health checks, never unbounded (wait_queued_copies).
+  // Null: a plain wait. The communicator clears it before it goes.
+  using CollectiveWait = std::function<void(cudaEvent_t, const std::string& what)>;
+  void set_collective_wait(CollectiveWait wait) { collective_wait_ = std::move(wait); }
 
   struct ConvKey {
     int64_t n, c, h, w, o, kh, kw;
@@ -287,6 +293,7 @@ class CudaBackend final : public Backend {
   std::vector<QueuedCopy> queued_copies_;
   size_t queued_bytes_ = 0;
   cudaEvent_t queued_done_ = nullptr;
+  CollectiveWait collective_wait_;
   std::vector<cudaEvent_t> timing_marks_;  // timing_mark's events (with timing), created on first use
   // Per-segment optimizer ops: the segment tables on the device (re-uploaded only when
   // their content changed: the norms' ranges; the step's ranges + decay + scale) and the

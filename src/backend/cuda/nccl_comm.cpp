@@ -119,6 +119,7 @@ class NcclRequest final : public dist::Request {
   ~NcclRequest() override;
   void wait() override;
   bool test() override;
+  void wait_on_device() override;
 
  private:
   NcclComm& comm_;
@@ -146,9 +147,13 @@ class NcclComm final : public dist::Comm {
     int* scratch = nullptr;
     RD_CUDA(cudaMalloc(&scratch, 2 * sizeof(int64_t)));
     scratch_ = scratch;
+    // Buckets the device alone waits for (Request::wait_on_device) are waited for by the
+    // host at the backend's next read-back: with this communicator's deadline and checks.
+    backend_.set_collective_wait([this](cudaEvent_t ev, const std::string& what) { wait_event(ev, what); });
   }
 
   ~NcclComm() override {
+    backend_.set_collective_wait(nullptr);
     // Bounded, see Note [Bounded teardown waits] (cuda_backend.h): abort the
     // communicator instead of destroying it then.
     if (stream_ && !wait_stream_bounded(stream_, timeout_s_)) {
@@ -476,6 +481,12 @@ void NcclRequest::wait() {
   if (finished_) return;
   comm_.wait_event(done_, what_);
   comm_.order_compute_after(done_);
+  finished_ = true;
+}
+
+void NcclRequest::wait_on_device() {
+  if (finished_) return;
+  comm_.order_compute_after(done_);  // the wait is captured now: the event may be reused
   finished_ = true;
 }
 
