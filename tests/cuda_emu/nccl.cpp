@@ -293,6 +293,15 @@ struct Op {
   MPI_Request req = MPI_REQUEST_NULL;
   bool posted = false, complete = false, failed = false;
   uint64_t seq = 0, in_hash = 0;  // RD_EMU_NCCL_TRACE
+  // Issued into a stream capture (it runs from a CUDA graph). NCCL requires a collective to
+  // be captured on every rank of the communicator or on none ("Using NCCL with CUDA
+  // Graphs"): each collective also all-reduces {captured, eager} with MAX, and a result of
+  // {1, 1} is a FAULT naming it.
+  bool captured = false;
+  int capture_flags[2] = {0, 0};
+  MPI_Request capture_req = MPI_REQUEST_NULL;
+
+  bool collective() const { return kind != Kind::Send && kind != Kind::Recv; }
 
   size_t elem() const { return type_size(type); }
   size_t send_bytes() const {
@@ -382,7 +391,25 @@ struct Op {
         rc = MPI_Irecv(in.data(), c, dt, root, 0, comm->mpi, &req);
         break;
     }
+    if (rc == MPI_SUCCESS && collective()) {
+      capture_flags[0] = captured ? 1 : 0;
+      capture_flags[1] = captured ? 0 : 1;
+      rc = MPI_Iallreduce(MPI_IN_PLACE, capture_flags, 2, MPI_INT, MPI_MAX, comm->mpi, &capture_req);
+    }
     if (rc != MPI_SUCCESS) mpi_failed(rc, "posting");
+  }
+
+  // The capture check's request: true once it completed (a mixed answer is a FAULT).
+  bool capture_check_done() {
+    if (capture_req == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    if (MPI_Test(&capture_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true;  // the data's test reports it
+    if (!flag) return false;
+    if (capture_flags[0] && capture_flags[1])
+      rd::emu::fault(std::string(call) + " (op #" + std::to_string(seq) + " of rank " + std::to_string(comm->rank) +
+                     "): some ranks run it from a CUDA graph and others eagerly; NCCL requires every rank of the "
+                     "communicator to capture a collective, or none");
+    return true;
   }
 
   void mpi_failed(int rc, const char* when) {
@@ -411,6 +438,7 @@ struct Op {
       rd::emu::note(std::string(call) + ": MPI was finalised with the operation pending; it completes as failed");
       return true;
     }
+    if (!capture_check_done()) return false;
     int flag = 0;
     MPI_Status st;
     const int rc = MPI_Test(&req, &flag, &st);
@@ -483,7 +511,7 @@ struct Batch {
         rd::emu::fault(std::string(op->call) + ": a CUDA graph ran it after ncclCommDestroy of its communicator");
       op->in.clear();
       op->out.clear();
-      op->req = MPI_REQUEST_NULL;
+      op->req = op->capture_req = MPI_REQUEST_NULL;
       op->posted = op->complete = op->failed = false;
       op->comm->outstanding++;
     }
@@ -520,7 +548,8 @@ struct Batch {
       if (op->complete) continue;
       if (op->comm->aborted) {  // never hang on an aborted communicator
         note_aborted(*op);
-        if (op->posted && op->req != MPI_REQUEST_NULL) abandoned().push_back(op);
+        if (op->posted && (op->req != MPI_REQUEST_NULL || op->capture_req != MPI_REQUEST_NULL))
+          abandoned().push_back(op);
         op->failed = op->complete = true;
         continue;
       }
@@ -655,6 +684,9 @@ ncclResult_t submit(std::shared_ptr<Op> op, ncclComm_t comm, cudaStream_t stream
     if (!is_in_place && overlap(op->sendbuff, op->send_bytes(), op->recvbuff, op->recv_bytes()))
       rd::emu::fault(std::string(op->call) + ": sendbuff and recvbuff overlap without being NCCL's in-place form");
   }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (stream) cudaStreamIsCapturing(stream, &capturing);
+  op->captured = capturing != cudaStreamCaptureStatusNone;
   if (t_group.depth > 0) {
     t_group.ops.push_back({stream, std::move(op)});
     return ncclSuccess;
