@@ -81,7 +81,9 @@ class TrainStep {
   // waiting for communication afterwards (exposed, not overlapped), measured on the host
   // after a synchronize. With `backward_mark` (>= 0) the host does not wait: the backend's
   // timing mark of that index notes where backward ended on the device (Backend::
-  // timing_mark), and only the host's wait for the buckets comes back (comm).
+  // timing_mark), and only the host's wait for the buckets comes back (comm; 0 with
+  // graphs on and a device communicator: the device waits for the buckets, the host at
+  // the next read-back).
   struct Seconds {
     double backward = 0, comm = 0;
   };
