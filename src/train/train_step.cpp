@@ -89,7 +89,7 @@ void TrainStep::forward_sums(const Tensor& input, const int32_t* labels, const i
   // A replay reads the labels the backend staged before it; the mixing weight and an injected
   // overflow would be replayed as recorded, so those steps run eagerly. SyncBatchNorm's
   // collectives are stream-ordered (no host wait), so they are recorded too: every rank
-  // issues the same collectives in the same order, replayed or not.
+  // records or replays them at the same steps (backward_reduce_on_device).
   const bool injecting = inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0;
   if (graphs_on_ && !mixed && !injecting) {
     backend_.stage_loss_labels(labels, nullptr, accuracy_targets, input.shape[0]);
@@ -187,8 +187,10 @@ TrainStep::Seconds TrainStep::backward_and_reduce(int backward_mark) {
 
 // The backward and its buckets with no host wait, so the pass can be recorded: the compute
 // stream waits for the buckets, and the host for that stream at the next read-back, with
-// the collective deadline (CudaBackend::wait_queued_copies). Every rank issues the same
-// collectives in the same order, recorded, replayed or eager. The timing mark sits inside
+// the collective deadline (CudaBackend::wait_queued_copies). NCCL wants every rank to
+// record, replay or run a collective eagerly together: each rank decides from its
+// allocation count and weight versions, the same on every rank (docs/cuda.md, "CUDA
+// graphs"; the emulated NCCL refuses a mix). The timing mark sits inside
 // the recorded pass, so the step split still tells backward from exposed communication.
 TrainStep::Seconds TrainStep::backward_reduce_on_device(int backward_mark, bool sync) {
   const bool accumulate = micro_ > 0;
