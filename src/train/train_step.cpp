@@ -61,7 +61,7 @@ void TrainStep::begin_forward(const Tensor& input, int micro, int group) {
 }
 
 void TrainStep::after_loss(int micro) {
-  if (inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
+  if (inject_here_ && inject_at_ > 0 && updates_ + 1 == inject_at_ && micro == 0)
     backend_.fill(dlogits_.f32(), std::numeric_limits<float>::infinity(), 1);
 }
 

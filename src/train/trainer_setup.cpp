@@ -360,7 +360,7 @@ void Trainer::setup_model(RunParts& p) {
   // Fault injection for the fp16 skip path (tests/gpu_emu/train_emu.sh).
   if (const char* at = std::getenv("RD_INJECT_OVERFLOW_STEP"); at && *at) {
     const char* r = std::getenv("RD_INJECT_OVERFLOW_RANK");
-    if (env_.rank == (r && *r ? std::atoi(r) : 0)) p.step->inject_overflow_at(std::atoll(at));
+    p.step->inject_overflow_at(std::atoll(at), env_.rank == (r && *r ? std::atoi(r) : 0));
   }
   // A step longer by this many milliseconds on every rank: the Ctrl-C tests need steps
   // longer than Open MPI's kill grace on any machine (tests/e2e/stop_mpirun_long_step.sh).

@@ -12,6 +12,8 @@
 #   (MixUp / CutMix: the forward stays eager, the backward is replayed) | syncbn_2ranks (two
 #   ranks: the forward with SyncBatchNorm's all-reduces and the backward with them and the
 #   gradient buckets' all-reduces replayed; the step split's timing mark inside the backward)
+#   | fp16_overflow_2ranks (two ranks, rank 1 injects an overflow once graphs replay: every
+#   rank runs that step's forward eagerly, as NCCL wants, and skips the update)
 set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
@@ -19,7 +21,7 @@ RD_MPIEXEC=$3
 CASE=$4
 LAUNCH=()
 TRAIN=26
-if [ "$CASE" = syncbn_2ranks ]; then
+if [ "$CASE" = syncbn_2ranks ] || [ "$CASE" = fp16_overflow_2ranks ]; then
   export RD_EMU_DEVICE_COUNT=2
   LAUNCH=("$RD_MPIEXEC" --oversubscribe --bind-to none -np 2)
   TRAIN=52
@@ -80,11 +82,12 @@ case "$CASE" in
   accum_ema_bf16) RD_EMU_DEVICE=a100 both 8 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
   mixing) both 6 14 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
   syncbn_2ranks) both 14 14 --precision fp32 --sync-bn ;;
+  fp16_overflow_2ranks) RD_INJECT_OVERFLOW_STEP=5 RD_INJECT_OVERFLOW_RANK=1 both 12 14 --precision fp16 --sync-bn ;;
   *) fail "unknown case $CASE" ;;
 esac
 # The exposed communication is timed inside the replayed backward (an event record node).
 [ "$CASE" != syncbn_2ranks ] || grep -Eq '^\(Epoch 2/2\) Step time: .* exposed comm [0-9.]+ ' "$WORK/on/log" ||
   { cat "$WORK/on/log"; fail "syncbn_2ranks: no step split with exposed comm"; }
-[ "$CASE" != fp16_overflow ] || grep -Eq "fp16: [0-9]+ steps? skipped for non-finite gradients" "$WORK/on/log" ||
+[ "${CASE%_2ranks}" != fp16_overflow ] || grep -Eq "fp16: [0-9]+ steps? skipped for non-finite gradients" "$WORK/on/log" ||
   { cat "$WORK/on/log"; fail "fp16_overflow: no step was skipped"; }
 echo "graphs: $CASE replayed bit for bit"

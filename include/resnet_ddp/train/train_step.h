@@ -103,7 +103,12 @@ class TrainStep {
   // Test hook (RD_INJECT_OVERFLOW_STEP, tests/gpu_emu): this rank's loss gradient
   // becomes inf at the given 1-based update, as an fp16 overflow would; the
   // all-reduce spreads it, so every rank must skip that update.
-  void inject_overflow_at(int64_t update) { inject_at_ = update; }
+  // `here` false: another rank injects; this one runs that step eagerly too, as NCCL wants
+  // every rank to run a collective from a graph or none (backward_reduce_on_device).
+  void inject_overflow_at(int64_t update, bool here = true) {
+    inject_at_ = update;
+    inject_here_ = here;
+  }
 
   // CUDA graphs (Backend::graph_begin): each micro-batch's forward (with the loss) and its
   // backward (with the gradient buckets' all-reduces when a reducer can wait on the device:
@@ -158,6 +163,7 @@ class TrainStep {
   Tensor dlogits_;
   int micro_ = 0, group_ = 1;
   int64_t updates_ = 0, skipped_ = 0, inject_at_ = 0;
+  bool inject_here_ = true;
 };
 
 }  // namespace rd::train
