@@ -106,10 +106,13 @@ class TrainStep {
   // CUDA graphs (Backend::graph_begin): each micro-batch's forward (with the loss) and,
   // without a reducer (one process), its backward are recorded as graphs once a run of the
   // same shape allocated nothing, and replayed from then on: ~600 kernel launches of a
-  // ResNet-34 step become two. The timing marks and the optimizer stay outside them.
+  // ResNet-34 step become two. The optimizer step (fp16: with its unscale) is a third graph,
+  // its lr and step count read in backend memory. The timing marks stay outside them.
   // Eager instead: the backward with a reducer (its buckets wait on the host), MixUp /
-  // CutMix's forward, an injected overflow, a backend without graphs. Replays compute what
-  // the eager step computes, bit for bit (tests/gpu_emu/graphs_emu.sh).
+  // CutMix's forward, an injected overflow, a backend without graphs, the optimizer steps
+  // that read gradient norms on the host (LARS, LAMB, --clip-grad-norm) and an update after
+  // a rank's non-finite loss. Replays compute what the eager step computes, bit for bit
+  // (tests/gpu_emu/graphs_emu.sh).
   void use_graphs(bool on) { graphs_on_ = on; }
   // Graph launches and recordings so far (the trainer's report, the tests).
   int64_t graph_replays() const { return graph_replays_; }
@@ -133,6 +136,7 @@ class TrainStep {
     float grad_scale;    // forward: the loss op's grad_scale (from the accumulation group)
     bool accumulate;     // backward: a later micro-batch adds to the gradients
     bool forward;
+    bool update = false;  // the optimizer step (input: the gradients)
     auto operator<=>(const GraphKey&) const = default;
   };
   // Runs `work` as the graph of `key`, recording it once the work of its shape (the key
