@@ -1534,10 +1534,6 @@ inline void check_updates_with_step_scalars(Backend& be) {
   math::OptimizerStepScalars back;
   be.copy_to_host(&back, scalars, sizeof back);
   CHECK((back.lr == 3e-4 && back.steps == 4.0));  // the ops read the block, never write it
-  CHECK_THROWS_WITH(be.set_optimizer_scalars(scalars, math::OptimizerStepScalars{NAN, 1.0}),
-                    Catch::Contains("learning rate"));
-  CHECK_THROWS_WITH(be.set_optimizer_scalars(scalars, math::OptimizerStepScalars{0.1, 1.5}),
-                    Catch::Contains("step count"));
 }
 
 // fp16/bf16 storage: finite differences are meaningless, so compare with the
