@@ -9,7 +9,8 @@
 #   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = mpiexec,
 #   $4 = case: fp32 | fp16_overflow (an injected overflow at update 4: that step's forward runs
 #   eagerly; its optimizer step, already a replay, skips on the device's verdict) | accum_ema_bf16 (--accum-steps 2: two backward graphs; --model-ema) | mixing
-#   (MixUp / CutMix: the forward stays eager, the backward is replayed) | syncbn_2ranks (two
+#   (MixUp / CutMix: the forward stays eager, the backward is replayed) | adamw_segments
+#   (AdamW with per-parameter decay: the per-segment update replayed) | syncbn_2ranks (two
 #   ranks: the forward, with SyncBatchNorm's all-reduces, replayed; the backward, whose
 #   gradient buckets wait on the host, eager)
 set -euo pipefail
@@ -83,6 +84,11 @@ case "$CASE" in
   fp16_overflow) RD_INJECT_OVERFLOW_STEP=4 both 23 14 --precision fp16 ;;
   accum_ema_bf16) RD_EMU_DEVICE=a100 both 16 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
   mixing) both 17 14 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
+  # The per-segment update in a graph: AdamW's factor 1 - lr * decay formed from the device's
+  # lr, the norm layers' own decay, the bias corrections of each replay's step count, and a
+  # learning rate that the schedule changes for epoch 2.
+  adamw_segments) both 24 14 --precision fp32 --optimizer adamw --weight-decay 0.05 --norm-weight-decay 0 \
+    --scheduler cosine ;;
   # Forward graphs only: half the launches.
   syncbn_2ranks) both 5 14 --precision fp32 --sync-bn ;;
   *) fail "unknown case $CASE" ;;
