@@ -136,9 +136,13 @@ void loss_sums(const float* row_loss, const int32_t* argmax, const int32_t* targ
 // (the caller zeroes it first), then one thread folds the verdict into *state.
 void amp_unscale(float* g, size_t count, math::AmpStepState* state, int* nonfinite, bool found_inf_elsewhere,
                  cudaStream_t s);
-// amp (device, may be null): the step count comes from it, and a skipped step changes nothing.
-void adam_step(float* p, const float* g, float* m, float* v, size_t count,
-               const math::AdamHyper& h, const math::AmpStepState* amp, cudaStream_t s);
+// amp (device, may be null): the step count comes from it, and a skipped step changes nothing;
+// scalars (device, may be null): the learning rate and, without amp, the step count.
+void adam_step(float* p, const float* g, float* m, float* v, size_t count, const math::AdamHyper& h,
+               const math::AmpStepState* amp, const math::OptimizerStepScalars* scalars, cudaStream_t s);
+// Backend::set_optimizer_scalars: one thread stores `values` (a launch argument) at dst.
+void store_optimizer_scalars(math::OptimizerStepScalars* dst, const math::OptimizerStepScalars& values,
+                             cudaStream_t s);
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,
               cudaStream_t s);
 // Per-segment ops (ranges, decay, scale in device memory; see Backend::segment_step).

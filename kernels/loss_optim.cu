@@ -98,9 +98,9 @@ __global__ void amp_finish_kernel(math::AmpStepState* state, const int* nonfinit
 
 // The update kernels below return at once on a skipped step; each thread derives the
 // step's scalars from the device step count itself (a few flops per thread, no launch).
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                            math::AdamHyper h, const math::AmpStepState* amp) {
-  if (!math::adam_hyper_for_step(h, amp)) return;
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n, math::AdamHyper h,
+                            const math::AmpStepState* amp, const math::OptimizerStepScalars* scalars) {
+  if (!math::adam_hyper_for_step(h, amp, scalars)) return;
   RD_GRID_STRIDE(i, n) math::adam_update(p[i], g[i], m[i], v[i], h);
 }
 
@@ -138,12 +138,16 @@ __global__ void segment_step_kernel(float* p, float* g, float* s0, float* s1, co
   if (!math::segment_hyper_for_step(h)) return;
   const int64_t seg = first + blockIdx.y;
   const int64_t b = ranges[2 * seg], e = ranges[2 * seg + 1];
-  const float d = decay[seg], k = scale[seg];
+  const float d = decay[seg], k = math::segment_scale_for_step(h, d, scale[seg]);
   for (int64_t i = b + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < e;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float unused0 = 0.f, unused1 = 0.f;
     math::segment_update(p[i], g[i], s0 ? s0[i] : unused0, s1 ? s1[i] : unused1, d, k, h);
   }
+}
+
+__global__ void store_optimizer_scalars_kernel(math::OptimizerStepScalars* dst, math::OptimizerStepScalars values) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *dst = values;
 }
 
 __global__ void ema_kernel(float* avg, const float* cur, int64_t n, float decay, float one_minus_decay) {
@@ -207,10 +211,16 @@ void amp_unscale(float* g, size_t count, math::AmpStepState* state, int* nonfini
 }
 
 void adam_step(float* p, const float* g, float* m, float* v, size_t count, const math::AdamHyper& h,
-               const math::AmpStepState* amp, cudaStream_t s) {
+               const math::AmpStepState* amp, const math::OptimizerStepScalars* scalars, cudaStream_t s) {
   if (!count) return;
-  RD_LAUNCH(adam_kernel, grid_for(count), kThreads, 0, s)(p, g, m, v, static_cast<int64_t>(count), h, amp);
+  RD_LAUNCH(adam_kernel, grid_for(count), kThreads, 0, s)(p, g, m, v, static_cast<int64_t>(count), h, amp, scalars);
   RD_LAUNCH_CHECK("adam_step");
+}
+
+void store_optimizer_scalars(math::OptimizerStepScalars* dst, const math::OptimizerStepScalars& values,
+                             cudaStream_t s) {
+  RD_LAUNCH(store_optimizer_scalars_kernel, 1, 1, 0, s)(dst, values);
+  RD_LAUNCH_CHECK("store_optimizer_scalars");
 }
 
 void sgd_step(float* p, const float* g, float* buf, size_t count, const math::SgdHyper& h,

@@ -454,6 +454,15 @@ void Backend::amp_unscale(float* grads, size_t count, math::AmpStepState* state,
   amp_unscale_impl(grads, count, state, found_inf_elsewhere);
 }
 
+void Backend::set_optimizer_scalars(math::OptimizerStepScalars* dst, const math::OptimizerStepScalars& values) {
+  RD_CHECK(dst, "set_optimizer_scalars: the destination is missing");
+  RD_CHECK(std::isfinite(values.lr) && values.lr >= 0.0,
+           "set_optimizer_scalars: the learning rate must be finite and >= 0, got " << values.lr);
+  RD_CHECK(values.steps >= 0.0 && values.steps == std::floor(values.steps),
+           "set_optimizer_scalars: the step count must be a whole number >= 0, got " << values.steps);
+  set_optimizer_scalars_impl(dst, values);
+}
+
 void Backend::adam_step(float* params, const float* grads, float* m, float* v, size_t count,
                         const math::AdamArgs& a) {
   RD_CHECK(a.step >= 1, "adam_step: step must be >= 1, got " << a.step);

@@ -39,6 +39,8 @@ Optimizer::Optimizer(Backend& backend, Arena& params, Arena& grads, const Optimi
            "Optimizer: parameter and gradient arenas must be allocated with the same layout");
   const size_t bytes = std::max<size_t>(params.size(), 1) * sizeof(float);
   for (size_t i = 0; i < state_count(); ++i) state_[i] = backend_.allocate(bytes);
+  scalars_memory_ = backend_.allocate(sizeof(math::OptimizerStepScalars));
+  device_scalars_ = static_cast<math::OptimizerStepScalars*>(scalars_memory_.get());
   for (const ParamSlice& s : params.slices()) {
     ranges_.push_back(static_cast<int64_t>(s.offset));
     ranges_.push_back(static_cast<int64_t>(s.offset + s.count));
@@ -77,11 +79,29 @@ math::AmpStepState Optimizer::read_device_step() const {
 
 int64_t Optimizer::steps() const { return amp_ ? static_cast<int64_t>(read_device_step().steps) : step_; }
 
-// --clip-grad-norm, LARS and LAMB read gradient norms on the host every step anyway
-// (segment_sum_squares waits): they read the device's verdict there too and run with the
+// --clip-grad-norm, LARS and LAMB read gradient norms on the host every step (segment_sum_squares
+// waits), so their steps stay eager: they read the device's verdict there too and run with the
 // host's step count, which costs them no extra stall.
-bool Optimizer::device_decides() const {
-  return amp_ && clip_grad_norm_ <= 0.0 && cfg_.type != OptimizerKind::Lars && cfg_.type != OptimizerKind::Lamb;
+bool Optimizer::step_is_recordable() const {
+  return clip_grad_norm_ <= 0.0 && cfg_.type != OptimizerKind::Lars && cfg_.type != OptimizerKind::Lamb;
+}
+
+bool Optimizer::device_decides() const { return amp_ && step_is_recordable(); }
+
+// LARS's and LAMB's scalars go to the backend in their hyper-parameters (their steps are eager).
+bool Optimizer::reads_device_scalars() const {
+  return cfg_.type != OptimizerKind::Lars && cfg_.type != OptimizerKind::Lamb;
+}
+
+void Optimizer::write_step_scalars() {
+  if (!reads_device_scalars()) return;
+  // fp16 with the device deciding: the update ops count with the AmpStepState, and a 0 here
+  // keeps the block unchanged while the learning rate is.
+  const math::OptimizerStepScalars values{lr_, device_decides() ? 0.0 : static_cast<double>(step_)};
+  // Unchanged since the last write: the backend memory holds them (only this object writes it).
+  if (values.lr == written_scalars_.lr && values.steps == written_scalars_.steps) return;
+  backend_.set_optimizer_scalars(device_scalars_, values);
+  written_scalars_ = values;
 }
 
 OptimizerState Optimizer::export_state() {
@@ -117,27 +137,40 @@ double Optimizer::clip_gradients(double max_norm) {
 }
 
 void Optimizer::step() {
-  if (amp_ && !device_decides()) {
+  if (step_is_recordable()) {
+    begin_step();
+    return queue_update();
+  }
+  if (amp_) {
     const math::AmpStepState device = read_device_step();
     if (device.found_inf != 0.0) return;
     step_ = static_cast<int64_t>(device.steps);
   } else {
-    ++step_;  // with amp_ unused: the device counts
+    ++step_;
   }
   if (clip_grad_norm_ > 0.0) last_grad_norm_ = clip_gradients(clip_grad_norm_);
+  write_step_scalars();
+  queue_update();
+}
+
+void Optimizer::begin_step() {
+  RD_CHECK(step_is_recordable(), "Optimizer::begin_step: this optimizer's step reads gradient norms on the host "
+                                 "(LARS, LAMB, --clip-grad-norm); call step()");
+  ++step_;  // with amp_: unused, the device counts
+  write_step_scalars();
+}
+
+void Optimizer::queue_update() {
   if (!segmented_) return flat_step();
   math::SegmentHyper h = segment_hyper();
   float* s0 = state_count() > 0 ? state(0) : nullptr;
   float* s1 = state_count() > 1 ? state(1) : nullptr;
-  switch (cfg_.type) {
-    case OptimizerKind::Lars: return lars_step(h);
-    case OptimizerKind::Lamb: return lamb_step(h);
-    case OptimizerKind::AdamW:
-      // torch.optim.AdamW: param.mul_(1 - lr * weight_decay), the factor in double.
-      for (size_t i = 0; i < decay_.size(); ++i) scale_[i] = static_cast<float>(1.0 - lr_ * decay_[i]);
-      break;
-    default: break;
-  }
+  if (cfg_.type == OptimizerKind::Lars) return lars_step(h);
+  if (cfg_.type == OptimizerKind::Lamb) return lamb_step(h);
+  // The learning rate and step count are read in the backend's memory; AdamW's factor
+  // 1 - lr * decay (torch.optim.AdamW's param.mul_) is formed there from that lr, so the
+  // segment table stays the same from step to step.
+  h.scalars = device_scalars_;
   if (device_decides()) h.amp = amp_;
   backend_.segment_step(params_.data(), grads_.data(), s0, s1, ranges_.data(), decay_.size(), decay_.data(),
                         scale_.data(), h);
@@ -220,7 +253,8 @@ void Optimizer::flat_step() {
     a.beta2 = static_cast<float>(cfg_.beta2);
     a.eps = static_cast<float>(cfg_.eps);
     a.weight_decay = static_cast<float>(cfg_.weight_decay);
-    a.step = std::max<int64_t>(step_, 1);  // with a.amp the device's count replaces it
+    a.step = std::max<int64_t>(step_, 1);  // the device's count (scalars, or amp) replaces it
+    a.scalars = device_scalars_;
     if (device_decides()) a.amp = amp_;
     backend_.adam_step(params_.data(), grads_.data(), state(0), state(1), n, a);
   } else {
@@ -233,6 +267,7 @@ void Optimizer::flat_step() {
     h.weight_decay = static_cast<float>(cfg_.weight_decay);
     h.nesterov = cfg_.nesterov;
     h.first_step = step_ == 1;
+    h.scalars = device_scalars_;
     if (device_decides()) h.amp = amp_;
     backend_.sgd_step(params_.data(), grads_.data(), buf, n, h);
   }

@@ -217,16 +217,25 @@ void TrainStep::reduce_partial_group() {
 
 void TrainStep::update(bool any_nonfinite) {
   ++updates_;
-  if (scaler_.enabled()) {
-    // The optimizer's kernels read the verdict the unscale leaves on the device.
-    scaler_.unscale(model_.grads(), any_nonfinite);
-    optimizer_.step();
-    return;
-  }
-  if (any_nonfinite) {
+  if (!scaler_.enabled() && any_nonfinite) {
     ++skipped_;
     return;
   }
+  // The update (fp16: the unscale and its verdict too) as one graph: the step's lr and count
+  // go to the backend outside it (begin_step), and the ops read them there when it runs. A
+  // rank's non-finite loss is a launch argument of the unscale: that rare step runs eagerly.
+  if (graphs_on_ && optimizer_.step_is_recordable() && !any_nonfinite) {
+    optimizer_.begin_step();
+    replay_or_record(GraphKey{.input = model_.grads().data(), .sums = nullptr, .rows = 0, .grad_scale = 0.f,
+                                      .accumulate = false, .forward = false, .update = true},
+                     [&] {
+      scaler_.unscale(model_.grads(), false);
+      optimizer_.queue_update();
+    });
+    return;
+  }
+  // The optimizer's kernels read the verdict the unscale leaves on the device.
+  scaler_.unscale(model_.grads(), any_nonfinite);
   optimizer_.step();
 }
 

@@ -109,7 +109,7 @@ EpochMetrics Trainer::report_epoch(const EpochResult& r, const EpochStats& st) {
   graph_replays_reported_ = run_.step->graph_replays();
   graph_recordings_reported_ = run_.step->graph_recordings();
   if (replays > 0)  // replays include the launch that follows each recording
-    say(tag + " CUDA graphs: " + std::to_string(replays) + " forward/backward passes replayed, " +
+    say(tag + " CUDA graphs: " + std::to_string(replays) + " forward/backward/optimizer passes replayed, " +
         std::to_string(recordings) + " recorded");
   say("");
   say("");

@@ -925,6 +925,61 @@ inline void check_graphs(Backend& be) {
   CHECK_THROWS_AS(be.graph_drop(-1), Error);
 }
 
+// A recorded optimizer step: SGD on a convolution's weight, recorded once in a graph, its lr
+// and step count written before each launch (set_optimizer_scalars, outside the graph). Each
+// launch updates with that launch's values, bit for bit the eager steps with the host's; and
+// a convolution queued right after a launch reads the updated weight, not a staged copy made
+// before it (a launch of a graph holding an update marks staged weights stale, as the eager
+// update does): the same output as the updated values in a fresh weight buffer. A backend
+// without graphs runs the steps eagerly and must agree too.
+inline void check_graph_updates(Backend& be) {
+  INFO("an optimizer step recorded in a graph, then a convolution, on " << be.name() << " layout "
+                                                                       << layout_name(be.activation_layout()));
+  const ConvGeometry geo{3, 1, 1, 1};
+  const Shape wshape{4, 4, 3, 3};
+  const auto count = static_cast<size_t>(wshape.numel());
+  const auto wh = random_floats(count, 191), gh = random_floats(count, 192);
+  const auto xh = random_floats(2 * 4 * 6 * 6, 193);
+  // Everything allocated and staged first: a launch refuses after an allocation.
+  Tensor x = upload_activation(be, xh, 2, 4, 6, 6);
+  Tensor w = upload_rowmajor(be, wh, wshape), fresh = upload_rowmajor(be, wh, wshape);
+  Tensor after = be.activation(2, 4, 6, 6), expected = be.activation(2, 4, 6, 6);
+  DeviceVector g(be, gh), eager_params(be, wh);
+  auto memory = be.allocate(sizeof(math::OptimizerStepScalars));
+  auto* scalars = static_cast<math::OptimizerStepScalars*>(memory.get());
+  const double lrs[2] = {0.25, 0.0625};
+  math::SgdHyper h{.lr = 99.f, .momentum = 0.f, .dampening = 0.f, .weight_decay = 1e-2f, .nesterov = false,
+                   .first_step = false, .amp = nullptr, .scalars = scalars};
+  // The eager steps with the host's lr first: an eager update would itself mark w's staged copy stale.
+  for (int step = 0; step < 2; ++step) {
+    math::SgdHyper host = h;
+    host.lr = static_cast<float>(lrs[step]), host.first_step = step == 0, host.scalars = nullptr;
+    be.sgd_step(eager_params.ptr(), g.ptr(), nullptr, count, host);
+  }
+  be.conv2d_forward(x, w, after, geo);  // stages w (NHWC / 16-bit copies) as it is now
+  be.conv2d_forward(x, fresh, expected, geo);
+  be.set_optimizer_scalars(scalars, math::OptimizerStepScalars{lrs[0], 1.0});
+  int graph = -1;
+  if (be.graph_begin()) {
+    be.sgd_step(w.f32(), g.ptr(), nullptr, count, h);
+    graph = be.graph_end();
+    CHECK(download_rowmajor(be, w) == wh);  // recorded, not run
+  }
+  for (int step = 0; step < 2; ++step) {
+    if (step > 0) be.set_optimizer_scalars(scalars, math::OptimizerStepScalars{lrs[step], step + 1.0});
+    if (graph >= 0) REQUIRE(be.graph_launch(graph));
+    else be.sgd_step(w.f32(), g.ptr(), nullptr, count, h);
+  }
+  be.conv2d_forward(x, w, after, geo);  // nothing between the launch and this convolution
+  const std::vector<float> updated = download_rowmajor(be, w);
+  CHECK(updated == eager_params.host());
+  CHECK(updated != wh);
+  be.copy_from_host(fresh.data, updated.data(), count * sizeof(float));
+  be.conv2d_forward(x, fresh, expected, geo);
+  CHECK(download_activation(be, after) == download_activation(be, expected));
+  if (graph >= 0) be.graph_drop(graph);
+}
+
 inline void check_softmax_xent_sums_all(Backend& be) {
   for (bool mixed : {false, true}) {
     check_softmax_xent_sums(be, 4, 3, mixed);
@@ -1402,6 +1457,83 @@ inline void check_updates_with_amp_state(Backend& be) {
       CHECK(state.get().steps == device_steps);
     }
   }
+}
+
+// set_optimizer_scalars and the update ops given its block (flat Adam and SGD; per segment
+// SGD, Adam, AdamW, RMSprop): the block reads back as written, and each update is bit for
+// bit the one the host's scalars give for the same lr and step count (the hyper-parameters'
+// own lr is a decoy the ops must not use). AdamW's factor comes from the block's lr, formed
+// as the host forms 1 - lr * decay in double (the caller's scale is a decoy too). With an
+// AmpStepState as well, its step count wins over the block's.
+inline void check_updates_with_step_scalars(Backend& be) {
+  INFO("set_optimizer_scalars and the update ops reading it on " << be.name());
+  using R = math::SegmentRule;
+  const size_t count = 1000;
+  const auto p0 = random_floats(count, 181), gh = random_floats(count, 182), s0 = random_floats(count, 183);
+  const auto sq = filled(count, 0.25f);
+  const std::vector<int64_t> ranges = {0, 300, 300, 1000};
+  const std::vector<float> decay = {0.f, 0.0123f}, ones = {1.f, 1.f}, decoy_scale = {0.5f, 0.5f};
+  auto memory = be.allocate(sizeof(math::OptimizerStepScalars));
+  auto* scalars = static_cast<math::OptimizerStepScalars*>(memory.get());
+  DeviceAmpState amp(be, math::AmpStepState{.steps = 2.0});
+  DeviceVector g(be, gh);
+  for (const double lr : {0.0123456789, 3e-4})
+    for (const double steps : {1.0, 4.0})
+      for (const bool with_amp : {false, true}) {
+        INFO("lr " << lr << " steps " << steps << (with_amp ? " with an AmpStepState of 2 steps" : ""));
+        be.set_optimizer_scalars(scalars, math::OptimizerStepScalars{lr, steps});
+        math::OptimizerStepScalars back;
+        be.copy_to_host(&back, scalars, sizeof back);
+        CHECK((back.lr == lr && back.steps == steps));
+        const double t = with_amp ? 2.0 : steps;
+        const auto host_lr = static_cast<float>(lr);
+        // Adam, flat.
+        DeviceVector pa(be, p0), ma(be, s0), va(be, sq), pb(be, p0), mb(be, s0), vb(be, sq);
+        math::AdamArgs a{.lr = 99.f, .weight_decay = 1e-3f, .step = 7, .amp = with_amp ? amp.ptr() : nullptr,
+                         .scalars = scalars};
+        be.adam_step(pa.ptr(), g.ptr(), ma.ptr(), va.ptr(), count, a);
+        be.adam_step(pb.ptr(), g.ptr(), mb.ptr(), vb.ptr(), count,
+                     math::AdamArgs{.lr = host_lr, .weight_decay = 1e-3f, .step = static_cast<int64_t>(t)});
+        CHECK(pa.host() == pb.host());
+        CHECK((ma.host() == mb.host() && va.host() == vb.host()));
+        // SGD with momentum, flat: the block's step 1 seeds the buffer.
+        DeviceVector ps(be, p0), bs(be, s0), pt(be, p0), bt(be, s0);
+        math::SgdHyper sh{.lr = 99.f, .momentum = 0.9f, .dampening = 0.f, .weight_decay = 1e-3f, .nesterov = false,
+                          .first_step = t != 1.0, .amp = with_amp ? amp.ptr() : nullptr, .scalars = scalars};
+        math::SgdHyper host_sgd = sh;
+        host_sgd.lr = host_lr, host_sgd.first_step = t == 1.0, host_sgd.amp = nullptr, host_sgd.scalars = nullptr;
+        be.sgd_step(ps.ptr(), g.ptr(), bs.ptr(), count, sh);
+        be.sgd_step(pt.ptr(), g.ptr(), bt.ptr(), count, host_sgd);
+        CHECK((ps.host() == pt.host() && bs.host() == bt.host()));
+        for (const R rule : {R::Sgd, R::Adam, R::AdamW, R::RmsProp}) {
+          INFO("segment rule " << static_cast<int>(rule));
+          math::SegmentHyper dh;
+          dh.rule = rule, dh.lr = 99.f, dh.exact_lr = 99.0, dh.first_step = t != 1.0;
+          dh.momentum = rule == R::Sgd || rule == R::RmsProp ? 0.9f : 0.f;
+          math::SegmentHyper hh = dh;
+          dh.scalars = scalars;
+          dh.amp = with_amp ? amp.ptr() : nullptr;
+          hh.lr = host_lr, hh.exact_lr = lr;
+          math::segment_step_scalars(hh, t, math::segment_rule_uses_moments(rule));
+          std::vector<float> host_scale = ones;
+          // The optimizer's former host expression: torch.optim.AdamW's factor in double.
+          if (rule == R::AdamW)
+            for (size_t i = 0; i < decay.size(); ++i) host_scale[i] = static_cast<float>(1.0 - lr * decay[i]);
+          // RMSprop's first state is its square average: non-negative.
+          const auto& first = rule == R::RmsProp ? sq : s0;
+          const auto& second = rule == R::RmsProp ? s0 : sq;
+          DeviceVector pw(be, p0), mw(be, first), vw(be, second), px(be, p0), mx(be, first), vx(be, second);
+          be.segment_step(pw.ptr(), g.ptr(), mw.ptr(), vw.ptr(), ranges.data(), 2, decay.data(),
+                          rule == R::AdamW ? decoy_scale.data() : ones.data(), dh);
+          be.segment_step(px.ptr(), g.ptr(), mx.ptr(), vx.ptr(), ranges.data(), 2, decay.data(), host_scale.data(),
+                          hh);
+          CHECK(pw.host() == px.host());
+          CHECK((mw.host() == mx.host() && vw.host() == vx.host()));
+        }
+      }
+  math::OptimizerStepScalars back;
+  be.copy_to_host(&back, scalars, sizeof back);
+  CHECK((back.lr == 3e-4 && back.steps == 4.0));  // the ops read the block, never write it
 }
 
 // fp16/bf16 storage: finite differences are meaningless, so compare with the

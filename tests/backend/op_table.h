@@ -104,6 +104,8 @@ inline const OpCheck amp_unscale{"amp_unscale", kFlatBuffers, false,
                                  [](Backend& be, const OpCheckConfig&) { check_amp_unscale(be); }};
 inline const OpCheck amp_updates{"update ops with an AmpStepState", kFlatBuffers, false,
                                  [](Backend& be, const OpCheckConfig&) { check_updates_with_amp_state(be); }};
+inline const OpCheck step_scalars{"update ops reading the step's lr and count in backend memory", kFlatBuffers, false,
+                                  [](Backend& be, const OpCheckConfig&) { check_updates_with_step_scalars(be); }};
 inline const OpCheck synchronize{"synchronize", kFlatBuffers, false, [](Backend& be, const OpCheckConfig& cfg) {
                                    check_synchronize(be, cfg.read_unordered);
                                  }};
@@ -186,6 +188,8 @@ inline const OpCheck softmax_sums{"softmax_xent_sums equals softmax_xent", kFlat
                                   [](Backend& be, const OpCheckConfig&) { check_softmax_xent_sums_all(be); }};
 inline const OpCheck graphs{"graphs replay the recorded loss on staged labels", kFlatBuffers, false,
                             [](Backend& be, const OpCheckConfig&) { check_graphs(be); }};
+inline const OpCheck graph_updates{"an optimizer step replayed from a graph, then a convolution", kConvolutions, false,
+                                   [](Backend& be, const OpCheckConfig&) { check_graph_updates(be); }};
 inline const OpCheck mixing{"MixUp / CutMix batch mixing and the mixed-target loss", kActivations, false,
                             [](Backend& be, const OpCheckConfig& cfg) { check_mixing_ops(be, cfg.mix_tol); }};
 inline const OpCheck adam{"Adam steps", kFlatBuffers, false, [](Backend& be, const OpCheckConfig& cfg) {
@@ -212,10 +216,10 @@ inline const OpCheck segments{"per-segment sums of squares and steps", kFlatBuff
 // Every check once, in the order the tests register them.
 inline const std::vector<const OpCheck*>& all() {
   static const std::vector<const OpCheck*> checks{
-      &memory, &fill_scale, &unscale, &amp_unscale, &amp_updates, &synchronize, &nchw_copies, &images_u8, &erase,
+      &memory, &fill_scale, &unscale, &amp_unscale, &amp_updates, &step_scalars, &synchronize, &nchw_copies, &images_u8, &erase,
       &queued_copies,
       &timing, &conv, &batchnorm, &bn_running, &bn_sync, &eltwise, &maxpool, &global_avgpool,
-      &linear, &softmax, &softmax_sums, &graphs, &mixing, &adam, &sgd, &ema, &segments};
+      &linear, &softmax, &softmax_sums, &graphs, &graph_updates, &mixing, &adam, &sgd, &ema, &segments};
   return checks;
 }
 
@@ -263,18 +267,19 @@ inline const std::vector<OpRow>& op_table() {
       {"softmax_xent_sums", {&softmax_sums}},
       {"stage_loss_labels", {&graphs}},
       {"amp_unscale", {&amp_unscale}},
-      {"adam_step", {&adam, &amp_updates}},
-      {"sgd_step", {&sgd, &amp_updates}},
+      {"set_optimizer_scalars", {&step_scalars, &graph_updates}},
+      {"adam_step", {&adam, &amp_updates, &step_scalars}},
+      {"sgd_step", {&sgd, &amp_updates, &step_scalars, &graph_updates}},
       {"segment_sum_squares", {&segments}},
-      {"segment_step", {&segments, &amp_updates}},
+      {"segment_step", {&segments, &amp_updates, &step_scalars}},
       {"ema_update", {&ema}},
       {"scale", {&fill_scale}},
       {"all_finite", {&fill_scale}},
       {"unscale_and_check", {&unscale}},
-      {"graph_begin", {&graphs}},
-      {"graph_end", {&graphs}},
-      {"graph_launch", {&graphs}},
-      {"graph_drop", {&graphs}},
+      {"graph_begin", {&graphs, &graph_updates}},
+      {"graph_end", {&graphs, &graph_updates}},
+      {"graph_launch", {&graphs, &graph_updates}},
+      {"graph_drop", {&graphs, &graph_updates}},
       {"memory_events", {&graphs}},
   };
   return rows;

@@ -218,6 +218,19 @@ TEST_CASE("contract: batch norm, pooling, linear, loss and optimizer arguments",
   CHECK_THROWS_AS(be.sgd_step(p.data(), gr.data(), nullptr, 5, sgd), Error);
   sgd.momentum = 0.f;
   REQUIRE_NOTHROW(be.sgd_step(p.data(), gr.data(), nullptr, 5, sgd));
+  // The step's scalars: a finite, non-negative lr and a whole step count (0: the device counts).
+  math::OptimizerStepScalars block;
+  REQUIRE_NOTHROW(be.set_optimizer_scalars(&block, math::OptimizerStepScalars{0.0, 0.0}));
+  REQUIRE_NOTHROW(be.set_optimizer_scalars(&block, math::OptimizerStepScalars{0.1, 3.0}));
+  CHECK(called(be, "set_optimizer_scalars"));
+  CHECK_THROWS_WITH(be.set_optimizer_scalars(nullptr, math::OptimizerStepScalars{0.1, 1.0}),
+                    Catch::Contains("destination"));
+  for (const double lr : {-0.1, static_cast<double>(INFINITY), static_cast<double>(NAN)})
+    CHECK_THROWS_WITH(be.set_optimizer_scalars(&block, math::OptimizerStepScalars{lr, 1.0}),
+                      Catch::Contains("learning rate"));
+  for (const double steps : {-1.0, 1.5})
+    CHECK_THROWS_WITH(be.set_optimizer_scalars(&block, math::OptimizerStepScalars{0.1, steps}),
+                      Catch::Contains("step count"));
 
   // Per-segment ops: ordered ranges, the state buffers the rule uses.
   const int64_t ranges[4] = {0, 2, 3, 5}, overlapping[4] = {0, 3, 2, 5}, reversed[4] = {0, 2, 5, 3};

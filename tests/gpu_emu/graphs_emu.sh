@@ -7,13 +7,15 @@
 # allocation, a host wait or a query in the recorded work: the emulator refuses them and
 # the run exits non-zero) or silently falls back to eager work turns this red.
 #   $1 = emulated-device resnet_ddp, $2 = CPU resnet_ddp (makes the data), $3 = mpiexec,
-#   $4 = case: fp32 | fp16_overflow (an injected overflow: that step runs eagerly and is
-#   skipped) | accum_ema_bf16 (--accum-steps 2: two backward graphs; --model-ema) | mixing
-#   (MixUp / CutMix: the forward stays eager, the backward is replayed) | syncbn_2ranks (two
-#   ranks: the forward with SyncBatchNorm's all-reduces and the backward with them and the
-#   gradient buckets' all-reduces replayed; the step split's timing mark inside the backward)
-#   | fp16_overflow_2ranks (two ranks, rank 1 injects an overflow once graphs replay: every
-#   rank runs that step's forward eagerly, as NCCL wants, and skips the update)
+#   $4 = case: fp32 | fp16_overflow (an injected overflow at update 4: that step's forward runs
+#   eagerly; its optimizer step, already a replay, skips on the device's verdict) | accum_ema_bf16
+#   (--accum-steps 2: two backward graphs; --model-ema) | mixing (MixUp / CutMix: the forward
+#   stays eager, the backward is replayed) | adamw_segments (AdamW with per-parameter decay: the
+#   per-segment update replayed) | syncbn_2ranks (two ranks: the forward with SyncBatchNorm's
+#   all-reduces and the backward with them and the gradient buckets' all-reduces replayed; the
+#   step split's timing mark inside the backward) | fp16_overflow_2ranks (two ranks, rank 1
+#   injects an overflow once graphs replay: every rank runs that step's forward eagerly, as
+#   NCCL wants, and skips the update)
 set -euo pipefail
 EMU_BIN=$1
 CPU_BIN=$2
@@ -67,22 +69,31 @@ both() {
   echo "$CASE: graph launches $launches with graphs on, $eager off; kernel launches" \
     "$(counter "$WORK/on/stats.rank0" kernel_launches) on, $(counter "$WORK/off/stats.rank0" kernel_launches) off"
   [ "$eager" = 0 ] || fail "$CASE: --cuda-graphs off launched $eager graphs"
-  grep -Eq '^\(Epoch 2/2\) CUDA graphs: [0-9]+ forward/backward passes replayed, [0-9]+ recorded$' "$WORK/on/log" ||
+  grep -Eq '^\(Epoch 2/2\) CUDA graphs: [0-9]+ forward/backward/optimizer passes replayed, [0-9]+ recorded$' "$WORK/on/log" ||
     { cat "$WORK/on/log"; fail "$CASE: no 'CUDA graphs' line for epoch 2"; }
   ! grep -q 'CUDA graphs' "$WORK/off/log" || fail "$CASE: a 'CUDA graphs' line with --cuda-graphs off"
   [ "$launches" -ge "$min_launches" ] || fail "$CASE: $launches graph launches, expected at least $min_launches"
 }
 
-# Graph launches at least: per epoch, the 6 full batches' forward and backward, less the
-# warm-up (a shape's first eager run; the next records) and the two sums slots' recordings.
+# Graph launches at least (as measured): per epoch, the 6 full batches' forward and backward,
+# less the warm-up (a shape's first eager run; the next records) and the two sums slots'
+# recordings, plus the optimizer steps replayed once settled (each epoch's short batch and
+# validation allocate, so the optimizer re-settles then). The forward after a replayed
+# optimizer step reads the staged weights the launch marked stale: MixUp / CutMix's eager
+# forward and validation re-stage them, and would print other losses if it did not.
 # Steps: 7 per epoch (4 with --accum-steps 2).
 case "$CASE" in
-  fp32) both 14 14 --precision fp32 ;;
-  fp16_overflow) RD_INJECT_OVERFLOW_STEP=4 both 12 14 --precision fp16 ;;
-  accum_ema_bf16) RD_EMU_DEVICE=a100 both 8 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
-  mixing) both 6 14 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
-  syncbn_2ranks) both 14 14 --precision fp32 --sync-bn ;;
-  fp16_overflow_2ranks) RD_INJECT_OVERFLOW_STEP=5 RD_INJECT_OVERFLOW_RANK=1 both 12 14 --precision fp16 --sync-bn ;;
+  fp32) both 24 14 --precision fp32 ;;
+  fp16_overflow) RD_INJECT_OVERFLOW_STEP=4 both 23 14 --precision fp16 ;;
+  accum_ema_bf16) RD_EMU_DEVICE=a100 both 16 8 --precision bf16 --accum-steps 2 --model-ema --model-ema-steps 1 ;;
+  mixing) both 17 14 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.0 ;;
+  # The per-segment update in a graph: AdamW's factor 1 - lr * decay formed from the device's
+  # lr, the norm layers' own decay, the bias corrections of each replay's step count, and a
+  # learning rate that the schedule changes for epoch 2.
+  adamw_segments) both 24 14 --precision fp32 --optimizer adamw --weight-decay 0.05 --norm-weight-decay 0 \
+    --scheduler cosine ;;
+  syncbn_2ranks) both 24 14 --precision fp32 --sync-bn ;;
+  fp16_overflow_2ranks) RD_INJECT_OVERFLOW_STEP=5 RD_INJECT_OVERFLOW_RANK=1 both 23 14 --precision fp16 --sync-bn ;;
   *) fail "unknown case $CASE" ;;
 esac
 # The exposed communication is timed inside the replayed backward (an event record node).

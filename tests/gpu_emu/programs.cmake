@@ -43,7 +43,7 @@ endif()
 # --cuda-graphs: replayed forward and backward graphs against the eager run, bit for bit
 # (tests/gpu_emu/graphs_emu.sh).
 if(TARGET resnet_ddp_emu AND TARGET resnet_ddp)
-  foreach(case fp32 fp16_overflow accum_ema_bf16 mixing syncbn_2ranks fp16_overflow_2ranks)
+  foreach(case fp32 fp16_overflow accum_ema_bf16 mixing adamw_segments syncbn_2ranks fp16_overflow_2ranks)
     add_test(NAME gpu_emu_graphs_${case}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/graphs_emu.sh $<TARGET_FILE:resnet_ddp_emu>
                      $<TARGET_FILE:resnet_ddp> ${RD_MPIEXEC} ${case})

@@ -41,7 +41,8 @@ polls_within_backoff() {
 }
 
 # budget NAME NP MAX_HOST_WAITS NCCL_PER_STEP ALLOCS_PER_STEP ARGS...: one case. With
-# GRAPHS_PER_STEP set: that many CUDA graph launches per step, asserted (and N from the caller).
+# GRAPHS_PER_STEP set: that many CUDA graph launches per step, asserted (and N from the caller);
+# with MAX_KERNELS_PER_STEP set: at most that many kernel launches per step.
 budget() {
   local name=$1 np=$2 max_waits=$3 nccl_expected=$4 allocs_expected=$5
   shift 5
@@ -89,6 +90,9 @@ budget() {
     [ "${got[nccl]}" = "$nccl_expected" ] || fail "$name: ${got[nccl]} NCCL calls per step, expected $nccl_expected"
     [ -z "${GRAPHS_PER_STEP:-}" ] || [ "${got[graph_launches]}" = "$GRAPHS_PER_STEP" ] ||
       fail "$name: ${got[graph_launches]} graph launches per step, expected $GRAPHS_PER_STEP"
+    [ -z "${MAX_KERNELS_PER_STEP:-}" ] ||
+      awk -v k="${got[kernel_launches]}" -v m="$MAX_KERNELS_PER_STEP" 'BEGIN { exit !(k <= m) }' ||
+      fail "$name: ${got[kernel_launches]} kernel launches per step, at most $MAX_KERNELS_PER_STEP expected"
     unset got
   done
 }
@@ -116,13 +120,15 @@ budget mixing_1rank 1 1 0 0 --precision fp32 --mixup-alpha 0.2 --cutmix-alpha 1.
 # Two ranks, eager: the collectives as the step issues them (replayed graphs issue them
 # without a host call: the graphs cases below).
 budget syncbn_accum_2ranks 2 1 $((BUCKETS + 2 * SYNC_BN)) 0 --precision fp32 --sync-bn --accum-steps 2 --cuda-graphs off
-# --cuda-graphs (on by default): the cases above record their forward and backward graphs in
-# steps 3-4, so their counts are those of the work as issued; an NCCL call made while
-# recording counts once, its replays are graph launches. From step 5 on, each step replays
-# its forward and its backward, two launches, and stays in budget. On two ranks the replays
-# hold every collective (SyncBatchNorm's and the buckets'): no NCCL call and no blocking
-# host wait per step; the host waits for the buckets only at the next read-back, polling
-# within the backoff's bound and the collective deadline.
-N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_1rank 1 0 0 0 --precision fp16
-N=4 GRAPHS_PER_STEP=2 budget graphs_fp16_2ranks 2 0 0 0 --precision fp16 --sync-bn
+# --cuda-graphs (on by default): the cases above record their forward, backward and
+# optimizer graphs in steps 3-4, so their counts are those of the work as issued; an NCCL
+# call made while recording counts once, its replays are graph launches. From step 5 on,
+# each step replays its forward, its backward and its optimizer step, three launches, and
+# issues two kernels of its own (the upload's conversion and the loss sums' reset; the eager
+# fp16 optimizer added three: the unscale, its verdict and the update). On two ranks the
+# replays hold every collective (SyncBatchNorm's and the buckets'): no NCCL call and no
+# blocking host wait per step; the host waits for the buckets only at the next read-back,
+# polling within the backoff's bound and the collective deadline.
+N=4 GRAPHS_PER_STEP=3 MAX_KERNELS_PER_STEP=2 budget graphs_fp16_1rank 1 0 0 0 --precision fp16
+N=4 GRAPHS_PER_STEP=3 MAX_KERNELS_PER_STEP=2 budget graphs_fp16_2ranks 2 0 0 0 --precision fp16 --sync-bn
 echo "step budget: every case within its bounds"

@@ -31,6 +31,16 @@ struct AmpStepState {
   double skipped = 0.0;     // steps skipped so far
 };
 
+// The optimizer's per-step scalars kept in backend memory (Backend::set_optimizer_scalars
+// writes them before each step), so that a recorded optimizer step (a CUDA graph) reads the
+// step's values when it runs instead of those it was recorded with. The update ops given a
+// pointer to it (`scalars` in their hyper-parameters) take the learning rate from `lr` and
+// the step count from `steps`, unless an AmpStepState is given too: its count wins.
+struct OptimizerStepScalars {
+  double lr = 0.0;     // the double torch keeps; the ops round it to float as the host did
+  double steps = 0.0;  // 1-based count of steps taken, this one included
+};
+
 // GradScaler.update with its defaults: an overflow halves the scale (not below 1) and
 // skips the step; 2000 finite steps in a row double it.
 RD_HD void amp_finish_step(AmpStepState& s, bool found_inf) {
@@ -75,6 +85,8 @@ struct AdamArgs {
   // Backend memory, may be null: the step count comes from amp->steps instead of `step`,
   // and nothing changes when amp->found_inf is set.
   const AmpStepState* amp = nullptr;
+  // Backend memory, may be null: lr and (without amp) the step count come from there.
+  const OptimizerStepScalars* scalars = nullptr;
 };
 
 inline AdamHyper adam_hyper(const AdamArgs& a) {
@@ -99,6 +111,8 @@ struct SgdHyper {
   // Backend memory, may be null: first_step is amp->steps == 1 instead, and nothing
   // changes when amp->found_inf is set.
   const AmpStepState* amp = nullptr;
+  // Backend memory, may be null: lr and (without amp) first_step = steps == 1 come from there.
+  const OptimizerStepScalars* scalars = nullptr;
 };
 
 RD_HD void sgd_update(float& p, float g, float& buf, const SgdHyper& h) {
@@ -146,7 +160,21 @@ struct SegmentHyper {
   // Backend memory, may be null: the step-dependent scalars are recomputed from amp->steps
   // (segment_step_scalars), and nothing changes when amp->found_inf is set.
   const AmpStepState* amp = nullptr;
+  // Backend memory, may be null: exact_lr (and lr) and, without amp, the step count come
+  // from there, and AdamW's per-segment scale is adamw_decay_factor(lr, decay) instead of
+  // the caller's `scale` (LARS's and LAMB's trust ratios are the host's: they never take it).
+  const OptimizerStepScalars* scalars = nullptr;
 };
+
+// torch.optim.AdamW's parameter factor 1 - lr * weight_decay, formed in double (no fused
+// multiply-add on a GPU) and rounded to float once: the host's and the device's agree.
+RD_HD float adamw_decay_factor(double lr, float decay) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, static_cast<double>(decay))));
+#else
+  return static_cast<float>(1.0 - lr * static_cast<double>(decay));
+#endif
+}
 
 // The scalars that depend on the step count t (1-based): SGD's first step, Adam's and
 // LAMB's bias corrections, Adam's step size (the division in double, as torch does).
@@ -164,24 +192,33 @@ RD_HD bool segment_rule_uses_moments(SegmentRule r) {
   return r == SegmentRule::Adam || r == SegmentRule::AdamW || r == SegmentRule::LambMoments;
 }
 
-// The hyper-parameters an update op applies: `h` itself, or, given an AmpStepState, those
-// of its step count; false: the step was skipped (found_inf) and nothing may change.
+// The hyper-parameters an update op applies: `h` itself, or, given OptimizerStepScalars
+// and/or an AmpStepState, those of their learning rate and step count (the AmpStepState's
+// count when both are given); false: the step was skipped (found_inf) and nothing may change.
 RD_HD bool segment_hyper_for_step(SegmentHyper& h) {
-  if (!h.amp) return true;
-  if (h.amp->found_inf != 0.0) return false;
-  segment_step_scalars(h, h.amp->steps, segment_rule_uses_moments(h.rule));
+  if (h.amp && h.amp->found_inf != 0.0) return false;
+  if (h.scalars) {
+    h.exact_lr = h.scalars->lr;
+    h.lr = static_cast<float>(h.exact_lr);
+  }
+  if (h.amp || h.scalars)
+    segment_step_scalars(h, h.amp ? h.amp->steps : h.scalars->steps, segment_rule_uses_moments(h.rule));
   return true;
 }
-RD_HD bool adam_hyper_for_step(AdamHyper& h, const AmpStepState* amp) {
-  if (!amp) return true;
-  if (amp->found_inf != 0.0) return false;
-  adam_bias_corrections(h, amp->steps);
+// The scale segment `decay`'s elements get: AdamW's factor from the device's lr, else the caller's.
+RD_HD float segment_scale_for_step(const SegmentHyper& h, float decay, float scale) {
+  return h.scalars && h.rule == SegmentRule::AdamW ? adamw_decay_factor(h.exact_lr, decay) : scale;
+}
+RD_HD bool adam_hyper_for_step(AdamHyper& h, const AmpStepState* amp, const OptimizerStepScalars* scalars) {
+  if (amp && amp->found_inf != 0.0) return false;
+  if (scalars) h.lr = static_cast<float>(scalars->lr);
+  if (amp || scalars) adam_bias_corrections(h, amp ? amp->steps : scalars->steps);
   return true;
 }
 RD_HD bool sgd_hyper_for_step(SgdHyper& h) {
-  if (!h.amp) return true;
-  if (h.amp->found_inf != 0.0) return false;
-  h.first_step = h.amp->steps == 1.0;
+  if (h.amp && h.amp->found_inf != 0.0) return false;
+  if (h.scalars) h.lr = static_cast<float>(h.scalars->lr);
+  if (h.amp || h.scalars) h.first_step = (h.amp ? h.amp->steps : h.scalars->steps) == 1.0;
   return true;
 }
 

@@ -50,6 +50,17 @@ class Optimizer {
   // set_clip_grad_norm was given a limit).
   void step();
 
+  // The learning rate and the step count live in the backend's memory, written before each
+  // step (Backend::set_optimizer_scalars), so the update's device work can be recorded once
+  // and replayed (TrainStep::update). True when that work needs no host read: not LARS,
+  // LAMB or --clip-grad-norm, which read gradient norms on the host every step.
+  bool step_is_recordable() const;
+  // step() in two halves when step_is_recordable(): begin_step's host side (the step count,
+  // the lr and count written to the backend) runs every step, outside any recording;
+  // queue_update queues the update itself, which a replayed graph may stand in for.
+  void begin_step();
+  void queue_update();
+
   // torch.nn.utils.clip_grad_norm_(params, max_norm) before each step (0 = off). Under DDP
   // the gradients are all-reduced (and fp16-unscaled) before step(), so every rank
   // computes the same global norm and the same factor.
@@ -83,6 +94,9 @@ class Optimizer {
   double lr_;
   int64_t step_ = 0;
   math::AmpStepState* amp_ = nullptr;  // backend memory; null: the host counts the steps
+  std::shared_ptr<void> scalars_memory_;
+  math::OptimizerStepScalars* device_scalars_ = nullptr;  // in scalars_memory_
+  math::OptimizerStepScalars written_scalars_{-1.0, -1.0};  // the last values written there
   std::shared_ptr<void> state_[2];
   // Per-segment (parameter slice) tables: [begin, end) offsets, decay, scale, and norms.
   std::vector<int64_t> ranges_;
@@ -95,6 +109,8 @@ class Optimizer {
   math::AmpStepState read_device_step() const;
   // True when the update ops take the verdict and the step count from amp_ themselves.
   bool device_decides() const;
+  bool reads_device_scalars() const;
+  void write_step_scalars();
   void flat_step();
   void lars_step(math::SegmentHyper h);
   void lamb_step(math::SegmentHyper h);

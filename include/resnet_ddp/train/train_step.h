@@ -114,10 +114,12 @@ class TrainStep {
   // backward (with the gradient buckets' all-reduces when a reducer can wait on the device:
   // NCCL) are recorded as graphs once a run of the same shape allocated nothing, and
   // replayed from then on: ~600 kernel launches of a ResNet-34 step become two. The
-  // optimizer stays outside them; the timing marks sit between them or, with a reducer,
-  // inside the backward's (event record nodes). Eager instead: the backward with a host
-  // communicator (MPI), MixUp / CutMix's forward, an injected overflow, a backend without
-  // graphs. Replays compute what the eager step computes, bit for bit
+  // optimizer step (fp16: with its unscale) is a third graph, its lr and step count read in
+  // backend memory. The timing marks sit between the graphs or, with a reducer, inside the
+  // backward's (event record nodes). Eager instead: the backward with a host communicator
+  // (MPI), MixUp / CutMix's forward, an injected overflow, a backend without graphs, the
+  // optimizer steps that read gradient norms on the host (LARS, LAMB, --clip-grad-norm) and
+  // an update after a rank's non-finite loss. Replays compute what the eager step computes, bit for bit
   // (tests/gpu_emu/graphs_emu.sh).
   void use_graphs(bool on) { graphs_on_ = on; }
   // Graph launches and recordings so far (the trainer's report, the tests).
@@ -144,6 +146,7 @@ class TrainStep {
     bool forward;
     bool reduce = false;  // backward: the gradient buckets all-reduced in it (the group's last)
     int mark = -1;        // backward with a reducer: the timing mark recorded in it
+    bool update = false;  // the optimizer step (input: the gradients)
     auto operator<=>(const GraphKey&) const = default;
   };
   // Runs `work` as the graph of `key`, recording it once the work of its shape (the key

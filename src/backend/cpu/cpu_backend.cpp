@@ -583,10 +583,14 @@ void CpuBackend::amp_unscale_impl(float* grads, size_t count, math::AmpStepState
   math::amp_finish_step(*state, found_inf_elsewhere || !finite);
 }
 
+void CpuBackend::set_optimizer_scalars_impl(math::OptimizerStepScalars* dst, const math::OptimizerStepScalars& values) {
+  *dst = values;
+}
+
 void CpuBackend::adam_step_impl(float* p, const float* g, float* m, float* v, size_t count,
                                 const math::AdamArgs& a) {
   math::AdamHyper h = math::adam_hyper(a);
-  if (!math::adam_hyper_for_step(h, a.amp)) return;
+  if (!math::adam_hyper_for_step(h, a.amp, a.scalars)) return;
   // firstprivate: each thread's own copy, which the stores to p, m, v cannot alias. Shared,
   // GCC 12 reloaded h every element and, without AVX-512's masks, kept the loop scalar.
 #pragma omp parallel for simd schedule(static) firstprivate(h)
@@ -661,7 +665,8 @@ void segment_ranges(float* p, float* g, float* s0, float* s1, const int64_t* ran
   // result does not depend on how the threads split a segment.
 #pragma omp parallel
   for (size_t s = 0; s < segments; ++s)
-    segment_range<R, HasS0, HasS1>(p, g, s0, s1, ranges[2 * s], ranges[2 * s + 1], decay[s], scale[s], h);
+    segment_range<R, HasS0, HasS1>(p, g, s0, s1, ranges[2 * s], ranges[2 * s + 1], decay[s],
+                                   math::segment_scale_for_step(h, decay[s], scale[s]), h);
 }
 
 template <math::SegmentRule R>

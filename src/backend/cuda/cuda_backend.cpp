@@ -819,9 +819,16 @@ void CudaBackend::amp_unscale_impl(float* grads, size_t count, math::AmpStepStat
   kern::amp_unscale(grads, count, state, flag, found_inf_elsewhere, compute_);
 }
 
+void CudaBackend::set_optimizer_scalars_impl(math::OptimizerStepScalars* dst,
+                                             const math::OptimizerStepScalars& values) {
+  RD_CHECK(!recording_, "set_optimizer_scalars: called while a graph is recorded (each launch would "
+                        "replay the recorded values); call it before the graph's launch");
+  kern::store_optimizer_scalars(dst, values, compute_);
+}
+
 void CudaBackend::adam_step_impl(float* params, const float* grads, float* m, float* v, size_t count,
                                  const math::AdamArgs& a) {
-  kern::adam_step(params, grads, m, v, count, math::adam_hyper(a), a.amp, compute_);
+  kern::adam_step(params, grads, m, v, count, math::adam_hyper(a), a.amp, a.scalars, compute_);
   weights_changed_by_optimizer();
 }
 
@@ -907,6 +914,11 @@ void CudaBackend::ema_update_impl(float* averaged, const float* current, size_t 
 }
 
 void CudaBackend::weights_changed_by_optimizer() {
+  // Recorded, the update runs at each launch of the graph: graph_launch applies this then.
+  if (recording_) {
+    recording_->changes_weights = true;
+    return;
+  }
   ++weights_version_;
   // A step is an update after convolutions ran: the optimizer's several calls, and
   // --model-ema's updates and copies, between two forwards count as one, else the

@@ -310,6 +310,7 @@ class CudaBackend final : public Backend {
     uint64_t memory_events = 0;       // memory_events() when recorded
     std::vector<const void*> converts;  // staged weights the graph converts (staged_weight's keys)
     std::vector<const void*> relies;    // staged weights it reads as they were when recorded
+    bool changes_weights = false;       // holds an update: weights_changed_by_optimizer at each launch
   };
   std::vector<Graph> graphs_;
   Graph* recording_ = nullptr;  // between graph_begin and graph_end

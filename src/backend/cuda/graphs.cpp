@@ -9,7 +9,9 @@
 //  - staged convolution weights (conv.cpp: NHWC / 16-bit copies, converted only when a
 //    weight changed) are what the graph expects: a graph converts the weights that were
 //    stale when it was recorded, and relies on those that were fresh; a launch marks the
-//    first current and is refused when one of the second changed since (record it again).
+//    first current and is refused when one of the second changed since (record it again);
+//  - a graph holding an optimizer update (or an EMA step) marks every staged weight stale
+//    at each launch, as the eager update op does when it is called.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -92,6 +94,9 @@ bool CudaBackend::graph_launch(int graph) {
   for (const void* w : g.converts) staged_weights_[w].last_used_step = optimizer_steps_;
   for (const void* w : g.relies) staged_weights_[w].last_used_step = optimizer_steps_;
   if (!g.converts.empty() || !g.relies.empty()) convs_since_step_ = true;
+  // After the conversions' marks: the graph's update follows its convolutions, and the
+  // weights it writes leave every staged copy stale for the work queued after it.
+  if (g.changes_weights) weights_changed_by_optimizer();
   return true;
 }
 
