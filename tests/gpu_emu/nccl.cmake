@@ -61,6 +61,22 @@ if(TARGET rd_cuda_emu_runtime)
   endforeach()
 endif()
 
+if(TARGET rd_cuda_emu_runtime)
+  # NCCL's rule for CUDA graphs: a collective captured on every rank, or on none. The mixed
+  # case passes on the emulator's FAULT (the processes exit non-zero by design).
+  add_executable(nccl_capture_mix_test ${CMAKE_CURRENT_LIST_DIR}/nccl_capture_mix_test.cpp)
+  target_link_libraries(nccl_capture_mix_test PRIVATE rd_cuda_emu_runtime MPI::MPI_C)
+  target_compile_options(nccl_capture_mix_test PRIVATE ${RD_WARNINGS})
+  foreach(mode uniform mixed)
+    rd_add_mpi_test(nccl_capture_${mode}_np2 2 COMMAND $<TARGET_FILE:nccl_capture_mix_test> ${mode}
+                    LABELS gpu_emu TIMEOUT 120)
+    set_property(TEST nccl_capture_${mode}_np2 APPEND PROPERTY ENVIRONMENT ${RD_EMU_NCCL_DEVICES})
+  endforeach()
+  set_tests_properties(nccl_capture_uniform_np2 PROPERTIES PASS_REGULAR_EXPRESSION "nccl_capture_mix_test \\(uniform\\): passed")
+  set_tests_properties(nccl_capture_mixed_np2 PROPERTIES PASS_REGULAR_EXPRESSION
+    "ncclAllReduce \\(op #[0-9]+ of rank [01]\\): some ranks run it from a CUDA graph and others eagerly")
+endif()
+
 if(TARGET message_passing_emu)
   add_test(NAME nccl_message_passing_emu_np4
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/nccl_message_passing_test.sh ${RD_MPIEXEC}
