@@ -184,7 +184,7 @@ void add_train_run_flags(FlagSet& fs, TrainOptions& o) {
   fs.boolean("--amp", &o.amp, "mixed precision for the device: --precision bf16 on the CPU, fp16 on a GPU");
   fs.on_set("--precision", [&o] { o.amp = false; });  // of --amp and --precision, the later wins
   fs.enumeration("--cuda-graphs", &o.cuda_graphs, std::vector<std::pair<std::string, bool>>{{"on", true}, {"off", false}},
-                 "CUDA, one rank: replay each micro-batch's forward and backward as CUDA graphs once warm");
+                 "CUDA: replay each micro-batch's forward and backward (with their NCCL collectives) and the optimizer step as CUDA graphs once warm");
   fs.enumeration("--conv-algo", &o.conv_algo, conv_algo_names(),
             "CPU fp32 3x3 convolutions: Winograd where it is faster (auto), never, or wherever possible");
   fs.integer("--max-steps", &o.max_steps, 0, "stop each epoch after N optimizer steps (0 = full epoch; smoke runs)",
