@@ -192,6 +192,12 @@ RD_HD bool segment_rule_uses_moments(SegmentRule r) {
   return r == SegmentRule::Adam || r == SegmentRule::AdamW || r == SegmentRule::LambMoments;
 }
 
+// The step count an update op uses given either block: the AmpStepState's when given (fp16
+// counts only the steps it did not skip), else the OptimizerStepScalars'.
+RD_HD double device_step_count(const AmpStepState* amp, const OptimizerStepScalars* scalars) {
+  return amp ? amp->steps : scalars->steps;
+}
+
 // The hyper-parameters an update op applies: `h` itself, or, given OptimizerStepScalars
 // and/or an AmpStepState, those of their learning rate and step count (the AmpStepState's
 // count when both are given); false: the step was skipped (found_inf) and nothing may change.
@@ -202,7 +208,7 @@ RD_HD bool segment_hyper_for_step(SegmentHyper& h) {
     h.lr = static_cast<float>(h.exact_lr);
   }
   if (h.amp || h.scalars)
-    segment_step_scalars(h, h.amp ? h.amp->steps : h.scalars->steps, segment_rule_uses_moments(h.rule));
+    segment_step_scalars(h, device_step_count(h.amp, h.scalars), segment_rule_uses_moments(h.rule));
   return true;
 }
 // The scale segment `decay`'s elements get: AdamW's factor from the device's lr, else the caller's.
@@ -212,13 +218,13 @@ RD_HD float segment_scale_for_step(const SegmentHyper& h, float decay, float sca
 RD_HD bool adam_hyper_for_step(AdamHyper& h, const AmpStepState* amp, const OptimizerStepScalars* scalars) {
   if (amp && amp->found_inf != 0.0) return false;
   if (scalars) h.lr = static_cast<float>(scalars->lr);
-  if (amp || scalars) adam_bias_corrections(h, amp ? amp->steps : scalars->steps);
+  if (amp || scalars) adam_bias_corrections(h, device_step_count(amp, scalars));
   return true;
 }
 RD_HD bool sgd_hyper_for_step(SgdHyper& h) {
   if (h.amp && h.amp->found_inf != 0.0) return false;
   if (h.scalars) h.lr = static_cast<float>(h.scalars->lr);
-  if (h.amp || h.scalars) h.first_step = (h.amp ? h.amp->steps : h.scalars->steps) == 1.0;
+  if (h.amp || h.scalars) h.first_step = device_step_count(h.amp, h.scalars) == 1.0;
   return true;
 }
 
